@@ -1,0 +1,346 @@
+"""NVRTC through CuPy: compile CUDA C++ to a cubin, cache it, load it, launch it.
+
+Three layers, each usable alone:
+
+1. `compile(source, names, arch)` calls `cupy.cuda.nvrtc` directly (createProgram,
+   compileProgram, getCUBIN). That needs no GPU and no driver, so CI compiles every
+   generated kernel. ptxas' verbose output is parsed for registers and spills.
+2. `KernelCache`: memory by key, then disk under `options().cache_dir / "kernels"`. The key
+   is sha256 of (source, options, arch, NVRTC version). Writes go to a temp file in the
+   same folder and `os.replace` onto the final name; every entry carries a sha256 of its
+   payload, so a truncated or corrupt file is detected and rebuilt, never loaded.
+3. `load(compiled)` / `Kernel.launch(...)`: the cubin becomes a `cupy.RawModule` and is
+   launched on the current torch stream (`cupy.cuda.ExternalStream`) over `data_ptr()`s.
+
+Dumps: HOSTIR_DUMP=cuda_kernel (source), ptxas (registers, spills), launch_params.
+
+Example:
+    >>> from runtime import jit
+    >>> ck = jit.compile('extern "C" __global__ void k(float* x) { x[0] = 1.f; }', ["k"])
+    >>> ck.registers["k"] > 0
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import tempfile
+import threading
+from pathlib import Path
+from typing import Sequence
+
+from hostir.errors import CompilationError
+from hostir.options import dump, options
+
+DEFAULT_ARCH = "sm_90"
+BASE_OPTIONS = ("-std=c++17", "--ptxas-options=-v")
+_ENTRY_MAGIC = b"HOSTIRK1"
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CompiledKernel:
+    """A cubin and what ptxas said about each kernel in it."""
+
+    cubin: bytes
+    names: tuple[str, ...]        # the kernels' names as asked for (extern "C": unmangled)
+    lowered: dict[str, str]       # asked-for name -> symbol in the cubin
+    registers: dict[str, int]     # symbol -> registers per thread
+    spill_bytes: dict[str, int]   # symbol -> spill stores + loads (bytes)
+    local_bytes: dict[str, int]   # symbol -> stack frame (local memory) bytes
+    log: str
+    arch: str
+
+
+def nvrtc_version() -> tuple[int, int]:
+    from cupy.cuda import nvrtc
+    return tuple(nvrtc.getVersion())
+
+
+_PTXAS_FUNC = re.compile(r"Compiling entry function '([^']+)'")
+_PTXAS_REGS = re.compile(r"Used (\d+) registers")
+_PTXAS_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_PTXAS_STACK = re.compile(r"(\d+) bytes stack frame")
+
+
+def parse_ptxas(log: str) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
+    """Registers, spill bytes and stack bytes per entry function from `ptxas -v` text."""
+    regs: dict[str, int] = {}
+    spills: dict[str, int] = {}
+    stack: dict[str, int] = {}
+    current = None
+    for line in log.splitlines():
+        if m := _PTXAS_FUNC.search(line):
+            current = m.group(1)
+            continue
+        if current is None:
+            continue
+        if m := _PTXAS_REGS.search(line):
+            regs[current] = int(m.group(1))
+        if m := _PTXAS_SPILL.search(line):
+            spills[current] = int(m.group(1)) + int(m.group(2))
+        if m := _PTXAS_STACK.search(line):
+            stack[current] = int(m.group(1))
+    return regs, spills, stack
+
+
+def compile(source: str, names: Sequence[str], arch: str = DEFAULT_ARCH,
+            options: Sequence[str] = ()) -> CompiledKernel:  # noqa: A001 - the field's word
+    """Compile `source` to a cubin for `arch` ("sm_90", "sm_90a", "sm_80"). No GPU needed.
+
+    `names` are the kernels to look up: extern "C" names, or C++ name expressions (then
+    their mangled symbols are found through NVRTC's lowered names).
+    Raises CompilationError carrying NVRTC's log.
+    """
+    from cupy.cuda import nvrtc
+
+    dump("cuda_kernel", f"// ---- hostir kernel {', '.join(names)} ({arch})\n{source}")
+    opts = [f"-arch={arch}", *BASE_OPTIONS, *options]
+    prog = nvrtc.createProgram(source, f"{names[0] if names else 'kernel'}.cu", [], [])
+    try:
+        templated = [n for n in names if "<" in n or "::" in n]
+        for n in templated:
+            nvrtc.addNameExpression(prog, n)
+        try:
+            nvrtc.compileProgram(prog, opts)
+        except nvrtc.NVRTCError as e:
+            log = nvrtc.getProgramLog(prog)
+            raise CompilationError(
+                f"NVRTC failed on kernel(s) {list(names)} for {arch} with options {opts}: "
+                f"{e}\n{log}") from None
+        log = nvrtc.getProgramLog(prog)
+        cubin = nvrtc.getCUBIN(prog)
+        lowered = {n: (nvrtc.getLoweredName(prog, n) if n in templated else n) for n in names}
+    finally:
+        nvrtc.destroyProgram(prog)
+    regs, spills, stack = parse_ptxas(log)
+    dump("ptxas", "\n".join(
+        f"ptxas {arch} {sym}: {regs.get(sym, '?')} registers, {spills.get(sym, 0)} B spills, "
+        f"{stack.get(sym, 0)} B stack" for sym in lowered.values()))
+    return CompiledKernel(cubin=bytes(cubin), names=tuple(names), lowered=lowered,
+                          registers=regs, spill_bytes=spills, local_bytes=stack, log=log,
+                          arch=arch)
+
+
+# ---------------------------------------------------------------------------------------
+# The cache.
+
+def cache_key(source: str, names: Sequence[str], arch: str, options: Sequence[str] = ()) -> str:
+    """sha256 over everything that changes the cubin: source, names, options, arch, NVRTC."""
+    h = hashlib.sha256()
+    for part in (source, "\0".join(names), "\0".join((*BASE_OPTIONS, *options)), arch,
+                 ".".join(map(str, nvrtc_version()))):
+        h.update(part.encode())
+        h.update(b"\x1f")
+    return h.hexdigest()
+
+
+def _encode(ck: CompiledKernel) -> bytes:
+    meta = dataclasses.asdict(ck)
+    meta.pop("cubin")
+    header = json.dumps(meta, sort_keys=True).encode()
+    payload = len(header).to_bytes(8, "little") + header + ck.cubin
+    return _ENTRY_MAGIC + hashlib.sha256(payload).digest() + payload
+
+
+def _decode(blob: bytes) -> CompiledKernel | None:
+    """The entry, or None when it is truncated, corrupt or of another format."""
+    n = len(_ENTRY_MAGIC)
+    if len(blob) < n + 32 + 8 or blob[:n] != _ENTRY_MAGIC:
+        return None
+    digest, payload = blob[n:n + 32], blob[n + 32:]
+    if hashlib.sha256(payload).digest() != digest:
+        return None
+    hlen = int.from_bytes(payload[:8], "little")
+    try:
+        meta = json.loads(payload[8:8 + hlen])
+        meta["names"] = tuple(meta["names"])
+        return CompiledKernel(cubin=payload[8 + hlen:], **meta)
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that readers see the old file or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+@dataclasses.dataclass
+class CacheStats:
+    memory_hits: int = 0
+    disk_hits: int = 0
+    compiles: int = 0
+    rebuilt_corrupt: int = 0
+
+
+class KernelCache:
+    """Two levels: a dict in memory, then one file per key on disk.
+
+    HOSTIR_DISABLE=kernel_cache skips the disk (the memory level still dedups a process).
+    """
+
+    def __init__(self, directory: Path | None = None):
+        self._directory = directory
+        self._memory: dict[str, CompiledKernel] = {}
+        self._lock = threading.Lock()
+        self.stats = CacheStats()
+
+    @property
+    def directory(self) -> Path:
+        return self._directory if self._directory is not None else options().cache_dir / "kernels"
+
+    def path(self, key: str) -> Path:
+        return self.directory / f"{key}.cubin"
+
+    def get(self, source: str, names: Sequence[str], arch: str = DEFAULT_ARCH,
+            options_: Sequence[str] = ()) -> CompiledKernel:
+        """The compiled kernel, from memory, disk, or NVRTC (then stored on disk)."""
+        key = cache_key(source, names, arch, options_)
+        with self._lock:
+            hit = self._memory.get(key)
+        if hit is not None:
+            self.stats.memory_hits += 1
+            return hit
+        use_disk = not options().disable("kernel_cache")
+        ck = self._read(key) if use_disk else None
+        if ck is not None:
+            self.stats.disk_hits += 1
+            dump("cuda_kernel", f"// ---- hostir kernel {', '.join(names)}: disk cache {key}")
+        else:
+            ck = compile(source, names, arch, options_)
+            self.stats.compiles += 1
+            if use_disk:
+                write_atomically(self.path(key), _encode(ck))
+        with self._lock:
+            self._memory[key] = ck
+        return ck
+
+    def _read(self, key: str) -> CompiledKernel | None:
+        p = self.path(key)
+        try:
+            blob = p.read_bytes()
+        except FileNotFoundError:
+            return None
+        ck = _decode(blob)
+        if ck is None:
+            self.stats.rebuilt_corrupt += 1
+        return ck
+
+    def clear_memory(self) -> None:
+        with self._lock:
+            self._memory.clear()
+
+
+_CACHE: KernelCache | None = None
+
+
+def kernel_cache() -> KernelCache:
+    """The process's kernel cache (directory from HOSTIR_CACHE_DIR at the time of use)."""
+    global _CACHE
+    if _CACHE is None:
+        _CACHE = KernelCache()
+    return _CACHE
+
+
+# ---------------------------------------------------------------------------------------
+# Loading and launching (GPU).
+
+def device_arch(device_index: int | None = None) -> str:
+    """"sm_XY" of a CUDA device (the current one by default)."""
+    import torch
+    major, minor = torch.cuda.get_device_capability(device_index)
+    return f"sm_{major}{minor}"
+
+
+class Kernel:
+    """One loaded kernel function; launches on the current torch stream."""
+
+    def __init__(self, function, name: str):
+        self.function = function
+        self.name = name
+        self._smem_set = 48 * 1024
+
+    def ensure_smem(self, nbytes: int) -> None:
+        # Over 48 KiB of dynamic shared memory is an opt-in attribute of the function.
+        if nbytes > self._smem_set:
+            from cupy.cuda import driver
+            driver.funcSetAttribute(self.function.ptr,
+                                    driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    nbytes)
+            self._smem_set = nbytes
+
+    def attribute(self, name: str) -> int:
+        """A CUfunction attribute, e.g. "NUM_REGS", "LOCAL_SIZE_BYTES"."""
+        from cupy.cuda import driver
+        return driver.funcGetAttribute(getattr(driver, f"CU_FUNC_ATTRIBUTE_{name}"),
+                                       self.function.ptr)
+
+    def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int],
+               args: tuple, smem_bytes: int = 0, stream=None) -> None:
+        """Launch on `stream` (a torch.cuda.Stream; the current one by default).
+
+        `args`: numpy scalars of the kernel's parameter types (numpy.uint64 for pointers,
+        numpy.int32 for ints), so that every argument has the width the kernel expects.
+        """
+        import torch
+
+        self.ensure_smem(smem_bytes)
+        if stream is None:
+            stream = torch.cuda.current_stream()
+        dump("launch_params", f"launch {self.name} grid={grid} block={block} "
+                              f"smem={smem_bytes} stream={stream.cuda_stream:#x}")
+        self.function(grid, block, args, shared_mem=smem_bytes,
+                      stream=_external_stream(stream.cuda_stream))
+
+
+_STREAMS: dict[int, object] = {}
+
+
+def _external_stream(ptr: int):
+    import cupy
+    s = _STREAMS.get(ptr)
+    if s is None:
+        s = _STREAMS[ptr] = cupy.cuda.ExternalStream(ptr)
+    return s
+
+
+_MODULES: dict[tuple[str, int], object] = {}
+
+
+def load(ck: CompiledKernel, device_index: int | None = None) -> dict[str, Kernel]:
+    """Load a cubin on a device (once per process and device); name -> Kernel.
+
+    cuModuleLoadData through `cupy.cuda.function.Module.load`: the cubin goes straight
+    from memory to the driver (RawModule would want a source string or a file path).
+    """
+    import cupy
+    from cupy.cuda import function
+    import torch
+
+    dev = torch.cuda.current_device() if device_index is None else device_index
+    key = (hashlib.sha256(ck.cubin).hexdigest(), dev)
+    entry = _MODULES.get(key)
+    if entry is None:
+        with cupy.cuda.Device(dev):
+            mod = function.Module()
+            mod.load(ck.cubin)
+            entry = _MODULES[key] = {n: Kernel(mod.get_function(ck.lowered[n]), n)
+                                     for n in ck.names}
+            entry["__module__"] = mod  # keeps the module alive as long as its functions
+    return {n: entry[n] for n in ck.names}
