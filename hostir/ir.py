@@ -1,0 +1,565 @@
+"""The host IR: values and statements of a host program.
+
+A host program is a flat list of statements (a ``ForLoop`` holds a body list) over named
+values. Statements run on the host, in order; each one issues work on the *current* CUDA
+stream or changes which stream is current. The interpreter (``runtime.interpreter``) gives
+them meaning; the printer (``hostir.printer``) is the only place that knows their text.
+
+Every class is a frozen, slotted dataclass that checks its inputs on construction, so a
+malformed statement cannot exist. Checks that need the whole program (use before
+definition, scopes, waits) live in ``hostir.verify``.
+
+This module imports nothing of the project but the error types.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from typing import Union
+
+from hostir.errors import VerificationError
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+RESERVED = frozenset({"numberOfStreams", "rank", "worldSize", "range", "FOR", "in"})
+
+DTYPES = ("float32", "float16", "bfloat16", "float64", "int32", "int64")
+
+
+def _check_name(name: str, what: str) -> None:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise VerificationError(f"{what}: invalid name {name!r}: expected an identifier")
+    if name in RESERVED:
+        raise VerificationError(f"{what}: name {name!r} is reserved")
+
+
+def _fail(where: str, message: str):
+    raise VerificationError(f"{where}: {message}")
+
+
+class ParallelType(enum.Enum):
+    """How one axis of a tensor is spread: over devices (DIDx) or over pipeline stages."""
+
+    Serial = "Serial"
+    DIDx = "DIDx"
+    Stream = "Stream"
+
+
+# --------------------------------------------------------------------------- index expressions
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Const:
+    """An integer literal in an index expression."""
+
+    value: int
+
+    def __post_init__(self):
+        if not isinstance(self.value, int) or isinstance(self.value, bool):
+            _fail("Const", f"expected an int, got {self.value!r}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Var:
+    """A name in an index expression: a FOR index, or one of the program parameters
+    ``numberOfStreams``, ``rank`` (this process's position in the team) and ``worldSize``."""
+
+    name: str
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            _fail("Var", f"invalid name {self.name!r}")
+
+
+BINARY_OPS = ("+", "-", "*", "//", "%")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BinOp:
+    """``lhs op rhs`` over integers; ``%`` and ``//`` follow Python (floor) semantics."""
+
+    op: str
+    lhs: "IndexExpr"
+    rhs: "IndexExpr"
+
+    def __post_init__(self):
+        if self.op not in BINARY_OPS:
+            _fail("BinOp", f"unknown operator {self.op!r}: expected one of {BINARY_OPS}")
+        for side in (self.lhs, self.rhs):
+            if not isinstance(side, (Const, Var, BinOp)):
+                _fail("BinOp", f"operand {side!r} is not an index expression")
+
+
+IndexExpr = Union[Const, Var, BinOp]
+PARAMETERS = frozenset({"numberOfStreams", "rank", "worldSize"})
+
+
+def as_index(x) -> IndexExpr:
+    """Coerce an int, a loop-index name or an expression into an index expression."""
+    if isinstance(x, (Const, Var, BinOp)):
+        return x
+    if isinstance(x, int) and not isinstance(x, bool):
+        return Const(x)
+    if isinstance(x, str):
+        return Var(x)
+    if isinstance(x, IndexVar):
+        return Var(x.name)
+    raise VerificationError(f"cannot use {x!r} as an index expression")
+
+
+def free_vars(e: IndexExpr) -> set[str]:
+    if isinstance(e, Var):
+        return {e.name}
+    if isinstance(e, BinOp):
+        return free_vars(e.lhs) | free_vars(e.rhs)
+    return set()
+
+
+def evaluate(e: IndexExpr, env) -> int:
+    """Evaluate an index expression; ``env`` maps variable names to ints."""
+    if isinstance(e, Const):
+        return e.value
+    if isinstance(e, Var):
+        return int(env[e.name])
+    a, b = evaluate(e.lhs, env), evaluate(e.rhs, env)
+    if e.op == "+":
+        return a + b
+    if e.op == "-":
+        return a - b
+    if e.op == "*":
+        return a * b
+    if e.op == "//":
+        return a // b
+    return a % b
+
+
+# --------------------------------------------------------------------------- values
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeviceMesh:
+    """The devices (ranks) a tensor is spread over, in order: axis DIDx position d lives on
+    ``devices[d]``."""
+
+    devices: tuple[int, ...]
+
+    def __post_init__(self):
+        devs = tuple(self.devices)
+        object.__setattr__(self, "devices", devs)
+        if not devs:
+            _fail("DeviceMesh", "expected at least one device")
+        if any(not isinstance(d, int) or d < 0 for d in devs):
+            _fail("DeviceMesh", f"device ids must be non-negative ints, got {devs}")
+        if len(set(devs)) != len(devs):
+            _fail("DeviceMesh", f"device ids repeat: {devs}")
+
+    @property
+    def size(self) -> int:
+        return len(self.devices)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tensor:
+    """A tensor value. ``shape`` is the *logical* extent of each axis; ``parallel`` says how
+    each axis is spread. On one rank a ``DIDx`` axis has local extent 1 (each device holds
+    its own slice), so ``local_shape`` is what the runtime allocates and checks."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    parallel: tuple[ParallelType, ...] = ()
+    mesh: DeviceMesh | None = None
+
+    def __post_init__(self):
+        _check_name(self.name, "Tensor")
+        shape = tuple(self.shape)
+        object.__setattr__(self, "shape", shape)
+        if any(not isinstance(n, int) or isinstance(n, bool) or n <= 0 for n in shape):
+            _fail(f"Tensor {self.name}", f"extents must be positive ints, got {shape}")
+        if self.dtype not in DTYPES:
+            _fail(f"Tensor {self.name}", f"dtype {self.dtype!r} is not one of {DTYPES}")
+        par = tuple(self.parallel) or (ParallelType.Serial,) * len(shape)
+        object.__setattr__(self, "parallel", par)
+        if len(par) != len(shape):
+            _fail(
+                f"Tensor {self.name}",
+                f"{len(par)} parallel types for {len(shape)} axes",
+            )
+        dids = [i for i, p in enumerate(par) if p is ParallelType.DIDx]
+        if len(dids) > 1:
+            _fail(f"Tensor {self.name}", f"axes {dids} are all DIDx: at most one may be")
+        if dids:
+            if self.mesh is None:
+                _fail(f"Tensor {self.name}", f"axis {dids[0]} is DIDx but no mesh is given")
+            if shape[dids[0]] != self.mesh.size:
+                _fail(
+                    f"Tensor {self.name}",
+                    f"axis {dids[0]} is DIDx with extent {shape[dids[0]]}, "
+                    f"expected the mesh size {self.mesh.size}",
+                )
+
+    @property
+    def local_shape(self) -> tuple[int, ...]:
+        return tuple(
+            1 if p is ParallelType.DIDx else n for n, p in zip(self.shape, self.parallel)
+        )
+
+    @property
+    def is_sharded(self) -> bool:
+        return ParallelType.DIDx in self.parallel
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class IndexVar:
+    """The index of a FOR loop; an int on the host, bound while the body runs."""
+
+    name: str
+
+    def __post_init__(self):
+        _check_name(self.name, "IndexVar")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamValue:
+    """A named CUDA stream captured by ``GetCurrentStream`` (the user's stream)."""
+
+    name: str
+
+    def __post_init__(self):
+        _check_name(self.name, "StreamValue")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PoolStream:
+    """Stream number ``index`` of the interpreter's worker pool, taken modulo
+    ``numberOfStreams``; the lowering writes ``i % numberOfStreams`` for round-robin."""
+
+    index: IndexExpr
+
+    def __post_init__(self):
+        object.__setattr__(self, "index", as_index(self.index))
+
+
+StreamRef = Union[StreamValue, PoolStream]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CommHandle:
+    """What a ``Communication`` returns: the work in flight, consumed by ``Wait``."""
+
+    name: str
+
+    def __post_init__(self):
+        _check_name(self.name, "CommHandle")
+
+
+# --------------------------------------------------------------------------- statements
+
+
+def _need(where: str, value, kind, what: str):
+    if not isinstance(value, kind):
+        _fail(where, f"{what} must be a {getattr(kind, '__name__', kind)}, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class GetCurrentStream:
+    """Captures the stream that is current when the program starts (the user's stream)
+    as ``stream``. Issues no GPU work. Programs end by switching back to it and making it
+    wait on every worker stream they used."""
+
+    stream: StreamValue
+
+    def __post_init__(self):
+        _need("GetCurrentStream", self.stream, StreamValue, "stream")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SetCurrentStream:
+    """Makes ``stream`` current: every later statement issues its kernels and collectives
+    on it. Host-only; never synchronizes."""
+
+    stream: StreamRef
+
+    def __post_init__(self):
+        _need("SetCurrentStream", self.stream, (StreamValue, PoolStream), "stream")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Synchronize:
+    """The current stream waits for all work issued so far on ``stream``: an event is
+    recorded on ``stream`` and ``cudaStreamWaitEvent`` makes the current stream wait on it.
+    The host never blocks."""
+
+    stream: StreamRef
+
+    def __post_init__(self):
+        _need("Synchronize", self.stream, (StreamValue, PoolStream), "stream")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Allocate:
+    """Allocates ``out`` (its local shape) with the device's allocator on the current
+    stream. Contents are undefined until written."""
+
+    out: Tensor
+
+    def __post_init__(self):
+        _need("Allocate", self.out, Tensor, "out")
+        if self.out.is_sharded:
+            _fail(f"Allocate {self.out.name}", "allocations are local: no DIDx axis allowed")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Select:
+    """``out`` aliases slice ``index`` of ``input`` along ``axis`` (the axis is dropped).
+    Host-only: no copy, no GPU work; writes to ``out`` land in ``input``."""
+
+    out: Tensor
+    input: Tensor
+    axis: int
+    index: IndexExpr
+
+    def __post_init__(self):
+        where = f"select {self.out.name}"
+        _need(where, self.out, Tensor, "out")
+        _need(where, self.input, Tensor, "input")
+        object.__setattr__(self, "index", as_index(self.index))
+        rank = len(self.input.shape)
+        if not isinstance(self.axis, int) or not 0 <= self.axis < rank:
+            _fail(where, f"axis {self.axis} out of range for {self.input.name} of rank {rank}")
+        expected = select_type(self.out.name, self.input, self.axis)
+        if self.out != expected:
+            _fail(
+                where,
+                f"expected type {expected.dtype}{list(expected.shape)} "
+                f"{[p.value for p in expected.parallel]} (tensor {self.input.name} without "
+                f"axis {self.axis}), got {self.out.dtype}{list(self.out.shape)} "
+                f"{[p.value for p in self.out.parallel]}",
+            )
+
+
+def select_type(name: str, input: Tensor, axis: int) -> Tensor:
+    """The tensor that ``select(input, axis=axis, index=...)`` defines under ``name``."""
+    return Tensor(
+        name,
+        input.shape[:axis] + input.shape[axis + 1 :],
+        input.dtype,
+        input.parallel[:axis] + input.parallel[axis + 1 :],
+        input.mesh,
+    )
+
+
+class CommunicationType(enum.Enum):
+    Allgather = "Allgather"
+    ReduceScatter = "ReduceScatter"
+    Allreduce = "Allreduce"
+    Broadcast = "Broadcast"
+    SendRecv = "SendRecv"
+
+
+REDUCE_OPS = ("sum", "max", "min")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Communication:
+    """Posts a collective over ``team`` (ranks, in order) on the current stream and returns
+    ``handle`` at once; the data is ready only after ``Wait handle``. All ranks of the team
+    must post the same collectives in the same order (NCCL matches them by order).
+
+    Shapes, along the outermost axis, with D = len(team):
+      Allgather      out = concat of every rank's in:         out[0] = D * in[0]
+      ReduceScatter  out = this rank's chunk of sum over ranks: in[0] = D * out[0]
+      Allreduce      out = sum over ranks of in:               out == in
+      Broadcast      out = root's in on every rank:            out == in
+      SendRecv       send in to rank ``send_peer``, receive out from ``recv_peer``
+    """
+
+    handle: CommHandle
+    type: CommunicationType
+    team: tuple[int, ...]
+    input: Tensor
+    output: Tensor
+    root: int = 0
+    reduce_op: str = "sum"
+    send_peer: IndexExpr | None = None
+    recv_peer: IndexExpr | None = None
+
+    def __post_init__(self):
+        where = f"Communication {getattr(self.handle, 'name', '?')}"
+        _need(where, self.handle, CommHandle, "handle")
+        _need(where, self.type, CommunicationType, "type")
+        _need(where, self.input, Tensor, "input")
+        _need(where, self.output, Tensor, "output")
+        team = tuple(self.team)
+        object.__setattr__(self, "team", team)
+        if not team or len(set(team)) != len(team) or any(
+            not isinstance(r, int) or r < 0 for r in team
+        ):
+            _fail(where, f"team must be distinct non-negative ranks, got {team}")
+        if self.input.dtype != self.output.dtype:
+            _fail(where, f"in is {self.input.dtype} but out is {self.output.dtype}")
+        if self.reduce_op not in REDUCE_OPS:
+            _fail(where, f"reduce op {self.reduce_op!r} is not one of {REDUCE_OPS}")
+        if self.root not in team:
+            _fail(where, f"root {self.root} is not in team {list(team)}")
+        d = len(team)
+        i, o = self.input.local_shape, self.output.local_shape
+        t = self.type
+        if t is CommunicationType.SendRecv:
+            if self.send_peer is None or self.recv_peer is None:
+                _fail(where, "SendRecv needs send_peer and recv_peer")
+            object.__setattr__(self, "send_peer", as_index(self.send_peer))
+            object.__setattr__(self, "recv_peer", as_index(self.recv_peer))
+        elif self.send_peer is not None or self.recv_peer is not None:
+            _fail(where, f"{t.value} takes no peers")
+        if t is CommunicationType.Allgather:
+            expected = (d * i[0],) + i[1:]
+            if o != expected:
+                _fail(where, f"Allgather of in{list(i)} over {d} ranks: expected out "
+                             f"{list(expected)}, got {list(o)}")
+        elif t is CommunicationType.ReduceScatter:
+            if i[0] % d:
+                _fail(where, f"ReduceScatter in axis 0 has extent {i[0]}, not divisible "
+                             f"by the team size {d}")
+            expected = (i[0] // d,) + i[1:]
+            if o != expected:
+                _fail(where, f"ReduceScatter of in{list(i)} over {d} ranks: expected out "
+                             f"{list(expected)}, got {list(o)}")
+        elif o != i:
+            _fail(where, f"{t.value}: expected out shape {list(i)} (same as in), got {list(o)}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Wait:
+    """The current stream waits until the communication ``handle`` completes (for NCCL on
+    the same stream this costs nothing; on another stream it is an event wait; on the CPU
+    backend it completes the MPI request)."""
+
+    handle: CommHandle
+
+    def __post_init__(self):
+        _need("Wait", self.handle, CommHandle, "handle")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Matmul:
+    """``out = a @ b`` on the current stream, written into the existing tensor ``out``
+    (batch axes of ``a`` broadcast against a 2-D ``b``)."""
+
+    out: Tensor
+    a: Tensor
+    b: Tensor
+
+    def __post_init__(self):
+        where = f"matmul {getattr(self.out, 'name', '?')}"
+        for name in ("out", "a", "b"):
+            _need(where, getattr(self, name), Tensor, name)
+        a, b, o = self.a.local_shape, self.b.local_shape, self.out.local_shape
+        if len(b) != 2 or len(a) < 2:
+            _fail(where, f"expected a of rank >= 2 and b of rank 2, got {list(a)} and {list(b)}")
+        if a[-1] != b[0]:
+            _fail(where, f"contraction extents differ: {self.a.name} axis {len(a) - 1} is "
+                         f"{a[-1]}, {self.b.name} axis 0 is {b[0]}")
+        if o != a[:-1] + (b[1],):
+            _fail(where, f"expected out {list(a[:-1] + (b[1],))}, got {list(o)}")
+        if not (self.a.dtype == self.b.dtype == self.out.dtype):
+            _fail(where, f"dtypes differ: a {self.a.dtype}, b {self.b.dtype}, out {self.out.dtype}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LaunchKernel:
+    """Launches the generated kernel ``kernel`` on the current stream with ``args``
+    (tensors first, then integer scalars), grid and block in CTAs and threads, and
+    ``smem`` bytes of dynamic shared memory. The kernel's source comes from the code
+    generator by name; its cross-CTA semaphores come from the zeroed arena of the current
+    stream."""
+
+    kernel: str
+    args: tuple[Tensor, ...]
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    smem: int = 0
+    scalars: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        where = f"LaunchKernel {self.kernel}"
+        _check_name(self.kernel, "LaunchKernel")
+        object.__setattr__(self, "args", tuple(self.args))
+        object.__setattr__(self, "grid", tuple(self.grid))
+        object.__setattr__(self, "block", tuple(self.block))
+        object.__setattr__(self, "scalars", tuple(self.scalars))
+        for t in self.args:
+            _need(where, t, Tensor, "every arg")
+        for what, dims in (("grid", self.grid), ("block", self.block)):
+            if len(dims) != 3 or any(not isinstance(x, int) or x <= 0 for x in dims):
+                _fail(where, f"{what} must be 3 positive ints, got {dims}")
+        if self.block[0] * self.block[1] * self.block[2] > 1024:
+            _fail(where, f"block {self.block} has more than 1024 threads")
+        if not isinstance(self.smem, int) or self.smem < 0:
+            _fail(where, f"smem must be a non-negative int, got {self.smem}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ForLoop:
+    """Runs ``body`` once for each ``index`` in ``range(start, stop)``, on the host. The
+    index is visible only inside the body."""
+
+    index: IndexVar
+    start: int
+    stop: int
+    body: tuple["Statement", ...]
+
+    def __post_init__(self):
+        _need("FOR", self.index, IndexVar, "index")
+        object.__setattr__(self, "body", tuple(self.body))
+        if not (isinstance(self.start, int) and isinstance(self.stop, int)):
+            _fail(f"FOR {self.index.name}", "bounds must be ints")
+        if self.stop < self.start:
+            _fail(f"FOR {self.index.name}", f"empty range({self.start}, {self.stop})")
+
+
+Statement = Union[
+    GetCurrentStream, SetCurrentStream, Synchronize, Allocate, Select, Communication, Wait,
+    Matmul, LaunchKernel, ForLoop,
+]
+STATEMENT_TYPES = (
+    GetCurrentStream, SetCurrentStream, Synchronize, Allocate, Select, Communication, Wait,
+    Matmul, LaunchKernel, ForLoop,
+)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Program:
+    """A host program: its inputs (with their sharding), outputs, the size of the worker
+    stream pool, and the statements. ``provenance`` names the pass that produced it."""
+
+    inputs: tuple[Tensor, ...]
+    outputs: tuple[Tensor, ...]
+    body: tuple[Statement, ...]
+    number_of_streams: int = 1
+    provenance: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "inputs", tuple(self.inputs))
+        object.__setattr__(self, "outputs", tuple(self.outputs))
+        object.__setattr__(self, "body", tuple(self.body))
+        if not isinstance(self.number_of_streams, int) or self.number_of_streams < 1:
+            _fail("Program", f"numberOfStreams must be >= 1, got {self.number_of_streams}")
+        for s in self.body:
+            _need("Program", s, STATEMENT_TYPES, "every statement")
+
+    def __str__(self) -> str:
+        from hostir.printer import print_program  # the printer owns the text form
+
+        return print_program(self)
+
+
+def walk(body) -> "list[Statement]":
+    """Every statement of ``body``, loop bodies included, in program order."""
+    out = []
+    for s in body:
+        out.append(s)
+        if isinstance(s, ForLoop):
+            out.extend(walk(s.body))
+    return out

@@ -1,0 +1,93 @@
+"""Runtime knobs, read once from the environment into one frozen object.
+
+    HOSTIR_DUMP=host_ir,lowering,cuda_kernel,launch_params,ptxas,autotune
+    HOSTIR_ENABLE=check_zeroed
+    HOSTIR_DISABLE=input_agreement
+    HOSTIR_CACHE_DIR=~/.cache/hostir
+    HOSTIR_COMM_TIMEOUT=300   (seconds)
+
+Example:
+    >>> from hostir.options import options
+    >>> options().dump("host_ir")
+    False
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+DUMP_OPTIONS = frozenset(
+    {"host_ir", "lowering", "cuda_kernel", "launch_params", "ptxas", "autotune"}
+)
+ENABLE_OPTIONS = frozenset({"check_zeroed", "autotune"})
+DISABLE_OPTIONS = frozenset({"input_agreement", "kernel_cache"})
+
+
+def _parse_list(var: str, allowed: frozenset[str], environ) -> frozenset[str]:
+    raw = environ.get(var, "")
+    names = frozenset(x.strip() for x in raw.split(",") if x.strip())
+    unknown = names - allowed
+    if unknown:
+        raise ValueError(
+            f"{var}: unknown option(s) {sorted(unknown)}; expected some of {sorted(allowed)}"
+        )
+    return names
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Options:
+    dumps: frozenset[str] = frozenset()
+    enabled: frozenset[str] = frozenset()
+    disabled: frozenset[str] = frozenset()
+    cache_dir: Path = Path.home() / ".cache" / "hostir"
+    comm_timeout_s: float = 300.0
+
+    def dump(self, name: str) -> bool:
+        assert name in DUMP_OPTIONS, name
+        return name in self.dumps
+
+    def enable(self, name: str) -> bool:
+        assert name in ENABLE_OPTIONS, name
+        return name in self.enabled
+
+    def disable(self, name: str) -> bool:
+        assert name in DISABLE_OPTIONS, name
+        return name in self.disabled
+
+    @staticmethod
+    def from_environ(environ=None) -> "Options":
+        environ = os.environ if environ is None else environ
+        cache = environ.get("HOSTIR_CACHE_DIR")
+        return Options(
+            dumps=_parse_list("HOSTIR_DUMP", DUMP_OPTIONS, environ),
+            enabled=_parse_list("HOSTIR_ENABLE", ENABLE_OPTIONS, environ),
+            disabled=_parse_list("HOSTIR_DISABLE", DISABLE_OPTIONS, environ),
+            cache_dir=Path(cache).expanduser() if cache else Options.cache_dir,
+            comm_timeout_s=float(environ.get("HOSTIR_COMM_TIMEOUT", "300")),
+        )
+
+
+_OPTIONS: Options | None = None
+
+
+def options() -> Options:
+    """The process's options, parsed from the environment on first use."""
+    global _OPTIONS
+    if _OPTIONS is None:
+        _OPTIONS = Options.from_environ()
+    return _OPTIONS
+
+
+def set_options(new: Options | None) -> None:
+    """Replace the process's options (tests); None re-reads the environment on next use."""
+    global _OPTIONS
+    _OPTIONS = new
+
+
+def dump(name: str, text: str, rank: int = 0) -> None:
+    """Print a dump to stdout when HOSTIR_DUMP names it (rank 0 only)."""
+    if rank == 0 and options().dump(name):
+        print(text, file=sys.stdout, flush=True)

@@ -1,0 +1,133 @@
+"""Collectives through NCCL (CuPy's bindings), bootstrapped by mpi4py.
+
+Rank 0 makes the NCCL unique id and broadcasts it over MPI; every rank then joins the
+communicator on its GPU. Collectives run on the *current* stream, so a Wait on the same
+stream is free and a Wait from another stream is an event wait: the host never blocks.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hostir.errors import CommunicationError
+
+# ncclDataType_t and ncclRedOp_t values of nccl.h
+_NCCL_DTYPE = {
+    torch.int8: 0, torch.uint8: 1, torch.int32: 2, torch.int64: 4,
+    torch.float16: 6, torch.float32: 7, torch.float64: 8, torch.bfloat16: 9,
+}
+_NCCL_OP = {"sum": 0, "max": 2, "min": 3}
+
+
+class _EventWork:
+    """A collective posted on ``stream``: waiting from another stream is an event wait."""
+
+    def __init__(self, stream: torch.cuda.Stream):
+        self.stream = stream
+        self.event = None
+
+    def wait(self, stream) -> None:
+        if stream is None or stream == self.stream:
+            return
+        stream.wait_stream(self.stream)
+
+
+class NcclCommunicator:
+    name = "nccl"
+
+    def __init__(self, rank: int, world_size: int, unique_id, device: int):
+        try:
+            from cupy.cuda import nccl
+        except ImportError as e:  # pragma: no cover - needs a CUDA machine
+            raise CommunicationError(
+                "NCCL communicator needs CuPy with NCCL (pip install hostir[cuda13])"
+            ) from e
+        self.nccl = nccl
+        self.rank = rank
+        self.world_size = world_size
+        self.device = device
+        torch.cuda.set_device(device)
+        import cupy
+
+        cupy.cuda.Device(device).use()
+        self.comm = nccl.NcclCommunicator(world_size, unique_id, rank)
+
+    @classmethod
+    def from_mpi(cls, mpi_comm=None) -> "NcclCommunicator":
+        """One rank a GPU: the GPU is the rank's index among the ranks of its node."""
+        from mpi4py import MPI
+        from cupy.cuda import nccl
+
+        comm = mpi_comm if mpi_comm is not None else MPI.COMM_WORLD
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        local_rank = local.Get_rank()
+        local.Free()
+        ngpu = torch.cuda.device_count()
+        if ngpu == 0:
+            raise CommunicationError("NCCL communicator: no CUDA device is visible")
+        uid = nccl.get_unique_id() if comm.Get_rank() == 0 else None
+        uid = comm.bcast(uid, root=0)
+        return cls(comm.Get_rank(), comm.Get_size(), uid, local_rank % ngpu)
+
+    def _dtype(self, t: torch.Tensor) -> int:
+        try:
+            return _NCCL_DTYPE[t.dtype]
+        except KeyError:
+            raise CommunicationError(f"NCCL has no type for {t.dtype}") from None
+
+    @staticmethod
+    def _stream(stream) -> torch.cuda.Stream:
+        return stream if stream is not None else torch.cuda.current_stream()
+
+    def _check(self, *ts: torch.Tensor) -> None:
+        for t in ts:
+            if not t.is_cuda or not t.is_contiguous():
+                raise CommunicationError(
+                    f"NCCL needs contiguous CUDA tensors, got {t.device} "
+                    f"contiguous={t.is_contiguous()} shape={list(t.shape)}"
+                )
+
+    def allgather(self, out, inp, stream=None):
+        self._check(out, inp)
+        s = self._stream(stream)
+        self.comm.allGather(inp.data_ptr(), out.data_ptr(), inp.numel(), self._dtype(inp),
+                            s.cuda_stream)
+        return _EventWork(s)
+
+    def reduce_scatter(self, out, inp, op: str = "sum", stream=None):
+        self._check(out, inp)
+        s = self._stream(stream)
+        self.comm.reduceScatter(inp.data_ptr(), out.data_ptr(), out.numel(), self._dtype(inp),
+                                _NCCL_OP[op], s.cuda_stream)
+        return _EventWork(s)
+
+    def allreduce(self, out, inp, op: str = "sum", stream=None):
+        self._check(out, inp)
+        s = self._stream(stream)
+        self.comm.allReduce(inp.data_ptr(), out.data_ptr(), inp.numel(), self._dtype(inp),
+                            _NCCL_OP[op], s.cuda_stream)
+        return _EventWork(s)
+
+    def broadcast(self, out, inp, root: int, stream=None):
+        self._check(out, inp)
+        s = self._stream(stream)
+        self.comm.broadcast(inp.data_ptr(), out.data_ptr(), inp.numel(), self._dtype(inp), root,
+                            s.cuda_stream)
+        return _EventWork(s)
+
+    def sendrecv(self, out, inp, send_peer: int, recv_peer: int, stream=None):
+        self._check(out, inp)
+        s = self._stream(stream)
+        self.nccl.groupStart()
+        self.comm.send(inp.data_ptr(), inp.numel(), self._dtype(inp), send_peer, s.cuda_stream)
+        self.comm.recv(out.data_ptr(), out.numel(), self._dtype(out), recv_peer, s.cuda_stream)
+        self.nccl.groupEnd()
+        return _EventWork(s)
+
+    def barrier(self) -> None:
+        from mpi4py import MPI
+
+        MPI.COMM_WORLD.Barrier()
+
+    def abort(self) -> None:
+        self.comm.abort()

@@ -1,0 +1,83 @@
+"""Collectives through an existing ``torch.distributed`` process group.
+
+For training loops that already called ``init_process_group`` (NCCL on GPUs, gloo on the
+CPU). Collectives are posted with ``async_op=True``; for NCCL, ``Work.wait()`` makes the
+current stream wait on the group's internal stream (no host block); for gloo it completes
+the operation on the host.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from hostir.errors import CommunicationError
+
+# torch 2.13 renamed all_gather_into_tensor (deprecated there); torch 2.11 has only the old name.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
+
+class _TorchWork:
+    def __init__(self, work, finish=None):
+        self.work = work
+        self.finish = finish
+
+    def wait(self, stream=None) -> None:
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
+            if self.finish is not None:
+                self.finish()
+
+
+class TorchCommunicator:
+    name = "torch"
+
+    def __init__(self, group=None):
+        if not dist.is_available() or not dist.is_initialized():
+            raise CommunicationError(
+                "torch communicator: torch.distributed is not initialized; call "
+                "torch.distributed.init_process_group first (or use the nccl/mpi backends)"
+            )
+        self.group = group if group is not None else dist.group.WORLD
+        self.rank = dist.get_rank(self.group)
+        self.world_size = dist.get_world_size(self.group)
+        self.backend = dist.get_backend(self.group)
+
+    def allgather(self, out, inp, stream=None):
+        return _TorchWork(_all_gather(out, inp.contiguous(), group=self.group, async_op=True))
+
+    def reduce_scatter(self, out, inp, op: str = "sum", stream=None):
+        if self.backend == "gloo":  # gloo has no reduce-scatter: allreduce, keep our chunk
+            full = inp.clone()
+            work = dist.all_reduce(full, op=_OPS[op], group=self.group, async_op=True)
+            n = out.shape[0]
+            return _TorchWork(work, lambda: out.copy_(full[self.rank * n:(self.rank + 1) * n]))
+        return _TorchWork(dist.reduce_scatter_tensor(out, inp.contiguous(), op=_OPS[op],
+                                                     group=self.group, async_op=True))
+
+    def allreduce(self, out, inp, op: str = "sum", stream=None):
+        if out.data_ptr() != inp.data_ptr():
+            out.copy_(inp)
+        return _TorchWork(dist.all_reduce(out, op=_OPS[op], group=self.group, async_op=True))
+
+    def broadcast(self, out, inp, root: int, stream=None):
+        if self.rank == root and out.data_ptr() != inp.data_ptr():
+            out.copy_(inp)
+        return _TorchWork(dist.broadcast(out, src=root, group=self.group, async_op=True))
+
+    def sendrecv(self, out, inp, send_peer: int, recv_peer: int, stream=None):
+        ops = [dist.P2POp(dist.isend, inp.contiguous(), send_peer, self.group),
+               dist.P2POp(dist.irecv, out, recv_peer, self.group)]
+        works = dist.batch_isend_irecv(ops)
+
+        class _All:
+            def wait(self_inner):
+                for w in works:
+                    w.wait()
+
+        return _TorchWork(_All())
+
+    def barrier(self) -> None:
+        dist.barrier(group=self.group)

@@ -1,0 +1,96 @@
+"""Device backends: where tensors live and how streams are ordered.
+
+``CudaBackend`` keeps a pool of worker streams (used round-robin by ``PoolStream``
+statements) and orders streams with events only: ``wait_stream`` records an event on the
+waited stream and makes the waiting stream wait on it (``cudaStreamWaitEvent``); the host
+never blocks. ``CpuBackend`` runs everything in program order, so its streams are tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hostir.errors import ExecutionError
+
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+    "int32": torch.int32,
+    "int64": torch.int64,
+}
+DTYPE_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+class CpuBackend:
+    """Torch CPU tensors; work runs when issued, so stream ordering is implicit."""
+
+    name = "cpu"
+
+    def __init__(self):
+        self.device = torch.device("cpu")
+
+    def current_stream(self):
+        return "cpu"
+
+    def set_current_stream(self, stream) -> None:
+        pass
+
+    def worker(self, index: int, count: int):
+        return f"cpu:{index % count}"
+
+    def wait_stream(self, waiter, waited) -> None:
+        pass
+
+    def allocate(self, shape, dtype: str) -> torch.Tensor:
+        return torch.empty(tuple(shape), dtype=DTYPES[dtype])
+
+    def synchronize(self) -> None:
+        pass
+
+
+class CudaBackend:
+    """Torch CUDA tensors on one device and a pool of worker streams."""
+
+    name = "cuda"
+
+    def __init__(self, device: torch.device | int | str | None = None):
+        if not torch.cuda.is_available():
+            raise ExecutionError("CudaBackend: CUDA is not available on this machine")
+        self.device = torch.device("cuda", torch.cuda.current_device() if device is None
+                                   else torch.device(device).index or 0)
+        self._pool: list[torch.cuda.Stream] = []
+
+    def current_stream(self) -> torch.cuda.Stream:
+        return torch.cuda.current_stream(self.device)
+
+    def set_current_stream(self, stream: torch.cuda.Stream) -> None:
+        torch.cuda.set_stream(stream)
+
+    def worker(self, index: int, count: int) -> torch.cuda.Stream:
+        """Worker stream ``index % count``; streams are created once and reused."""
+        while len(self._pool) < count:
+            self._pool.append(torch.cuda.Stream(self.device))
+        return self._pool[index % count]
+
+    def wait_stream(self, waiter: torch.cuda.Stream, waited: torch.cuda.Stream) -> None:
+        # Event record + cudaStreamWaitEvent: orders the GPU work, never blocks the host.
+        waiter.wait_stream(waited)
+
+    def allocate(self, shape, dtype: str) -> torch.Tensor:
+        return torch.empty(tuple(shape), dtype=DTYPES[dtype], device=self.device)
+
+    def synchronize(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+
+def make_backend(device: str = "auto"):
+    """``auto`` picks CUDA when a GPU is present, else the CPU."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu":
+        return CpuBackend()
+    if device.startswith("cuda"):
+        return CudaBackend(None if device == "cuda" else device)
+    raise ExecutionError(f"unknown device {device!r}: expected auto, cpu or cuda[:N]")

@@ -1,0 +1,218 @@
+"""Runs a host program: a short loop over statements and a dispatch table keyed by type.
+
+    >>> from runtime.interpreter import Interpreter
+    >>> from runtime.device import make_backend
+    >>> from runtime.comm import make_communicator
+    >>> run = Interpreter(program, make_backend("cpu"), make_communicator("mpi"))  # doctest: +SKIP
+    >>> (out,) = run(a_shard, b)                                                   # doctest: +SKIP
+
+Values live in an environment keyed by name. The host never blocks inside a program:
+streams are ordered by events only, and collectives are posted and waited on streams.
+Every value stays referenced until the program returns, and a verified program has joined
+every worker stream into the user's stream by then, so the caching allocator cannot hand
+out memory that a worker stream still uses. Errors name the statement being executed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hostir import ir
+from hostir.errors import ExecutionError, HostIrError, InputMismatchError
+from hostir.printer import format_statement
+from hostir.verify import verify
+from runtime.comm.base import check_team
+from runtime.device import DTYPE_NAMES
+
+
+class _Frame:
+    """The interpreter's state while one program runs."""
+
+    __slots__ = ("env", "current", "user")
+
+    def __init__(self, env, current):
+        self.env = env
+        self.current = current
+        self.user = current
+
+
+def check_inputs(program: ir.Program, args, device: torch.device) -> None:
+    """Refuse inputs that do not match the program's signature, before any collective."""
+    if len(args) != len(program.inputs):
+        raise InputMismatchError(
+            f"expected {len(program.inputs)} inputs "
+            f"({', '.join(t.name for t in program.inputs)}), got {len(args)}"
+        )
+    for t, x in zip(program.inputs, args):
+        if not isinstance(x, torch.Tensor):
+            raise InputMismatchError(f"input {t.name}: expected a torch.Tensor, got {type(x).__name__}")
+        got = tuple(x.shape)
+        if len(got) != len(t.local_shape):
+            raise InputMismatchError(
+                f"input {t.name}: expected rank {len(t.local_shape)} (local shape "
+                f"{list(t.local_shape)}), got rank {len(got)} {list(got)}"
+            )
+        for axis, (want, have) in enumerate(zip(t.local_shape, got)):
+            if want != have:
+                kind = t.parallel[axis].value
+                note = " (a DIDx axis holds this rank's slice: extent 1)" if kind == "DIDx" else ""
+                raise InputMismatchError(
+                    f"input {t.name} axis {axis} ({kind}): expected extent {want}{note}, got {have}"
+                )
+        if DTYPE_NAMES.get(x.dtype) != t.dtype:
+            raise InputMismatchError(f"input {t.name}: expected dtype {t.dtype}, got {x.dtype}")
+        if x.device.type != device.type or (device.index is not None and x.device.index != device.index):
+            raise InputMismatchError(f"input {t.name}: expected device {device}, got {x.device}")
+        if not x.is_contiguous():
+            raise InputMismatchError(f"input {t.name}: expected a contiguous tensor, got strides {x.stride()}")
+
+
+class Interpreter:
+    """A verified program bound to a device backend and a communicator; call it with the
+    program's inputs (local shards), get its outputs."""
+
+    def __init__(self, program: ir.Program, backend, communicator=None, kernels=None):
+        verify(program)
+        self.program = program
+        self.backend = backend
+        self.comm = communicator
+        self.kernels = kernels or {}
+        self.params = {
+            "numberOfStreams": program.number_of_streams,
+            "rank": communicator.rank if communicator is not None else 0,
+            "worldSize": communicator.world_size if communicator is not None else 1,
+        }
+        for s in ir.walk(program.body):
+            if isinstance(s, ir.Communication):
+                if communicator is None:
+                    raise ExecutionError(f"{format_statement(s)}: the program communicates but no communicator was given")
+                check_team(communicator, s.team)
+
+    def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
+        check_inputs(self.program, args, self.backend.device)
+        env = dict(self.params)
+        env.update({t.name: x for t, x in zip(self.program.inputs, args)})
+        frame = _Frame(env, self.backend.current_stream())
+        try:
+            self._body(self.program.body, frame)
+        finally:
+            # Also after an error: the caller gets its own stream back.
+            self.backend.set_current_stream(frame.user)
+        return [env[t.name] for t in self.program.outputs]
+
+    def _body(self, body, frame: _Frame) -> None:
+        for s in body:
+            try:
+                _RULES[type(s)](self, s, frame)
+            except HostIrError as e:
+                if getattr(e, "_hostir_where", False):
+                    raise
+                raise _annotate(e, s, self.params["rank"])
+            except Exception as e:  # noqa: BLE001 - re-raised with the statement named
+                err = ExecutionError(
+                    f"rank {self.params['rank']}: while executing `{format_statement(s)}`: "
+                    f"{type(e).__name__}: {e}"
+                )
+                err._hostir_where = True
+                raise err from e
+
+    def stream(self, ref: ir.StreamRef, frame: _Frame):
+        if isinstance(ref, ir.StreamValue):
+            return frame.env[ref.name]
+        index = ir.evaluate(ref.index, frame.env)
+        return self.backend.worker(index, self.program.number_of_streams)
+
+
+def _annotate(e: HostIrError, s, rank: int) -> HostIrError:
+    err = type(e)(*e.args) if not hasattr(e, "line") else e
+    if err is not e:
+        err.args = (f"rank {rank}: while executing `{format_statement(s)}`: {e}",)
+    err._hostir_where = True
+    err.__cause__ = e
+    return err
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def _get_current_stream(it: Interpreter, s: ir.GetCurrentStream, f: _Frame) -> None:
+    f.env[s.stream.name] = f.current
+
+
+def _set_current_stream(it: Interpreter, s: ir.SetCurrentStream, f: _Frame) -> None:
+    f.current = it.stream(s.stream, f)
+    it.backend.set_current_stream(f.current)
+
+
+def _synchronize(it: Interpreter, s: ir.Synchronize, f: _Frame) -> None:
+    it.backend.wait_stream(f.current, it.stream(s.stream, f))
+
+
+def _allocate(it: Interpreter, s: ir.Allocate, f: _Frame) -> None:
+    f.env[s.out.name] = it.backend.allocate(s.out.local_shape, s.out.dtype)
+
+
+def _select(it: Interpreter, s: ir.Select, f: _Frame) -> None:
+    f.env[s.out.name] = f.env[s.input.name].select(s.axis, ir.evaluate(s.index, f.env))
+
+
+def _communication(it: Interpreter, s: ir.Communication, f: _Frame) -> None:
+    inp, out = f.env[s.input.name], f.env[s.output.name]
+    c, t = it.comm, s.type
+    T = ir.CommunicationType
+    if t is T.Allgather:
+        work = c.allgather(out, inp, f.current)
+    elif t is T.ReduceScatter:
+        work = c.reduce_scatter(out, inp, s.reduce_op, f.current)
+    elif t is T.Allreduce:
+        work = c.allreduce(out, inp, s.reduce_op, f.current)
+    elif t is T.Broadcast:
+        work = c.broadcast(out, inp, s.root, f.current)
+    else:
+        work = c.sendrecv(out, inp, ir.evaluate(s.send_peer, f.env) % c.world_size,
+                          ir.evaluate(s.recv_peer, f.env) % c.world_size, f.current)
+    f.env[s.handle.name] = work
+
+
+def _wait(it: Interpreter, s: ir.Wait, f: _Frame) -> None:
+    f.env.pop(s.handle.name).wait(f.current)
+
+
+def _matmul(it: Interpreter, s: ir.Matmul, f: _Frame) -> None:
+    a, b, out = f.env[s.a.name], f.env[s.b.name], f.env[s.out.name]
+    if a.is_contiguous() and out.is_contiguous():
+        # One GEMM over all batch rows instead of a batched call.
+        torch.mm(a.reshape(-1, a.shape[-1]), b, out=out.view(-1, out.shape[-1]))
+    else:
+        torch.matmul(a, b, out=out)
+
+
+def _launch_kernel(it: Interpreter, s: ir.LaunchKernel, f: _Frame) -> None:
+    launch = it.kernels.get(s.kernel)
+    if launch is None:
+        raise ExecutionError(
+            f"kernel {s.kernel!r} is not registered with this interpreter; expected one of "
+            f"{sorted(it.kernels) or 'none'}"
+        )
+    launch([f.env[t.name] for t in s.args], s.grid, s.block, s.smem, s.scalars, f.current)
+
+
+def _for_loop(it: Interpreter, s: ir.ForLoop, f: _Frame) -> None:
+    for i in range(s.start, s.stop):
+        f.env[s.index.name] = i
+        it._body(s.body, f)
+    f.env.pop(s.index.name, None)
+
+
+_RULES = {
+    ir.GetCurrentStream: _get_current_stream,
+    ir.SetCurrentStream: _set_current_stream,
+    ir.Synchronize: _synchronize,
+    ir.Allocate: _allocate,
+    ir.Select: _select,
+    ir.Communication: _communication,
+    ir.Wait: _wait,
+    ir.Matmul: _matmul,
+    ir.LaunchKernel: _launch_kernel,
+    ir.ForLoop: _for_loop,
+}
