@@ -1,0 +1,699 @@
+"""Row-wise normalization (layer norm, RMS norm) with fused pointwise ops -> CUDA C++.
+
+A `NormalizationSpec` describes one fusion over ``x[rows, hidden]``:
+
+    prologue ops (adds of 1-D tensors broadcast over rows, casts that round)
+    -> layer_norm (weight, bias, eps) or rms_norm (weight, eps), in fp32
+    -> epilogue ops (same kinds) -> cast to the output dtype
+
+and `render_normalization(spec)` turns it into one **persistent** kernel: each thread
+keeps its slice of a row in registers (the "persistent batch"), so the input is read
+once and the output written once, whatever the prologue. The mean and the variance
+are computed in two passes over those registers (exact enough for rows with a large
+mean, unlike E[x^2] - E[x]^2), each reduced by warp shuffles and, when a row spans
+several warps, one shared-memory exchange.
+
+Example (the fusion of the nvFuser report):
+    >>> spec = NormalizationSpec.reference_fusion(rows=8192, hidden=5140)
+    >>> plan = spec.plan
+    >>> (plan.vector_width, plan.threads_per_row % 32)
+    (4, 0)
+    >>> source = render_normalization(spec)
+    >>> "#pragma unroll 1" in source
+    True
+
+The heuristics live in `plan_launch`; each one says why in a comment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from typing import Union
+
+from hostir.errors import LoweringError
+from lowering.kernels import render
+
+WARP = 32
+MAX_THREADS_PER_BLOCK = 1024
+REGISTERS_PER_SM = 65536
+MAX_REGISTERS_PER_THREAD = 255
+# fp32 values a thread may hold for its part of a row. 32 keeps the whole kernel near
+# 64-96 registers, so 700-1000 threads stay resident per SM with 32-64 bytes of loads
+# each in flight: enough to cover DRAM latency on Hopper. Rows longer than
+# 1024 threads x 32 values are not a persistent-kernel case.
+MAX_VALUES_PER_THREAD = 32
+MIN_THREADS_PER_BLOCK = 128
+
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+HALF_DTYPES = ("float16", "bfloat16")
+
+
+# --------------------------------------------------------------------------- ops
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AddBroadcast:
+    """``v = v + float(p[col])``: a 1-D tensor of ``hidden`` elements broadcast over rows."""
+
+    dtype: str = "float16"
+    name: str = "bias"
+
+    def __post_init__(self):
+        _check_dtype("AddBroadcast.dtype", self.dtype, tuple(DTYPE_BYTES))
+        if not self.name.isidentifier():
+            raise LoweringError(f"AddBroadcast.name: expected an identifier, got {self.name!r}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Cast:
+    """``v = float(dtype(v))``: rounds to nearest-even in ``dtype``, math stays fp32.
+
+    This is what ``half(float(x) + float(b0))`` means inside a fusion: the rounding
+    is part of the function and a fused kernel must keep it.
+    """
+
+    dtype: str
+
+    def __post_init__(self):
+        _check_dtype("Cast.dtype", self.dtype, HALF_DTYPES + ("float32",))
+
+
+PointwiseOp = Union[AddBroadcast, Cast]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LayerNorm:
+    """``(v - mean) / sqrt(var + eps) * weight + bias`` over a row, biased variance."""
+
+    eps: float = 1e-5
+    weight: bool = True
+    bias: bool = True
+    weight_dtype: str = "float16"
+    bias_dtype: str = "float16"
+
+    def __post_init__(self):
+        _check_eps(self.eps)
+        _check_dtype("LayerNorm.weight_dtype", self.weight_dtype, tuple(DTYPE_BYTES))
+        _check_dtype("LayerNorm.bias_dtype", self.bias_dtype, tuple(DTYPE_BYTES))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RmsNorm:
+    """``v / sqrt(mean(v^2) + eps) * weight`` over a row."""
+
+    eps: float = 1e-6
+    weight: bool = True
+    weight_dtype: str = "float16"
+
+    def __post_init__(self):
+        _check_eps(self.eps)
+        _check_dtype("RmsNorm.weight_dtype", self.weight_dtype, tuple(DTYPE_BYTES))
+
+
+def _check_dtype(what: str, dtype: str, allowed: tuple[str, ...]) -> None:
+    if dtype not in allowed:
+        raise LoweringError(f"{what}: expected one of {list(allowed)}, got {dtype!r}")
+
+
+def _check_eps(eps: float) -> None:
+    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
+        raise LoweringError(f"eps: expected a finite number > 0, got {eps!r}")
+
+
+# --------------------------------------------------------------------------- plan
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LaunchPlan:
+    """How the kernel maps a row onto threads; fixed at code generation."""
+
+    vector_width: int  # elements per global access (16 bytes when alignment allows)
+    threads_per_row: int  # a multiple of the warp
+    batch: int  # vectors each thread keeps in registers (the persistent batch)
+    rows_per_block: int
+    register_estimate: int
+
+    @property
+    def block_threads(self) -> int:
+        return self.threads_per_row * self.rows_per_block
+
+    @property
+    def min_blocks_per_sm(self) -> int:
+        """Blocks per SM promised to ptxas through __launch_bounds__.
+
+        Without it ptxas guesses an occupancy target itself and was seen squeezing an
+        rms_norm to 32 registers with 16 bytes of spills; with it, the register cap
+        is 65536 / (blocks x threads), at least our estimate, so nothing spills.
+        """
+        by_registers = REGISTERS_PER_SM // (self.block_threads * _round_up(self.register_estimate, 8))
+        return max(1, min(2048 // self.block_threads, by_registers))
+
+    @property
+    def warps_per_row(self) -> int:
+        return self.threads_per_row // WARP
+
+    @property
+    def shared_bytes(self) -> int:
+        # two reductions (mean, variance) use separate buffers: see the kernel's comment
+        return 0 if self.warps_per_row == 1 else 2 * 4 * self.rows_per_block * self.warps_per_row
+
+    def grid(self, rows: int) -> int:
+        return max(1, -(-rows // self.rows_per_block))
+
+
+def vector_width_for(hidden: int, dtype_bytes: tuple[int, ...], alignment: int) -> int:
+    """Widest vector (elements) such that every row of every tensor starts aligned.
+
+    Row ``r`` starts at ``r * hidden * bytes``: a 16-byte access needs that, and the base
+    pointers (``alignment``), to be multiples of 16. 16 bytes is the widest load a thread
+    can issue (LDG.128): it quarters the load instructions of a 4-byte access and keeps
+    more bytes in flight per instruction slot. Every tensor of the fusion must agree,
+    so the narrowest element type sets the count.
+    """
+    best = 1
+    elem = max(dtype_bytes)
+    for width in (8, 4, 2, 1):
+        fits = all(width * b <= 16 and (hidden * b) % (width * b) == 0 for b in dtype_bytes)
+        if fits and alignment % (width * elem) == 0:
+            best = width
+            break
+    return best
+
+
+def register_estimate(values_per_thread: int, loads_in_flight: int, value_bytes: int) -> int:
+    """Registers one thread needs, fitted to ptxas (sm_80, sm_90) over every candidate
+    plan of the benchmark sizes: about two per fp32 value of the row slice (the value,
+    and the packed input plus the centred value or the converted output while it is
+    live), and 32 for indices, addresses, the reduction and the prologue's tensors
+    (ptxas converts those as they arrive: ``loads_in_flight`` did not show). The unit
+    tests check it bounds what ptxas reports."""
+    del loads_in_flight
+    packed = values_per_thread * value_bytes // 2
+    return values_per_thread + packed + 32
+
+
+def candidate_plans(
+    hidden: int, vector_width: int, loads_in_flight: int, value_bytes: int
+) -> list[LaunchPlan]:
+    """Every plan that covers a row with warp-multiple threads and fits the registers.
+
+    - Block sizes are warp multiples: a partial warp wastes its lanes on every
+      instruction and breaks the warp-shuffle reduction.
+    - A batch B (vectors a thread keeps in registers) is kept only if no batch slot is
+      empty for every thread, and only if its register estimate fits what the block
+      may use: then ptxas has no reason to spill.
+    - Short rows (fewer than MIN_THREADS_PER_BLOCK threads) share a block, several rows
+      each on its own warps, so a block has enough warps to hide latency while each
+      row's reduction stays inside its warps.
+    """
+    vectors = -(-hidden // vector_width)
+    plans = []
+    for b in range(1, MAX_VALUES_PER_THREAD // vector_width + 1):
+        t = _round_up(-(-vectors // b), WARP)
+        if t > MAX_THREADS_PER_BLOCK or (b - 1) * t >= vectors:
+            continue
+        rows_per_block = max(1, MIN_THREADS_PER_BLOCK // t)
+        estimate = register_estimate(b * vector_width, loads_in_flight, value_bytes)
+        if estimate <= _register_budget(t * rows_per_block):
+            plans.append(LaunchPlan(vector_width, t, b, rows_per_block, estimate))
+    return plans
+
+
+def padding(plan: LaunchPlan, hidden: int) -> float:
+    """Fraction of a row's batch slots that are predicated off."""
+    slots = plan.threads_per_row * plan.batch * plan.vector_width
+    return (slots - hidden) / slots
+
+
+def plan_launch(
+    hidden: int,
+    vector_width: int,
+    loads_in_flight: int,
+    value_bytes: int,
+    threads_per_row: int | None = None,
+    batch: int | None = None,
+    rows_per_block: int | None = None,
+) -> LaunchPlan:
+    """Pick threads per row, the persistent batch and rows per block for ``hidden``.
+
+    Among `candidate_plans`: least padding first (idle lanes issue no loads, so padding
+    is bytes not in flight); among near-equal padding (within 2%), about 16 fp32 values
+    a thread: fewer means more threads and more reduction steps per row, more means
+    more registers and fewer resident warps. We never unroll the row loop on top of
+    the batch: a second row in flight would double the registers (the nvFuser spill
+    at 16384). The three overrides pin a plan (sweeps, tests).
+    """
+    if threads_per_row is not None or batch is not None:
+        vectors = -(-hidden // vector_width)
+        t = threads_per_row or _round_up(-(-vectors // batch), WARP)
+        b = batch or -(-vectors // t)
+        if t % WARP or t > MAX_THREADS_PER_BLOCK or b * t < vectors:
+            raise LoweringError(
+                f"normalization plan: threads_per_row={t}, batch={b} do not cover "
+                f"{vectors} vectors of {vector_width} with warp-multiple threads <= 1024"
+            )
+        r = rows_per_block or max(1, MIN_THREADS_PER_BLOCK // t)
+        estimate = register_estimate(b * vector_width, loads_in_flight, value_bytes)
+        if estimate > _register_budget(t * r):
+            raise LoweringError(
+                f"normalization plan: {t} threads x {b * vector_width} values needs ~{estimate} "
+                f"registers a thread, over the {_register_budget(t * r)} a {t * r}-thread block may use"
+            )
+        return LaunchPlan(vector_width, t, b, r, estimate)
+    plans = candidate_plans(hidden, vector_width, loads_in_flight, value_bytes)
+    if not plans:
+        raise LoweringError(
+            f"normalization: hidden={hidden} needs more than {MAX_THREADS_PER_BLOCK} threads x "
+            f"{MAX_VALUES_PER_THREAD} values per row within the register budget; "
+            "not a persistent-kernel size"
+        )
+    least = min(padding(p, hidden) for p in plans)
+    near = [p for p in plans if padding(p, hidden) <= least + 0.02]
+    best = min(near, key=lambda p: abs(p.batch * vector_width - 16))
+    if rows_per_block is not None:
+        best = dataclasses.replace(best, rows_per_block=rows_per_block)
+    return best
+
+
+def _register_budget(block_threads: int) -> int:
+    # one block must fit an SM's register file; allocation goes by 8 registers a thread
+    return min(MAX_REGISTERS_PER_THREAD, (REGISTERS_PER_SM // block_threads) // 8 * 8)
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+# --------------------------------------------------------------------------- spec
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class NormalizationSpec:
+    """One row-wise normalization fusion over ``x[rows, hidden]``.
+
+    The kernel's arguments, in order: ``x``, one tensor per `AddBroadcast` of the
+    prologue, ``weight`` and ``bias`` of the norm (when present), one per `AddBroadcast`
+    of the epilogue, the output ``y``, and ``rows`` (int32). `parameter_names` lists
+    the tensors. ``alignment`` is the byte alignment every base pointer is known to
+    have (torch allocations: 256; a slice: less). The last three fields override the
+    heuristic plan (benchmark sweeps, tests).
+    """
+
+    rows: int
+    hidden: int
+    norm: Union[LayerNorm, RmsNorm]
+    input_dtype: str = "float16"
+    output_dtype: str = "float16"
+    prologue: tuple[PointwiseOp, ...] = ()
+    epilogue: tuple[PointwiseOp, ...] = ()
+    alignment: int = 16
+    threads_per_row: int | None = None
+    batch: int | None = None
+    rows_per_block: int | None = None
+
+    def __post_init__(self):
+        for what, n in (("rows", self.rows), ("hidden", self.hidden)):
+            if not isinstance(n, int) or n < 1:
+                raise LoweringError(f"NormalizationSpec.{what}: expected an int >= 1, got {n!r}")
+        if self.rows >= 2**31 or self.rows * self.hidden >= 2**31:
+            raise LoweringError(
+                f"NormalizationSpec: rows*hidden = {self.rows}*{self.hidden} must stay under 2^31 "
+                "(32-bit indexing)"
+            )
+        _check_dtype("NormalizationSpec.input_dtype", self.input_dtype, HALF_DTYPES)
+        _check_dtype("NormalizationSpec.output_dtype", self.output_dtype, tuple(DTYPE_BYTES))
+        if not isinstance(self.norm, (LayerNorm, RmsNorm)):
+            raise LoweringError(
+                f"NormalizationSpec.norm: expected LayerNorm or RmsNorm, got {type(self.norm).__name__}"
+            )
+        for where in ("prologue", "epilogue"):
+            ops = getattr(self, where)
+            if not isinstance(ops, tuple):
+                raise LoweringError(f"NormalizationSpec.{where}: expected a tuple of ops, got {type(ops).__name__}")
+            for op in ops:
+                if not isinstance(op, (AddBroadcast, Cast)):
+                    raise LoweringError(
+                        f"NormalizationSpec.{where}: expected AddBroadcast or Cast, got {op!r}"
+                    )
+        names = self.parameter_names()
+        if len(set(names)) != len(names):
+            raise LoweringError(f"NormalizationSpec: parameter names repeat: {names}")
+        if self.alignment < 1 or self.alignment & (self.alignment - 1):
+            raise LoweringError(f"NormalizationSpec.alignment: expected a power of two, got {self.alignment}")
+        self.plan  # noqa: B018 -- validate the launch plan now, not at first launch
+
+    # -- what the kernel reads and writes
+
+    def parameter_names(self) -> tuple[str, ...]:
+        """Names of the tensors the kernel takes, in argument order (``rows`` follows)."""
+        names = ["x"]
+        names += [op.name for op in self.prologue if isinstance(op, AddBroadcast)]
+        if self.norm.weight:
+            names.append("weight")
+        if isinstance(self.norm, LayerNorm) and self.norm.bias:
+            names.append("bias")
+        names += [op.name for op in self.epilogue if isinstance(op, AddBroadcast)]
+        names.append("y")
+        return tuple(names)
+
+    def parameter_dtypes(self) -> tuple[str, ...]:
+        dtypes = [self.input_dtype]
+        dtypes += [op.dtype for op in self.prologue if isinstance(op, AddBroadcast)]
+        if self.norm.weight:
+            dtypes.append(self.norm.weight_dtype)
+        if isinstance(self.norm, LayerNorm) and self.norm.bias:
+            dtypes.append(self.norm.bias_dtype)
+        dtypes += [op.dtype for op in self.epilogue if isinstance(op, AddBroadcast)]
+        dtypes.append(self.output_dtype)
+        return tuple(dtypes)
+
+    def bytes_moved(self) -> int:
+        """Bytes the fusion must read and write once: x, y and each 1-D tensor."""
+        dtypes = self.parameter_dtypes()
+        big = (DTYPE_BYTES[dtypes[0]] + DTYPE_BYTES[dtypes[-1]]) * self.rows * self.hidden
+        return big + sum(DTYPE_BYTES[d] for d in dtypes[1:-1]) * self.hidden
+
+    @property
+    def plan(self) -> LaunchPlan:
+        dtypes = self.parameter_dtypes()
+        width = vector_width_for(self.hidden, tuple(DTYPE_BYTES[d] for d in dtypes), self.alignment)
+        prologue_adds = sum(isinstance(op, AddBroadcast) for op in self.prologue)
+        return plan_launch(
+            self.hidden,
+            width,
+            loads_in_flight=1 + prologue_adds,
+            value_bytes=DTYPE_BYTES[self.input_dtype],
+            threads_per_row=self.threads_per_row,
+            batch=self.batch,
+            rows_per_block=self.rows_per_block,
+        )
+
+    @property
+    def kernel_name(self) -> str:
+        digest = hashlib.sha1(repr(dataclasses.replace(self, rows=1)).encode()).hexdigest()[:10]
+        kind = "layer_norm" if isinstance(self.norm, LayerNorm) else "rms_norm"
+        return f"hostir_{kind}_{self.hidden}_{digest}"
+
+    # -- the common fusions
+
+    @staticmethod
+    def reference_fusion(rows: int, hidden: int, eps: float = 1e-5, dtype: str = "float16", **kw):
+        """``t9 = half(x + b0); t13 = float(t9) + b1; y = half(layer_norm(t13) * w + b2)``."""
+        return NormalizationSpec(
+            rows,
+            hidden,
+            LayerNorm(eps, weight_dtype=dtype, bias_dtype=dtype),
+            input_dtype=dtype,
+            output_dtype=dtype,
+            prologue=(AddBroadcast(dtype, "b0"), Cast(dtype), AddBroadcast(dtype, "b1")),
+            **kw,
+        )
+
+    @staticmethod
+    def layer_norm(rows: int, hidden: int, eps: float = 1e-5, dtype: str = "float16", **kw):
+        return NormalizationSpec(
+            rows, hidden, LayerNorm(eps, weight_dtype=dtype, bias_dtype=dtype),
+            input_dtype=dtype, output_dtype=dtype, **kw,
+        )
+
+    @staticmethod
+    def rms_norm(rows: int, hidden: int, eps: float = 1e-6, dtype: str = "float16", **kw):
+        return NormalizationSpec(
+            rows, hidden, RmsNorm(eps, weight_dtype=dtype),
+            input_dtype=dtype, output_dtype=dtype, **kw,
+        )
+
+
+# --------------------------------------------------------------------------- render
+
+# The shared renderer's names for our dtypes: its "convert" snippet carries 16-bit floats
+# as raw bits and converts them with one PTX instruction (no headers, see render.py).
+_SHORT = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+CUDA_TYPES = {d: render.C_TYPES[s] for d, s in _SHORT.items()}
+TO_FLOAT = {d: render.TO_FLOAT[s] + "({})" for d, s in _SHORT.items()}
+FROM_FLOAT = {d: render.FROM_FLOAT[s] + "({})" for d, s in _SHORT.items()}
+
+# This kernel's own snippets, one table, filled by NormalizationRenderer below.
+
+SNIPPETS = {
+    "preamble": """\
+// A vector of N elements moved by one instruction: the union with the built-in type
+// of its size makes a 16-byte one an LDG.128/STG.128, and lets it go through
+// __ldcs/__stcs (streaming, evict-first: x and y are touched once), which exist for
+// built-in types only.
+template <int Bytes> struct Raw;
+template <> struct Raw<16> {{ using type = uint4; }};
+template <> struct Raw<8> {{ using type = uint2; }};
+template <> struct Raw<4> {{ using type = unsigned int; }};
+template <> struct Raw<2> {{ using type = unsigned short; }};
+
+template <typename T, int N>
+union Vec {{
+  typename Raw<sizeof(T) * N>::type raw;
+  T e[N];
+}};
+
+__device__ __forceinline__ float warp_sum(float v) {{
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}}
+""",
+    # Sum over the threads of one row. With several warps a row: each warp's lane 0
+    # writes its partial, one barrier, then every warp sums all partials itself, which
+    # saves the second barrier a broadcast through shared memory would need.
+    "row_sum_warp": """\
+__device__ __forceinline__ float row_sum(float v, float* /*partials*/) {{
+  return warp_sum(v);
+}}
+""",
+    "row_sum_block": """\
+__device__ __forceinline__ float row_sum(float v, float* partials) {{
+  const int lane = threadIdx.x & 31;
+  const int warp = (threadIdx.x % {threads_per_row}) >> 5;
+  v = warp_sum(v);
+  if (lane == 0) partials[warp] = v;
+  __syncthreads();
+  return warp_sum(lane < {warps_per_row} ? partials[lane] : 0.f);
+}}
+""",
+    "kernel_open": """\
+extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
+{name}({params}, const int rows) {{
+  constexpr int kVec = {vec}, kBatch = {batch}, kThreadsPerRow = {threads_per_row};
+  constexpr int kRowsPerBlock = {rows_per_block}, kHidden = {hidden};
+  constexpr int kVectors = {vectors};      // vectors in a row
+  constexpr int kFullBatches = {full_batches};  // batch slots every thread fills
+  {shared}
+  const int lane = threadIdx.x % kThreadsPerRow;
+  const int row_in_block = threadIdx.x / kThreadsPerRow;
+  const int groups = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  // The row loop: no unroll. The persistent batch already holds a whole row slice in
+  // registers; a second row in flight would double them and spill.
+#pragma unroll 1
+  for (int group = blockIdx.x; group < groups; group += gridDim.x) {{
+    const int row = group * kRowsPerBlock + row_in_block;
+    // Rows past the end still join the barriers of the reduction; they only skip memory.
+    const bool row_ok = row < rows;
+    const size_t row_base = (size_t)row * kHidden;
+    float v[kBatch][kVec];
+""",
+    # Slot i of the batch holds vector i*kThreadsPerRow + lane: consecutive lanes read
+    # consecutive vectors, so a warp's access is one contiguous 512-byte span.
+    "batch_loop_open": """\
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {{
+      const int vec = i * kThreadsPerRow + lane;
+      const bool ok = row_ok && (i < kFullBatches || vec < kVectors);  // predication
+""",
+    "load_x": """\
+      Vec<{t}, kVec> x_v;
+      x_v.raw = {{}};
+      if (ok) x_v.raw = __ldcs(&(reinterpret_cast<const Vec<{t}, kVec>*>(x + row_base) + vec)->raw);
+""",
+    "load_param": """\
+      Vec<{t}, kVec> {name}_v;
+      {name}_v.raw = {{}};
+      if (ok) {name}_v.raw = (reinterpret_cast<const Vec<{t}, kVec>*>({name}) + vec)->raw;
+""",
+    "element_loop_open": """\
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {{
+""",
+    "loop_close": "      }}\n",
+    "batch_loop_close": "    }}\n",
+    "first_value": "        float a = ok ? {value} : 0.f;\n",
+    "add": "        a += {value};\n",
+    "cast": "        a = {value};\n",
+    "keep": "        v[i][e] = a;\n",
+    "sum_open": "    float s = 0.f;\n",
+    "sum_value": """\
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) s += v[i][e];
+""",
+    # Second pass over the registers: sum (v - mean)^2. Padded slots hold 0 and must
+    # not count, hence the same predicate as the loads.
+    "sum_centered": """\
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {{
+      const bool ok = i < kFullBatches || i * kThreadsPerRow + lane < kVectors;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {{
+        const float d = v[i][e] - mean;
+        s += ok ? d * d : 0.f;
+      }}
+    }}
+""",
+    "sum_squares": """\
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) s += v[i][e] * v[i][e];
+""",
+    "layer_norm_stats": """\
+    const float mean = row_sum(s, {partials0}) * (1.f / kHidden);
+    s = 0.f;
+{sum_centered}\
+    const float rstd = rsqrtf(row_sum(s, {partials1}) * (1.f / kHidden) + {eps}f);
+    const float shift = mean;
+""",
+    "rms_norm_stats": """\
+    const float rstd = rsqrtf(row_sum(s, {partials0}) * (1.f / kHidden) + {eps}f);
+    const float shift = 0.f;
+""",
+    "store_x_loop_open": """\
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {{
+      const int vec = i * kThreadsPerRow + lane;
+      const bool ok = row_ok && (i < kFullBatches || vec < kVectors);
+      if (!ok) continue;
+""",
+    "normalize": "        float a = (v[i][e] - shift) * rstd;\n",
+    "mul": "        a *= {value};\n",
+    "out_decl": "      Vec<{t}, kVec> y_v;\n",
+    "out_assign": "        y_v.e[e] = {value};\n",
+    "store_y": "      __stcs(&(reinterpret_cast<Vec<{t}, kVec>*>(y + row_base) + vec)->raw, y_v.raw);\n",
+    "kernel_close": "  }}\n}}\n",
+}
+
+
+class NormalizationRenderer:
+    """Fills `SNIPPETS` for one spec; the only place that knows the kernel's text."""
+
+    def __init__(self, spec: NormalizationSpec):
+        self.spec = spec
+        self.plan = spec.plan
+        self.out: list[str] = []
+
+    def emit(self, key: str, **fields) -> None:
+        self.out.append(SNIPPETS[key].format(**fields))
+
+    def render(self) -> str:
+        s, p = self.spec, self.plan
+        if p.warps_per_row == 1:
+            self.emit("row_sum_warp")
+        else:
+            self.emit("row_sum_block", threads_per_row=p.threads_per_row, warps_per_row=p.warps_per_row)
+        names, dtypes = s.parameter_names(), s.parameter_dtypes()
+        params = [f"const {CUDA_TYPES[d]}* __restrict__ {n}" for n, d in zip(names[:-1], dtypes[:-1])]
+        params.append(f"{CUDA_TYPES[dtypes[-1]]}* __restrict__ y")
+        shared = ""
+        if p.warps_per_row > 1:
+            # Two buffers, one per reduction: the variance's partials may be written while
+            # a slower warp still reads the mean's, and the next row's mean only after
+            # every warp has passed the variance barrier, so no third barrier is needed.
+            shared = f"__shared__ float partials[2][{p.rows_per_block}][{p.warps_per_row}];"
+        vectors = -(-s.hidden // p.vector_width)
+        self.emit(
+            "kernel_open", name=s.kernel_name, params=", ".join(params), block_threads=p.block_threads,
+            min_blocks=p.min_blocks_per_sm,
+            vec=p.vector_width, batch=p.batch, threads_per_row=p.threads_per_row,
+            rows_per_block=p.rows_per_block, hidden=s.hidden, vectors=vectors,
+            full_batches=vectors // p.threads_per_row, shared=shared,
+        )
+        self._load_and_prologue()
+        self._statistics()
+        self._normalize_and_store()
+        self.emit("kernel_close")
+        # __launch_bounds__ carries a min-blocks count here (see LaunchPlan), so the
+        # signature is our snippet, not Renderer.kernel's.
+        return render.Renderer().source(["convert"], SNIPPETS["preamble"].format(), "".join(self.out))
+
+    def _load_and_prologue(self) -> None:
+        s = self.spec
+        self.emit("batch_loop_open")
+        self.emit("load_x", t=CUDA_TYPES[s.input_dtype])
+        adds = [op for op in s.prologue if isinstance(op, AddBroadcast)]
+        for op in adds:
+            self.emit("load_param", t=CUDA_TYPES[op.dtype], name=op.name)
+        self.emit("element_loop_open")
+        self.emit("first_value", value=TO_FLOAT[s.input_dtype].format("x_v.e[e]"))
+        for op in s.prologue:
+            self._pointwise(op, guard="ok")
+        self.emit("keep")
+        self.emit("loop_close")
+        self.emit("batch_loop_close")
+
+    def _pointwise(self, op: PointwiseOp, guard: str | None = None) -> None:
+        if isinstance(op, AddBroadcast):
+            value = TO_FLOAT[op.dtype].format(f"{op.name}_v.e[e]")
+            # padded slots must stay exactly 0 for the sums: add only where loaded
+            self.emit("add", value=f"({guard} ? {value} : 0.f)" if guard else value)
+        else:
+            self.emit("cast", value=TO_FLOAT[op.dtype].format(FROM_FLOAT[op.dtype].format("a")))
+
+    def _statistics(self) -> None:
+        s, p = self.spec, self.plan
+        part = ["partials[0][row_in_block]", "partials[1][row_in_block]"] if p.warps_per_row > 1 else ["nullptr", "nullptr"]
+        self.emit("sum_open")
+        eps = repr(float(s.norm.eps))
+        if isinstance(s.norm, LayerNorm):
+            self.emit("sum_value")
+            self.emit(
+                "layer_norm_stats", partials0=part[0], partials1=part[1], eps=eps,
+                sum_centered=SNIPPETS["sum_centered"].format(),
+            )
+        else:
+            self.emit("sum_squares")
+            self.emit("rms_norm_stats", partials0=part[0], eps=eps)
+
+    def _normalize_and_store(self) -> None:
+        s = self.spec
+        # weight, bias and epilogue tensors are read here, after the reductions, so they
+        # do not hold registers across them; they are small and stay in L1/L2.
+        loads = []
+        if s.norm.weight:
+            loads.append(("weight", s.norm.weight_dtype))
+        if isinstance(s.norm, LayerNorm) and s.norm.bias:
+            loads.append(("bias", s.norm.bias_dtype))
+        loads += [(op.name, op.dtype) for op in s.epilogue if isinstance(op, AddBroadcast)]
+        self.emit("store_x_loop_open")
+        for name, dtype in loads:
+            self.emit("load_param", t=CUDA_TYPES[dtype], name=name)
+        self.emit("out_decl", t=CUDA_TYPES[s.output_dtype])
+        self.emit("element_loop_open")
+        self.emit("normalize")
+        if s.norm.weight:
+            self.emit("mul", value=TO_FLOAT[s.norm.weight_dtype].format("weight_v.e[e]"))
+        if isinstance(s.norm, LayerNorm) and s.norm.bias:
+            self.emit("add", value=TO_FLOAT[s.norm.bias_dtype].format("bias_v.e[e]"))
+        for op in s.epilogue:
+            self._pointwise(op)
+        self.emit("out_assign", value=FROM_FLOAT[s.output_dtype].format("a"))
+        self.emit("loop_close")
+        self.emit("store_y", t=CUDA_TYPES[s.output_dtype])
+        self.emit("batch_loop_close")
+
+
+def render_normalization(spec: NormalizationSpec) -> str:
+    """CUDA C++ source of the persistent kernel for ``spec`` (entry: ``spec.kernel_name``)."""
+    return NormalizationRenderer(spec).render()
+
+
+def nvrtc_options(arch: str = "sm_90") -> tuple[str, ...]:
+    """Compile options the kernel is written for (fast math stays off: rsqrtf is enough)."""
+    return (f"-arch={arch}", "-std=c++17", "--ptxas-options=-v")
