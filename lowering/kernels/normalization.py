@@ -28,6 +28,7 @@ The heuristics live in `plan_launch`; each one says why in a comment.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import math
 from typing import Union
@@ -145,9 +146,11 @@ class LaunchPlan:
 
         Without it ptxas guesses an occupancy target itself and was seen squeezing an
         rms_norm to 32 registers with 16 bytes of spills; with it, the register cap
-        is 65536 / (blocks x threads), at least our estimate, so nothing spills.
+        is 65536 / (blocks x threads), at least our estimate plus a margin of 8 (the
+        estimate is a fit, not a bound), so nothing spills.
         """
-        by_registers = REGISTERS_PER_SM // (self.block_threads * _round_up(self.register_estimate, 8))
+        need = _round_up(self.register_estimate + 8, 8)
+        by_registers = REGISTERS_PER_SM // (self.block_threads * need)
         return max(1, min(2048 // self.block_threads, by_registers))
 
     @property
@@ -182,21 +185,21 @@ def vector_width_for(hidden: int, dtype_bytes: tuple[int, ...], alignment: int) 
     return best
 
 
-def register_estimate(values_per_thread: int, loads_in_flight: int, value_bytes: int) -> int:
+def register_estimate(values_per_thread: int, vector_width: int, value_bytes: int) -> int:
     """Registers one thread needs, fitted to ptxas (sm_80, sm_90) over every candidate
-    plan of the benchmark sizes: about two per fp32 value of the row slice (the value,
-    and the packed input plus the centred value or the converted output while it is
-    live), and 32 for indices, addresses, the reduction and the prologue's tensors
-    (ptxas converts those as they arrive: ``loads_in_flight`` did not show). The unit
-    tests check it bounds what ptxas reports."""
-    del loads_in_flight
+    plan of the benchmark sizes and a few odd ones: about two per fp32 value of the row
+    slice (the value, and the packed input plus the centred value or the converted
+    output while it is live), an address and a predicate per batch slot when vectors
+    are narrow (with 16-byte vectors they share registers), and 32 for indices, the
+    reduction and the prologue's tensors (ptxas converts those as they arrive). The
+    unit tests check it against what ptxas reports."""
     packed = values_per_thread * value_bytes // 2
-    return values_per_thread + packed + 32
+    slots = values_per_thread // vector_width
+    per_slot = {1: 2, 2: 2, 4: 1}.get(vector_width, 0)
+    return values_per_thread + packed + per_slot * slots + 32
 
 
-def candidate_plans(
-    hidden: int, vector_width: int, loads_in_flight: int, value_bytes: int
-) -> list[LaunchPlan]:
+def candidate_plans(hidden: int, vector_width: int, value_bytes: int) -> list[LaunchPlan]:
     """Every plan that covers a row with warp-multiple threads and fits the registers.
 
     - Block sizes are warp multiples: a partial warp wastes its lanes on every
@@ -214,8 +217,8 @@ def candidate_plans(
         t = _round_up(-(-vectors // b), WARP)
         if t > MAX_THREADS_PER_BLOCK or (b - 1) * t >= vectors:
             continue
-        rows_per_block = max(1, MIN_THREADS_PER_BLOCK // t)
-        estimate = register_estimate(b * vector_width, loads_in_flight, value_bytes)
+        rows_per_block = -(-MIN_THREADS_PER_BLOCK // t)
+        estimate = register_estimate(b * vector_width, vector_width, value_bytes)
         if estimate <= _register_budget(t * rows_per_block):
             plans.append(LaunchPlan(vector_width, t, b, rows_per_block, estimate))
     return plans
@@ -230,7 +233,6 @@ def padding(plan: LaunchPlan, hidden: int) -> float:
 def plan_launch(
     hidden: int,
     vector_width: int,
-    loads_in_flight: int,
     value_bytes: int,
     threads_per_row: int | None = None,
     batch: int | None = None,
@@ -254,15 +256,15 @@ def plan_launch(
                 f"normalization plan: threads_per_row={t}, batch={b} do not cover "
                 f"{vectors} vectors of {vector_width} with warp-multiple threads <= 1024"
             )
-        r = rows_per_block or max(1, MIN_THREADS_PER_BLOCK // t)
-        estimate = register_estimate(b * vector_width, loads_in_flight, value_bytes)
+        r = rows_per_block or -(-MIN_THREADS_PER_BLOCK // t)
+        estimate = register_estimate(b * vector_width, vector_width, value_bytes)
         if estimate > _register_budget(t * r):
             raise LoweringError(
                 f"normalization plan: {t} threads x {b * vector_width} values needs ~{estimate} "
                 f"registers a thread, over the {_register_budget(t * r)} a {t * r}-thread block may use"
             )
         return LaunchPlan(vector_width, t, b, r, estimate)
-    plans = candidate_plans(hidden, vector_width, loads_in_flight, value_bytes)
+    plans = candidate_plans(hidden, vector_width, value_bytes)
     if not plans:
         raise LoweringError(
             f"normalization: hidden={hidden} needs more than {MAX_THREADS_PER_BLOCK} threads x "
@@ -317,11 +319,9 @@ class NormalizationSpec:
         for what, n in (("rows", self.rows), ("hidden", self.hidden)):
             if not isinstance(n, int) or n < 1:
                 raise LoweringError(f"NormalizationSpec.{what}: expected an int >= 1, got {n!r}")
-        if self.rows >= 2**31 or self.rows * self.hidden >= 2**31:
-            raise LoweringError(
-                f"NormalizationSpec: rows*hidden = {self.rows}*{self.hidden} must stay under 2^31 "
-                "(32-bit indexing)"
-            )
+        if self.rows >= 2**31:
+            # row indices are int; element offsets are size_t (row * hidden may pass 2^31)
+            raise LoweringError(f"NormalizationSpec.rows: expected < 2**31, got {self.rows}")
         _check_dtype("NormalizationSpec.input_dtype", self.input_dtype, HALF_DTYPES)
         _check_dtype("NormalizationSpec.output_dtype", self.output_dtype, tuple(DTYPE_BYTES))
         if not isinstance(self.norm, (LayerNorm, RmsNorm)):
@@ -377,13 +377,14 @@ class NormalizationSpec:
 
     @property
     def plan(self) -> LaunchPlan:
+        return _plan_of(self)
+
+    def _make_plan(self) -> LaunchPlan:
         dtypes = self.parameter_dtypes()
         width = vector_width_for(self.hidden, tuple(DTYPE_BYTES[d] for d in dtypes), self.alignment)
-        prologue_adds = sum(isinstance(op, AddBroadcast) for op in self.prologue)
         return plan_launch(
             self.hidden,
             width,
-            loads_in_flight=1 + prologue_adds,
             value_bytes=DTYPE_BYTES[self.input_dtype],
             threads_per_row=self.threads_per_row,
             batch=self.batch,
@@ -424,6 +425,12 @@ class NormalizationSpec:
             rows, hidden, RmsNorm(eps, weight_dtype=dtype),
             input_dtype=dtype, output_dtype=dtype, **kw,
         )
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan_of(spec: NormalizationSpec) -> LaunchPlan:
+    # specs are frozen and hashable: each plan is worked out once per process
+    return spec._make_plan()
 
 
 # --------------------------------------------------------------------------- render
@@ -509,14 +516,14 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
       const bool ok = row_ok && (i < kFullBatches || vec < kVectors);  // predication
 """,
     "load_x": """\
-      Vec<{t}, kVec> x_v;
-      x_v.raw = {{}};
-      if (ok) x_v.raw = __ldcs(&(reinterpret_cast<const Vec<{t}, kVec>*>(x + row_base) + vec)->raw);
+      Vec<{t}, kVec> v_x;
+      v_x.raw = {{}};
+      if (ok) v_x.raw = __ldcs(&(reinterpret_cast<const Vec<{t}, kVec>*>(in_x + row_base) + vec)->raw);
 """,
     "load_param": """\
-      Vec<{t}, kVec> {name}_v;
-      {name}_v.raw = {{}};
-      if (ok) {name}_v.raw = (reinterpret_cast<const Vec<{t}, kVec>*>({name}) + vec)->raw;
+      Vec<{t}, kVec> v_{name};
+      v_{name}.raw = {{}};
+      if (ok) v_{name}.raw = (reinterpret_cast<const Vec<{t}, kVec>*>(in_{name}) + vec)->raw;
 """,
     "element_loop_open": """\
 #pragma unroll
@@ -559,11 +566,11 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
     s = 0.f;
 {sum_centered}\
     const float rstd = rsqrtf(row_sum(s, {partials1}) * (1.f / kHidden) + {eps}f);
-    const float shift = mean;
+    const float center = mean;
 """,
     "rms_norm_stats": """\
     const float rstd = rsqrtf(row_sum(s, {partials0}) * (1.f / kHidden) + {eps}f);
-    const float shift = 0.f;
+    const float center = 0.f;
 """,
     "store_x_loop_open": """\
 #pragma unroll
@@ -572,11 +579,11 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
       const bool ok = row_ok && (i < kFullBatches || vec < kVectors);
       if (!ok) continue;
 """,
-    "normalize": "        float a = (v[i][e] - shift) * rstd;\n",
+    "normalize": "        float a = (v[i][e] - center) * rstd;\n",
     "mul": "        a *= {value};\n",
-    "out_decl": "      Vec<{t}, kVec> y_v;\n",
-    "out_assign": "        y_v.e[e] = {value};\n",
-    "store_y": "      __stcs(&(reinterpret_cast<Vec<{t}, kVec>*>(y + row_base) + vec)->raw, y_v.raw);\n",
+    "out_decl": "      Vec<{t}, kVec> v_y;\n",
+    "out_assign": "        v_y.e[e] = {value};\n",
+    "store_y": "      __stcs(&(reinterpret_cast<Vec<{t}, kVec>*>(out_y + row_base) + vec)->raw, v_y.raw);\n",
     "kernel_close": "  }}\n}}\n",
 }
 
@@ -599,8 +606,9 @@ class NormalizationRenderer:
         else:
             self.emit("row_sum_block", threads_per_row=p.threads_per_row, warps_per_row=p.warps_per_row)
         names, dtypes = s.parameter_names(), s.parameter_dtypes()
-        params = [f"const {CUDA_TYPES[d]}* __restrict__ {n}" for n, d in zip(names[:-1], dtypes[:-1])]
-        params.append(f"{CUDA_TYPES[dtypes[-1]]}* __restrict__ y")
+        # in_/out_/v_ prefixes keep tensor names apart from the kernel's own locals
+        params = [f"const {CUDA_TYPES[d]}* __restrict__ in_{n}" for n, d in zip(names[:-1], dtypes[:-1])]
+        params.append(f"{CUDA_TYPES[dtypes[-1]]}* __restrict__ out_y")
         shared = ""
         if p.warps_per_row > 1:
             # Two buffers, one per reduction: the variance's partials may be written while
@@ -631,7 +639,7 @@ class NormalizationRenderer:
         for op in adds:
             self.emit("load_param", t=CUDA_TYPES[op.dtype], name=op.name)
         self.emit("element_loop_open")
-        self.emit("first_value", value=TO_FLOAT[s.input_dtype].format("x_v.e[e]"))
+        self.emit("first_value", value=TO_FLOAT[s.input_dtype].format("v_x.e[e]"))
         for op in s.prologue:
             self._pointwise(op, guard="ok")
         self.emit("keep")
@@ -640,7 +648,7 @@ class NormalizationRenderer:
 
     def _pointwise(self, op: PointwiseOp, guard: str | None = None) -> None:
         if isinstance(op, AddBroadcast):
-            value = TO_FLOAT[op.dtype].format(f"{op.name}_v.e[e]")
+            value = TO_FLOAT[op.dtype].format(f"v_{op.name}.e[e]")
             # padded slots must stay exactly 0 for the sums: add only where loaded
             self.emit("add", value=f"({guard} ? {value} : 0.f)" if guard else value)
         else:
@@ -678,9 +686,9 @@ class NormalizationRenderer:
         self.emit("element_loop_open")
         self.emit("normalize")
         if s.norm.weight:
-            self.emit("mul", value=TO_FLOAT[s.norm.weight_dtype].format("weight_v.e[e]"))
+            self.emit("mul", value=TO_FLOAT[s.norm.weight_dtype].format("v_weight.e[e]"))
         if isinstance(s.norm, LayerNorm) and s.norm.bias:
-            self.emit("add", value=TO_FLOAT[s.norm.bias_dtype].format("bias_v.e[e]"))
+            self.emit("add", value=TO_FLOAT[s.norm.bias_dtype].format("v_bias.e[e]"))
         for op in s.epilogue:
             self._pointwise(op)
         self.emit("out_assign", value=FROM_FLOAT[s.output_dtype].format("a"))

@@ -1,0 +1,89 @@
+"""Generated normalization kernels on a GPU: against float64, poisoned outputs, bad inputs."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+pytest.importorskip("cupy")
+
+from hostir.errors import InputMismatchError  # noqa: E402
+from lowering.kernels.normalization import NormalizationSpec  # noqa: E402
+from runtime import normalization as rn  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+HIDDEN = (768, 1024, 1600, 4096, 5140, 20480, 77, 1601, 1026)
+
+
+def _inputs(rows, hidden, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(rows, hidden, device="cuda", generator=g)
+    x[1::5] = x[1::5] * 4 + 500.0  # rows with a large mean: one-pass variance would fail here
+    params = [torch.randn(hidden, device="cuda", generator=g) for _ in range(4)]
+    return [t.to(dtype) for t in (x, *params)]
+
+
+def _rel(y, ref):
+    assert torch.isfinite(y).all(), "unwritten (NaN-poisoned) or non-finite output"
+    return float((y.double() - ref).norm() / ref.norm())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("hidden", HIDDEN)
+def test_fused_layer_norm_and_rms_norm_match_float64(hidden, dtype):
+    rows = 301  # not a multiple of rows_per_block
+    x, b0, b1, w, b2 = _inputs(rows, hidden, dtype, seed=hidden)
+    name = rn._NAMES[dtype]
+    poison = lambda: torch.full_like(x, float("nan"))  # noqa: E731
+
+    spec = NormalizationSpec.reference_fusion(rows, hidden, 1e-5, name)
+    ref = rn.reference(spec, {"x": x, "b0": b0, "b1": b1, "weight": w, "bias": b2})
+    assert _rel(rn.layer_norm_fused(x, b0, b1, w, b2, 1e-5, out=poison()), ref) < 1e-2
+
+    ref = rn.reference(NormalizationSpec.layer_norm(rows, hidden, 1e-5, name), {"x": x, "weight": w, "bias": b2})
+    assert _rel(rn.layer_norm(x, w, b2, 1e-5, out=poison()), ref) < 1e-2
+
+    ref = rn.reference(NormalizationSpec.rms_norm(rows, hidden, 1e-6, name), {"x": x, "weight": w})
+    assert _rel(rn.rms_norm(x, w, 1e-6, out=poison()), ref) < 1e-2
+
+
+def test_matches_torch_layer_norm_per_row():
+    x, _, _, w, b, *_ = _inputs(64, 4096, torch.float16, seed=7)
+    got = rn.layer_norm(x, w, b, 1e-5)
+    want = torch.nn.functional.layer_norm(x.float(), (4096,), w.float(), b.float(), 1e-5)
+    assert (got.float() - want).abs().max() < 2e-2 * want.abs().max()
+
+
+def test_misaligned_input_falls_back_to_narrow_vectors():
+    x, b0, b1, w, b2 = _inputs(33, 1025, torch.float16, seed=3)
+    xs = x.reshape(-1)[1:].reshape(32, 1025)  # base no longer 16-byte aligned
+    spec = NormalizationSpec.layer_norm(32, 1025)
+    ref = rn.reference(spec, {"x": xs, "weight": w, "bias": b2})
+    assert _rel(rn.layer_norm(xs, w, b2), ref) < 1e-2
+
+
+def test_stream_and_leading_dims():
+    x, _, _, w, b, *_ = _inputs(48, 2048, torch.float16, seed=5)
+    x3 = x.reshape(4, 12, 2048)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        y = rn.layer_norm(x3, w, b)
+    s.synchronize()
+    assert y.shape == x3.shape
+    ref = rn.reference(NormalizationSpec.layer_norm(48, 2048), {"x": x3, "weight": w, "bias": b})
+    assert _rel(y, ref) < 1e-2
+
+
+@pytest.mark.parametrize("bad, message", [
+    (lambda x, w, b: (x.float(), w, b), "dtype"),
+    (lambda x, w, b: (x, w[:-1], b), "weight: expected shape"),
+    (lambda x, w, b: (x, w, b.bfloat16()), "bias: expected dtype"),
+    (lambda x, w, b: (x.t(), w, b), "contiguous|shape"),
+    (lambda x, w, b: (x.cpu(), w, b), "CUDA"),
+])
+def test_bad_inputs_are_refused(bad, message):
+    x, _, _, w, b, *_ = _inputs(64, 64, torch.float16, seed=1)
+    with pytest.raises(InputMismatchError, match=message):
+        rn.layer_norm(*bad(x, w, b))
