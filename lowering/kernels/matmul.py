@@ -47,6 +47,8 @@ MAX_SMEM_BYTES = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
 REDUCE_THREADS = 256
 # Tiles in a raster group: CTAs launched together share B columns and A rows in L2.
 GROUP_M = 8
+# Padding (floats) of each row of the fp32 C tile staged in shared memory for the epilogue.
+CPAD = 8
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -119,7 +121,9 @@ class MatmulSpec:
 
     @property
     def smem_bytes(self) -> int:
-        return self.stages * (self.tile_m + self.tile_n) * self.tile_k * DTYPE_BYTES[self.a_dtype]
+        """Dynamic shared memory: the pipeline stages, later reused for the fp32 C tile."""
+        pipeline = self.stages * (self.tile_m + self.tile_n) * self.tile_k * DTYPE_BYTES[self.a_dtype]
+        return max(pipeline, self.tile_m * (self.tile_n + CPAD) * 4)
 
     @property
     def tile(self) -> str:
@@ -127,10 +131,14 @@ class MatmulSpec:
 
     @property
     def kernel_name(self) -> str:
-        bias = "_bias" if self.bias else ""
         return (f"hostir_mm_{self.layout.lower()}_{self.a_dtype}_{self.out_dtype}_"
-                f"{self.tile}_w{self.warps_m}x{self.warps_n}_s{self.stages}_"
-                f"{self.split_mode}{bias}")
+                f"{self.tile}_w{self.warps_m}x{self.warps_n}_s{self.stages}")
+
+    @property
+    def source_key(self) -> tuple:
+        """The fields the generated source depends on (mode, split, bias are arguments)."""
+        return (self.a_dtype, self.b_dtype, self.out_dtype, self.layout, self.tile_m,
+                self.tile_n, self.tile_k, self.warps_m, self.warps_n, self.stages)
 
     def check_shape(self, M: int, N: int, K: int) -> None:
         """Refuse shapes the kernel cannot take, naming the axis (M, N any size >= 1)."""
@@ -157,13 +165,13 @@ class KernelSource:
     spec: MatmulSpec
     source: str
     kernel_name: str
-    reduce_name: str | None  # parallel split-K only
+    reduce_name: str  # the parallel split-K reduction
     launch: Callable[[int, int, int], LaunchConfig]
-    reduce_launch: Callable[[int, int], LaunchConfig] | None
+    reduce_launch: Callable[..., LaunchConfig]
 
     @property
     def names(self) -> tuple[str, ...]:
-        return (self.kernel_name,) + ((self.reduce_name,) if self.reduce_name else ())
+        return (self.kernel_name, self.reduce_name)
 
 
 # ---------------------------------------------------------------------------------------
@@ -307,40 +315,51 @@ __device__ __forceinline__ void compute_stage(const in_t* sA, const in_t* sB,
 }
 """,
     "store_out": r"""
-// Epilogue for two horizontally adjacent elements (col is even): bias, cast, store.
-__device__ __forceinline__ void store_out2(out_t* C, const out_t* bias, int row, int col,
-                                          int M, int N, int ldc, bool vec, float x, float y) {
-  if (row >= M || col >= N) return;
-  if constexpr (HAS_BIAS) {
-    x += TO_FLOAT_OUT(bias[col]);
-    if (col + 1 < N) y += TO_FLOAT_OUT(bias[col + 1]);
+// Epilogue for four horizontally adjacent elements (col % 4 == 0): bias, cast, store.
+// `vec`: the four are in bounds and 8/16-byte aligned, so one vector store does.
+__device__ __forceinline__ void store_out4(out_t* C, const out_t* bias, int row, int col,
+                                          int N, int ldc, bool vec, float4 v) {
+  float x[4] = {v.x, v.y, v.z, v.w};
+  if (bias != nullptr) {
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (col + j < N) x[j] += TO_FLOAT_OUT(bias[col + j]);
   }
   out_t* p = C + (size_t)row * ldc + col;
-  if (vec && col + 1 < N) {
+  if (vec) {
     if constexpr (OUT_IS_F32) {
-      *reinterpret_cast<float2*>(p) = make_float2(x, y);
+      *reinterpret_cast<float4*>(p) = make_float4(x[0], x[1], x[2], x[3]);
     } else {
-      *reinterpret_cast<unsigned*>(p) = PACK2_OUT(x, y);
+      *reinterpret_cast<uint2*>(p) = make_uint2(PACK2_OUT(x[0], x[1]), PACK2_OUT(x[2], x[3]));
     }
   } else {
-    p[0] = FROM_FLOAT_OUT(x);
-    if (col + 1 < N) p[1] = FROM_FLOAT_OUT(y);
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      if (col + j < N) p[j] = FROM_FLOAT_OUT(x[j]);
   }
 }
 // fp32 partials in a row-major [M, N] workspace (ld = N), through L2 only.
-__device__ __forceinline__ void store_partial2(float* W, int row, int col, int M, int N,
-                                              bool vec, float x, float y) {
-  if (row >= M || col >= N) return;
+__device__ __forceinline__ void store_partial4(float* W, int row, int col, int N, bool vec,
+                                              float4 v) {
   float* p = W + (size_t)row * N + col;
-  if (vec) { __stcg(reinterpret_cast<float2*>(p), make_float2(x, y)); }
-  else { __stcg(p, x); if (col + 1 < N) __stcg(p + 1, y); }
+  if (vec) { __stcg(reinterpret_cast<float4*>(p), v); return; }
+  float x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (col + j < N) __stcg(p + j, x[j]);
 }
-__device__ __forceinline__ void add_partial2(const float* W, int row, int col, int M, int N,
-                                            bool vec, float& x, float& y) {
-  if (row >= M || col >= N) return;
+__device__ __forceinline__ float4 add_partial4(const float* W, int row, int col, int N,
+                                              bool vec, float4 v) {
   const float* p = W + (size_t)row * N + col;
-  if (vec) { float2 v = __ldcg(reinterpret_cast<const float2*>(p)); x += v.x; y += v.y; }
-  else { x += __ldcg(p); if (col + 1 < N) y += __ldcg(p + 1); }
+  if (vec) {
+    float4 w = __ldcg(reinterpret_cast<const float4*>(p));
+    return make_float4(v.x + w.x, v.y + w.y, v.z + w.z, v.w + w.w);
+  }
+  float x[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    if (col + j < N) x[j] += __ldcg(p + j);
+  return make_float4(x[0], x[1], x[2], x[3]);
 }
 """,
 }
@@ -398,63 +417,72 @@ MAIN_BODY = r"""
                   lane);
   }
   cp_async_wait<0>();
+  __syncthreads();  // the pipeline's shared memory becomes the fp32 C tile
 
-  // Fragment (mi, ni, j) of this thread sits at row r0 + mi*16 + (j/2)*8, col c0 + ni*8.
-  const int r0 = m0 + wm * WTM + (lane >> 2);
-  const int c0 = n0 + wn * WTN + (lane & 3) * 2;
-  const bool vec_out = (ldc % 2 == 0) && (N % 2 == 0);
-  const bool vec_ws = (N % 2 == 0);
+  // Registers -> shared fp32 tile (rows padded by CPAD floats: conflict-free float2
+  // stores), so that the epilogue reads whole rows and stores 16 bytes per thread.
+  float* sC = reinterpret_cast<float*>(smem_raw);
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < NI; ++ni)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = wm * WTM + mi * 16 + h * 8 + (lane >> 2);
+        const int c = wn * WTN + ni * 8 + (lane & 3) * 2;
+        *reinterpret_cast<float2*>(sC + r * CLD + c) =
+            make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+      }
 
-  if constexpr (MODE == 0) {
-    EPILOGUE_OUT;
-  } else if constexpr (MODE == 2) {
-    float* W = ws + (size_t)slice * M * N;
-    FOR_FRAGMENTS(store_partial2(W, row, col, M, N, vec_ws, acc[mi][ni][h * 2],
-                                 acc[mi][ni][h * 2 + 1]));
-  } else {
-    int* sem = sems + tile;
-    if (slice > 0) {
-      sem_wait(sem, slice);
-      FOR_FRAGMENTS(add_partial2(ws, row, col, M, N, vec_ws, acc[mi][ni][h * 2],
-                                 acc[mi][ni][h * 2 + 1]));
-    }
-    if (slice == split - 1) {
-      EPILOGUE_OUT;
-      __syncthreads();  // every thread has read the workspace before the tile is handed on
+  int* sem = sems + tile;
+  const bool last = slice == split - 1;
+  if (mode == MODE_SERIAL && slice > 0) sem_wait(sem, slice);  // includes a barrier
+  else __syncthreads();
+
+  // The tile, four columns per thread: add earlier slices, then either hand the running
+  // sum on (fp32 workspace) or apply the epilogue.
+  const bool vec_ws = (N % 4 == 0);
+  const bool vec_out = (N % 4 == 0) && (ldc % 4 == 0) &&
+                       ((reinterpret_cast<size_t>(C) & 15) == 0);
+  float* W = ws + (mode == MODE_PARALLEL ? (size_t)slice * M * N : 0);
+  constexpr int QUADS = BN / 4;
+  for (int i = tid; i < BM * QUADS; i += THREADS) {
+    const int r = i / QUADS, c = (i % QUADS) * 4;
+    const int row = m0 + r, col = n0 + c;
+    if (row >= M || col >= N) continue;
+    float4 v = *reinterpret_cast<const float4*>(sC + r * CLD + c);
+    const bool in_bounds = col + 4 <= N;
+    if (mode == MODE_SERIAL && slice > 0) v = add_partial4(W, row, col, N, vec_ws && in_bounds, v);
+    if (mode == MODE_PARALLEL || (mode == MODE_SERIAL && !last))
+      store_partial4(W, row, col, N, vec_ws && in_bounds, v);
+    else
+      store_out4(C, bias, row, col, N, ldc, vec_out && in_bounds, v);
+  }
+
+  if (mode == MODE_SERIAL) {
+    if (last) {
+      __syncthreads();         // every thread has read the workspace
       if (tid == 0) *sem = 0;  // back to zero for the next matmul on this stream
     } else {
-      FOR_FRAGMENTS(store_partial2(ws, row, col, M, N, vec_ws, acc[mi][ni][h * 2],
-                                   acc[mi][ni][h * 2 + 1]));
       sem_release(sem, slice + 1);
     }
   }
 """
 
-MACROS = r"""
-#define FOR_FRAGMENTS(STMT)                                              \
-  _Pragma("unroll") for (int mi = 0; mi < MI; ++mi)                      \
-  _Pragma("unroll") for (int ni = 0; ni < NI; ++ni)                      \
-  _Pragma("unroll") for (int h = 0; h < 2; ++h) {                        \
-    const int row = r0 + mi * 16 + h * 8, col = c0 + ni * 8;             \
-    STMT;                                                                \
-  }
-#define EPILOGUE_OUT FOR_FRAGMENTS(store_out2(C, bias, row, col, M, N, ldc, vec_out, \
-                                   acc[mi][ni][h * 2], acc[mi][ni][h * 2 + 1]))
-"""
-
 REDUCE_BODY = r"""
-  // Sum the split fp32 partials of each element, apply bias and cast. Pairs of columns
-  // per thread (vectorised when rows are even), grid-stride over the [M, N] output.
-  const long long pairs_per_row = (N + 1) / 2;
-  const long long total = (long long)M * pairs_per_row;
+  // Sum the split fp32 partials of each element, apply bias and cast; four columns per
+  // thread, grid-stride over the [M, N] output.
+  const long long quads_per_row = (N + 3) / 4;
+  const long long total = (long long)M * quads_per_row;
   const size_t plane = (size_t)M * N;
-  const bool vec_out = (ldc % 2 == 0) && (N % 2 == 0);
+  const bool vec_ws = (N % 4 == 0);
+  const bool vec_out = vec_ws && (ldc % 4 == 0) && ((reinterpret_cast<size_t>(C) & 15) == 0);
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < total;
        i += (long long)gridDim.x * blockDim.x) {
-    const int row = (int)(i / pairs_per_row), col = (int)(i % pairs_per_row) * 2;
-    float x = 0.f, y = 0.f;
-    for (int s = 0; s < split; ++s) add_partial2(ws + s * plane, row, col, M, N, N % 2 == 0, x, y);
-    store_out2(C, bias, row, col, M, N, ldc, vec_out, x, y);
+    const int row = (int)(i / quads_per_row), col = (int)(i % quads_per_row) * 4;
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < split; ++s) v = add_partial4(ws + s * plane, row, col, N, vec_ws, v);
+    store_out4(C, bias, row, col, N, ldc, vec_out, v);
   }
 """
 
@@ -473,9 +501,10 @@ def _prelude(spec: MatmulSpec) -> str:
         "BM": spec.tile_m, "BN": spec.tile_n, "BK": spec.tile_k,
         "WARPS_M": spec.warps_m, "WARPS_N": spec.warps_n, "THREADS": spec.threads,
         "STAGES": spec.stages, "WTM": wtm, "WTN": wtn, "MI": wtm // 16, "NI": wtn // 8,
-        "STAGE_ELEMS": (spec.tile_m + spec.tile_n) * spec.tile_k,
-        "GROUP_M": GROUP_M, "MODE": MODE_CODE[spec.split_mode],
-        "B_KMAJOR": spec.layout == "TN", "HAS_BIAS": spec.bias,
+        "STAGE_ELEMS": (spec.tile_m + spec.tile_n) * spec.tile_k, "CLD": spec.tile_n + CPAD,
+        "GROUP_M": GROUP_M, "MODE_NONE": MODE_CODE["none"],
+        "MODE_SERIAL": MODE_CODE["serial"], "MODE_PARALLEL": MODE_CODE["parallel"],
+        "B_KMAJOR": spec.layout == "TN",
         "OUT_IS_F32": spec.out_dtype == "fp32",
     }
     out = spec.out_dtype
@@ -494,7 +523,8 @@ def _params(spec: MatmulSpec) -> list[tuple[str, str]]:
     return [("const in_t* __restrict__", "A"), ("const in_t* __restrict__", "B"),
             ("out_t* __restrict__", "C"), ("const out_t* __restrict__", "bias"),
             ("float*", "ws"), ("int*", "sems"), ("int", "M"), ("int", "N"), ("int", "K"),
-            ("int", "lda"), ("int", "ldb"), ("int", "ldc"), ("int", "split")]
+            ("int", "lda"), ("int", "ldb"), ("int", "ldc"), ("int", "split"),
+            ("int", "mode")]
 
 
 def _reduce_params() -> list[tuple[str, str]]:
@@ -504,39 +534,39 @@ def _reduce_params() -> list[tuple[str, str]]:
 
 
 def render(spec: MatmulSpec) -> KernelSource:
-    """CUDA C++ for `spec`: the matmul kernel (and the reduction kernel in parallel mode).
+    """CUDA C++ for `spec`: the matmul kernel and its split-K reduction kernel.
 
-    The kernel's parameters, in order: A, B, C, bias (may be null), ws (fp32 workspace,
-    split-K only), sems (zeroed ints, serial only, one per output tile), M, N, K, lda,
-    ldb, ldc, split.
+    The source depends only on `spec.source_key` (dtypes, layout, tile, warps, stages):
+    split mode, split factor and bias are kernel arguments, so one compiled module serves
+    every mode and CI can compile every variant.
+
+    Matmul kernel parameters, in order: A, B, C, bias (null: none), ws (fp32 workspace,
+    split-K only), sems (zeroed ints, one per output tile, serial only), M, N, K, lda,
+    ldb, ldc, split, mode (0 none, 1 serial, 2 parallel).
+    Reduction kernel: ws, C, bias, M, N, ldc, split.
     """
     name = spec.kernel_name
-    parts = [_prelude(spec), MACROS,
-             RENDERER.kernel(name, _params(spec), MAIN_BODY, threads=spec.threads)]
-    reduce_name = None
-    if spec.split_mode == "parallel":
-        reduce_name = name + "_reduce"
-        parts.append(RENDERER.kernel(reduce_name, _reduce_params(), REDUCE_BODY,
-                                     threads=REDUCE_THREADS))
-    snippets = ["convert", "min_max", "ptx", "semaphore", "swizzle"]
-    # The prelude (types, constants) must precede the snippets that use them.
-    source = RENDERER.source([], parts[0],
-                             *[RENDERER.snippet(s) for s in snippets],
-                             RENDERER.snippet("load_stage"), RENDERER.snippet("compute_stage"),
-                             RENDERER.snippet("store_out"), *parts[1:])
+    reduce_name = name + "_reduce"
+    source = RENDERER.source(
+        [], _prelude(spec),
+        *[RENDERER.snippet(s) for s in ("convert", "min_max", "ptx", "semaphore", "swizzle",
+                                        "load_stage", "compute_stage", "store_out")],
+        RENDERER.kernel(name, _params(spec), MAIN_BODY, threads=spec.threads),
+        RENDERER.kernel(reduce_name, _reduce_params(), REDUCE_BODY, threads=REDUCE_THREADS))
 
     def launch(M: int, N: int, K: int) -> LaunchConfig:
-        tiles = -(-M // spec.tile_m) * -(-N // spec.tile_n)
-        return LaunchConfig((tiles * spec.split_k, 1, 1), (spec.threads, 1, 1), spec.smem_bytes)
-
-    def reduce_launch(M: int, N: int) -> LaunchConfig:
-        pairs = M * ((N + 1) // 2)
-        blocks = max(1, min(-(-pairs // REDUCE_THREADS), 132 * 16))
-        return LaunchConfig((blocks, 1, 1), (REDUCE_THREADS, 1, 1), 0)
+        return LaunchConfig((tiles(spec, M, N) * spec.split_k, 1, 1), (spec.threads, 1, 1),
+                            spec.smem_bytes)
 
     return KernelSource(spec=spec, source=source, kernel_name=name, reduce_name=reduce_name,
-                        launch=launch,
-                        reduce_launch=reduce_launch if reduce_name else None)
+                        launch=launch, reduce_launch=reduce_launch)
+
+
+def reduce_launch(M: int, N: int, sm_count: int = 132) -> LaunchConfig:
+    """Grid of the parallel split-K reduction: enough CTAs to cover the SMs many times."""
+    quads = M * ((N + 3) // 4)
+    blocks = max(1, min(-(-quads // REDUCE_THREADS), sm_count * 16))
+    return LaunchConfig((blocks, 1, 1), (REDUCE_THREADS, 1, 1), 0)
 
 
 def tiles(spec: MatmulSpec, M: int, N: int) -> int:

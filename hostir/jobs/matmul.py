@@ -1,0 +1,236 @@
+"""The matmul benchmark job: generated kernels vs cuBLAS (torch), bf16, one GPU.
+
+    python -m hostir.run matmul --bench          (or: python -m hostir.jobs.matmul --bench)
+
+For each shape: correctness first (relative error vs a float64 reference under 1e-2, the
+output poisoned with NaN so every element must be written), kernels launched per call
+(torch.profiler), then medians by CUDA events after warm-up on fresh random data,
+rotating input sets when they would fit in L2. Writes
+`benchmarks/results/matmul_<device>.json` (and a copy under $OUT when set), with the
+cold-compile vs warm-first-call times of a fresh process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SHAPES = ((1024, 2048, 50304), (8192, 8192, 8192), (4096, 4096, 8192),
+          (16384, 8192, 4096), (256, 4096, 16384))
+L2_BYTES = 60 * 2**20
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bench", action="store_true", help="run the benchmark")
+    parser.add_argument("--shapes", default=None,
+                        help="comma-separated MxNxK list (default: the issue's five)")
+    parser.add_argument("--layout", default="TN", choices=("TN", "NN"))
+    parser.add_argument("--tune", action="store_true",
+                        help="also autotune each shape (sweep all candidates) and report it")
+    parser.add_argument("--reps", type=int, default=10, help="timed groups per variant")
+    parser.add_argument("--output", default=None, help="result JSON path")
+    parser.add_argument("--no-compile-probe", action="store_true",
+                        help="skip the cold/warm compile measurement in fresh processes")
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True, cwd=Path(__file__).resolve().parents[2]).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("HOSTIR_COMMIT", "unknown")
+
+
+def _inputs(M, N, K, layout, sets, torch):
+    out = []
+    for _ in range(sets):
+        a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(*((N, K) if layout == "TN" else (K, N)), device="cuda",
+                        dtype=torch.bfloat16)
+        out.append((a, b))
+    return out
+
+
+def _time_us(fn, inputs, reps, torch, per_group=10, warmup=3):
+    """Median over `reps` groups of `per_group` back-to-back calls (rotating inputs)."""
+    for i in range(warmup):
+        fn(*inputs[i % len(inputs)])
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for i in range(per_group):
+            fn(*inputs[i % len(inputs)])
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / per_group)
+    return statistics.median(times)
+
+
+def count_launches(fn, torch) -> dict:
+    """Kernels, memsets and memcpys one call of `fn` puts on the GPU (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels, memsets, names = 0, 0, []
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        low = e.name.lower()
+        if "memset" in low or "fill" in low:
+            memsets += 1
+        elif "memcpy" not in low:
+            kernels += 1
+            names.append(e.name)
+    return {"kernels": kernels, "memsets": memsets, "names": names}
+
+
+def check(out, ref64, torch) -> float:
+    return ((out.double() - ref64).norm() / ref64.norm()).item()
+
+
+def _compile_probe(M, N, K) -> dict:
+    """Cold compile vs warm first call, each in a fresh process sharing one cache dir."""
+    code = (
+        "import time, torch; t0=time.perf_counter();"
+        "from runtime import matmul as mm, jit;"
+        f"a=torch.randn({M},{K},device='cuda',dtype=torch.bfloat16);"
+        f"b=torch.randn({N},{K},device='cuda',dtype=torch.bfloat16);"
+        "torch.cuda.synchronize(); t1=time.perf_counter();"
+        "c=mm.matmul(a,b); torch.cuda.synchronize(); t2=time.perf_counter();"
+        "s=jit.kernel_cache().stats;"
+        "print('PROBE', t2-t1, s.compiles, s.disk_hits)")
+    root = Path(__file__).resolve().parents[2]
+    res = {}
+    with tempfile.TemporaryDirectory() as d:
+        env = dict(os.environ, HOSTIR_CACHE_DIR=d, PYTHONPATH=f"{root}:{os.environ.get('PYTHONPATH', '')}")
+        for label in ("cold", "warm"):
+            p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               env=env, cwd=root, timeout=240)
+            line = [x for x in p.stdout.splitlines() if x.startswith("PROBE")]
+            if not line:
+                res[label] = {"error": (p.stderr or p.stdout)[-500:]}
+                continue
+            _, secs, compiles, hits = line[0].split()
+            res[label] = {"first_call_ms": float(secs) * 1e3, "compiles": int(compiles),
+                          "disk_hits": int(hits)}
+    return res
+
+
+def bench(args) -> dict:
+    import torch
+
+    from lowering.kernels.heuristics import choose
+    from runtime import autotune, jit, workspace
+    from runtime.matmul import Problem, matmul, sm_count
+
+    device = torch.cuda.get_device_name()
+    shapes = SHAPES if not args.shapes else tuple(
+        tuple(int(x) for x in s.split("x")) for s in args.shapes.split(","))
+    results = []
+    for M, N, K in shapes:
+        torch.manual_seed(M + N + K)
+        nbytes = 2 * (M * K + N * K)
+        sets = max(1, min(8, -(-3 * L2_BYTES // nbytes))) if nbytes < 3 * L2_BYTES else 1
+        inputs = _inputs(M, N, K, args.layout, sets, torch)
+        a, b = inputs[0]
+        ref = a.double() @ (b.double().t() if args.layout == "TN" else b.double())
+        out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+        flops = 2.0 * M * N * K
+        bt = (lambda x, y: x @ y.t()) if args.layout == "TN" else (lambda x, y: x @ y)
+        cublas_us = _time_us(bt, inputs, args.reps, torch)
+        cublas_err = check(bt(a, b), ref, torch)
+        variants = {"heuristic": choose(M, N, K, layout=args.layout, sm_count=sm_count())}
+        for mode in ("none", "serial", "parallel"):
+            variants[mode] = choose(M, N, K, layout=args.layout, sm_count=sm_count(), mode=mode)
+        if args.tune:
+            p = Problem(M, N, K, "bf16", "bf16", args.layout, False)
+            variants["tuned"] = autotune.tune(p, reps=5)
+        rows = {}
+        for label, spec in variants.items():
+            out.fill_(float("nan"))
+            fn = lambda x, y, spec=spec: matmul(x, y, layout=args.layout, out=out, spec=spec)
+            fn(a, b)
+            torch.cuda.synchronize()
+            err = check(out, ref, torch)
+            launches = count_launches(lambda: fn(a, b), torch)
+            workspace.check_all_zeroed()
+            us = _time_us(fn, inputs, args.reps, torch) if err < 1e-2 else float("nan")
+            rows[label] = {"tile": spec.tile, "warps": spec.warps, "stages": spec.stages,
+                           "split_k": spec.split_k, "mode": spec.split_mode, "rel_err": err,
+                           "us": us, "tflops": flops / us / 1e6,
+                           "launches": launches["kernels"], "memsets": launches["memsets"]}
+        ok = {k: v for k, v in rows.items() if v["rel_err"] < 1e-2}
+        best_label = min(ok, key=lambda k: ok[k]["us"]) if ok else "heuristic"
+        best = rows[best_label]
+        results.append({
+            "shape": f"{M}x{N}x{K}", "ours_tflops": best["tflops"],
+            "cublas_tflops": flops / cublas_us / 1e6, "split_k": best["split_k"],
+            "mode": best["mode"], "tile": best["tile"], "launches": best["launches"],
+            "ratio": best["tflops"] / (flops / cublas_us / 1e6), "picked_by": best_label,
+            "rel_err": best["rel_err"], "cublas_rel_err": cublas_err,
+            "cublas_us": cublas_us, "input_sets": sets, "variants": rows})
+        print(f"{M}x{N}x{K}: cuBLAS {cublas_us:.1f} us; " + "; ".join(
+            f"{k} {v['tile']} s{v['split_k']} {v['mode']} {v['us']:.1f} us err {v['rel_err']:.1e} "
+            f"launches {v['launches']}" for k, v in rows.items()), flush=True)
+        del inputs, a, b, ref, out
+        torch.cuda.empty_cache()
+    doc = {"device": device, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+           "commit": _commit(), "layout": args.layout, "sm_count": sm_count(),
+           "nvrtc": ".".join(map(str, jit.nvrtc_version())), "torch": torch.__version__,
+           "results": results}
+    if not args.no_compile_probe:
+        M, N, K = shapes[0]
+        doc["compile_probe"] = _compile_probe(M, N, K)
+    return doc
+
+
+def _table(doc) -> str:
+    lines = [f"{'shape':>18} {'ours TF/s':>10} {'cuBLAS TF/s':>12} {'ratio':>6} "
+             f"{'tile':>11} {'split':>5} {'mode':>8} {'launches':>8}"]
+    for r in doc["results"]:
+        lines.append(f"{r['shape']:>18} {r['ours_tflops']:10.1f} {r['cublas_tflops']:12.1f} "
+                     f"{r['ratio']:6.2f} {r['tile']:>11} {r['split_k']:5d} {r['mode']:>8} "
+                     f"{r['launches']:8d}")
+    if "compile_probe" in doc:
+        lines.append(f"compile probe: {json.dumps(doc['compile_probe'])}")
+    return "\n".join(lines)
+
+
+def main(args) -> int:
+    if not args.bench:
+        print("nothing to do: pass --bench", file=sys.stderr)
+        return 2
+    import torch
+    if not torch.cuda.is_available():
+        print("matmul --bench needs a CUDA GPU", file=sys.stderr)
+        return 2
+    doc = bench(args)
+    device = re.sub(r"[^A-Za-z0-9]+", "_", doc["device"]).strip("_")
+    root = Path(__file__).resolve().parents[2]
+    path = Path(args.output) if args.output else root / "benchmarks" / "results" / f"matmul_{device}.json"
+    text = json.dumps(doc, indent=1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], path.name).write_text(text)
+    print(_table(doc))
+    return 0
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="hostir.jobs.matmul", description=__doc__)
+    add_arguments(parser)
+    sys.exit(main(parser.parse_args()))

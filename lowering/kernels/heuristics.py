@@ -1,0 +1,168 @@
+"""Pick a matmul tile and split-K factor for a shape; list what the autotuner may sweep.
+
+The choice comes from a small cost model rather than a decision tree, so each rule is a
+term of the model (see `estimate_us`):
+
+* A CTA's time is proportional to its tile's MMA work (tile_m * tile_n * its K-slice),
+  divided by how efficiently that tile shape feeds the tensor cores (bigger warp tiles
+  reuse each shared-memory fragment more: TILE_EFFICIENCY).
+* CTAs run in waves of `sm_count * ctas_per_sm`; a partly filled last wave costs a whole
+  wave. This is the "fill at least one wave" rule: a grid of 128 tiles on 132 SMs leaves
+  SMs idle for the whole kernel, so splitting K (more, shorter CTAs) wins when M*N is
+  small and K large.
+* Splitting is not free: serial split-K chains (split-1) fp32 tile round trips through
+  L2 per tile; parallel split-K writes split fp32 planes, reads them back in a second
+  kernel and pays a second launch (about 20 us on the lent VMs, GPU.md).
+
+Example:
+    >>> spec = choose(1024, 2048, 50304, sm_count=132)
+    >>> spec.split_k > 1 and spec.split_mode == "serial"
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from lowering.kernels.matmul import MatmulSpec, tiles
+
+DEFAULT_SM_COUNT = 132  # H100 / H200 SXM; the runtime passes the device's own count
+
+# (tile_m, tile_n, tile_k, warps_m, warps_n, stages): the tile shapes we generate. Each
+# warp computes a (tile_m/warps_m) x (tile_n/warps_n) sub-tile.
+TILE_CONFIGS: tuple[tuple[int, int, int, int, int, int], ...] = (
+    (128, 256, 32, 2, 4, 3),  # 8 warps of 64x64: the large-GEMM workhorse
+    (256, 128, 32, 4, 2, 3),  # the same, tall
+    (128, 128, 32, 2, 2, 4),  # 4 warps of 64x64, two CTAs per SM
+    (128, 128, 64, 2, 2, 3),  # deeper K-tile: fewer barriers per FLOP
+    (64, 128, 64, 2, 2, 4),   # 4 warps of 32x64 for small M
+    (64, 64, 64, 2, 2, 4),    # 4 warps of 32x32 for tiny outputs
+)
+
+# Relative MMA throughput of a warp tile shape (64x64 = 1): smaller warp tiles issue more
+# ldmatrix per MMA.
+TILE_EFFICIENCY = {(64, 64): 1.0, (32, 64): 0.85, (64, 32): 0.85, (32, 32): 0.65}
+
+# Split factors the heuristics and the autotuner consider.
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+# A K-slice shorter than this many K-tiles spends too much of its time filling the
+# pipeline and in the epilogue.
+MIN_KTILES_PER_SLICE = 8
+
+# Model constants (rough H100/H200 figures, only their ratios matter).
+MMA_FLOPS_PER_SM_US = 4.0e6        # mma.sync bf16 per SM per microsecond (about 530 TF/s)
+L2_BYTES_PER_SM_US = 40.0e3        # L2 bandwidth share of one SM, bytes per microsecond
+DRAM_BYTES_PER_US = 3.5e6          # device bandwidth for the parallel reduction
+LAUNCH_US = 20.0                   # one extra kernel launch on the lent VMs
+CTA_FIXED_US = 2.0                 # prologue (STAGES-1 tiles in flight) + epilogue
+# With this many waves unsplit, the last wave's idle SMs cost little: do not split (the
+# workspace traffic of split-K then competes with the mainloop for DRAM).
+NO_SPLIT_WAVES = 2
+SMEM_PER_SM = 227 * 1024
+REGS_PER_SM = 65536
+
+
+def spec_for(config: tuple[int, int, int, int, int, int], **fields) -> MatmulSpec:
+    tm, tn, tk, wm, wn, st = config
+    return MatmulSpec(tile_m=tm, tile_n=tn, tile_k=tk, warps_m=wm, warps_n=wn, stages=st,
+                      **fields)
+
+
+def ctas_per_sm(spec: MatmulSpec) -> int:
+    """Resident CTAs per SM, limited by shared memory and (estimated) registers."""
+    regs = min(255, spec.accumulators_per_thread + 112)  # ptxas: 64x64 warp tile -> ~240
+    by_regs = REGS_PER_SM // (regs * spec.threads)
+    by_smem = SMEM_PER_SM // (spec.smem_bytes + 1024)
+    return max(1, min(by_regs, by_smem, 64 // spec.warps))
+
+
+def estimate_us(spec: MatmulSpec, M: int, N: int, K: int, sm_count: int) -> float:
+    """Model time of `spec` on an M x N x K product (see the module docstring)."""
+    t = tiles(spec, M, N)
+    ktiles = math.ceil(K / spec.tile_k)
+    kslice = math.ceil(ktiles / spec.split_k) * spec.tile_k
+    occ = ctas_per_sm(spec)
+    waves = math.ceil(t * spec.split_k / (sm_count * occ))
+    warp_tile = (spec.tile_m // spec.warps_m, spec.tile_n // spec.warps_n)
+    eff = TILE_EFFICIENCY.get(warp_tile, 0.6)
+    # `occ` CTAs share one SM, so each runs at 1/occ of its rate.
+    cta_us = 2.0 * spec.tile_m * spec.tile_n * kslice / (MMA_FLOPS_PER_SM_US * eff) * occ
+    # Pipeline fill and epilogue: a fixed cost per CTA, so many short CTAs are not free.
+    total = waves * (cta_us + CTA_FIXED_US * occ)
+    tile_bytes = spec.tile_m * spec.tile_n * 4
+    if spec.split_mode == "serial":
+        # Each step reads and writes one fp32 tile; steps of one tile are chained.
+        total += (spec.split_k - 1) * 2 * tile_bytes / L2_BYTES_PER_SM_US
+    elif spec.split_mode == "parallel":
+        total += tile_bytes / L2_BYTES_PER_SM_US
+        total += LAUNCH_US + (spec.split_k + 1) * M * N * 4 / DRAM_BYTES_PER_US
+    return total
+
+
+def _fills(spec: MatmulSpec, M: int, N: int, sm_count: int) -> bool:
+    """Whether the unsplit grid of this tile already runs NO_SPLIT_WAVES waves."""
+    return tiles(spec, M, N) >= NO_SPLIT_WAVES * sm_count * ctas_per_sm(spec)
+
+
+def _splits_for(K: int, tile_k: int) -> list[int]:
+    ktiles = math.ceil(K / tile_k)
+    return [s for s in SPLITS if s == 1 or ktiles // s >= MIN_KTILES_PER_SLICE]
+
+
+def candidates(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str = "bf16",
+               layout: str = "TN", bias: bool = False, modes=("none", "serial", "parallel"),
+               ) -> list[MatmulSpec]:
+    """Every spec the autotuner may time for this problem: tiles x split factors x modes.
+
+    Split factors leave every slice at least MIN_KTILES_PER_SLICE K-tiles.
+    """
+    out = []
+    for config in TILE_CONFIGS:
+        for split in _splits_for(K, config[2]):
+            for mode in modes:
+                if (mode == "none") != (split == 1):
+                    continue
+                out.append(spec_for(config, a_dtype=a_dtype, b_dtype=a_dtype,
+                                    out_dtype=out_dtype, layout=layout, bias=bias,
+                                    split_k=split, split_mode=mode))
+    return out
+
+
+def choose(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str = "bf16",
+           layout: str = "TN", bias: bool = False, sm_count: int = DEFAULT_SM_COUNT,
+           mode: str = "auto") -> MatmulSpec:
+    """The spec with the smallest model time; `mode` restricts the split mode.
+
+    Ties go to the earlier (larger) tile and the smaller split: less workspace traffic.
+    """
+    modes = ("none", "serial", "parallel") if mode == "auto" else (mode,)
+    if mode not in ("auto", "none", "serial", "parallel"):
+        raise ValueError(f"mode must be auto, none, serial or parallel; got {mode!r}")
+    specs = candidates(M, N, K, a_dtype=a_dtype, out_dtype=out_dtype, layout=layout,
+                       bias=bias, modes=modes)
+    if mode == "auto":
+        specs = [s for s in specs if s.split_k == 1 or not _fills(s, M, N, sm_count)]
+    # The wave rule, as a hard constraint where it can be met: a grid smaller than the
+    # SM count leaves SMs idle for the whole kernel, whatever the model says.
+    filling = [s for s in specs if tiles(s, M, N) * s.split_k >= sm_count]
+    specs = filling or specs
+    if not specs:
+        # A forced split mode on a K too short to split: split in two anyway.
+        specs = [dataclasses.replace(spec_for(TILE_CONFIGS[2], a_dtype=a_dtype,
+                                              b_dtype=a_dtype, out_dtype=out_dtype,
+                                              layout=layout, bias=bias),
+                                     split_k=2, split_mode=mode)]
+    return min(specs, key=lambda s: estimate_us(s, M, N, K, sm_count))
+
+
+def all_source_specs() -> list[MatmulSpec]:
+    """One spec per distinct generated source: what CI must be able to compile."""
+    out = []
+    for config in TILE_CONFIGS:
+        for a in ("bf16", "fp16"):
+            for o in ("bf16", "fp16", "fp32"):
+                for layout in ("TN", "NN"):
+                    out.append(spec_for(config, a_dtype=a, b_dtype=a, out_dtype=o,
+                                        layout=layout))
+    return out

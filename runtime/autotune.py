@@ -1,0 +1,132 @@
+"""Opt-in autotuning of generated matmuls: time every candidate, keep the fastest.
+
+Candidates are `lowering.kernels.heuristics.candidates` (tiles x split factors x modes).
+Each is checked once against torch (a wrong kernel never wins), then timed with CUDA events:
+median of `reps` after `warmup` launches. Winners persist in
+`<cache_dir>/autotune.json`, keyed by device name, shape, dtypes, layout and bias, written
+atomically (temp file + os.replace) so that ranks tuning at once never leave half a file.
+
+HOSTIR_ENABLE=autotune tunes unknown problems on first use; HOSTIR_DUMP=autotune prints
+the table of timings.
+
+Example:
+    >>> spec = tune(Problem(1024, 2048, 50304, "bf16", "bf16", "TN", False))  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+from hostir.options import dump, options
+from lowering.kernels import heuristics
+from lowering.kernels.matmul import MatmulSpec
+from runtime import jit
+
+FILE_NAME = "autotune.json"
+
+
+def _path() -> Path:
+    return options().cache_dir / FILE_NAME
+
+
+def _key(p, device=None) -> str:
+    name = torch.cuda.get_device_name(device)
+    return (f"{name}|{p.M}x{p.N}x{p.K}|{p.a_dtype}->{p.out_dtype}|{p.layout}|"
+            f"bias={int(p.bias)}")
+
+
+def _read() -> dict:
+    try:
+        return json.loads(_path().read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def stored_winner(p, device=None) -> MatmulSpec | None:
+    """The persisted winner for problem `p` on this device, if any."""
+    entry = _read().get(_key(p, device))
+    if entry is None:
+        return None
+    try:
+        return MatmulSpec(**entry["spec"])
+    except (TypeError, ValueError, KeyError):
+        return None  # written by another version of the spec: tune again
+
+
+def _store(p, spec: MatmulSpec, us: float, device=None) -> None:
+    # Re-read just before writing so that winners stored by other processes survive;
+    # the last writer of the same key wins, which is fine (both timed a valid winner).
+    table = _read()
+    table[_key(p, device)] = {"spec": dataclasses.asdict(spec), "us": us}
+    jit.write_atomically(_path(), json.dumps(table, indent=1, sort_keys=True).encode())
+
+
+def time_us(fn, warmup: int = 3, reps: int = 10) -> float:
+    """Median microseconds of `fn()` on the current stream, by CUDA events."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def tune(p, *, device=None, candidates: list[MatmulSpec] | None = None, warmup: int = 3,
+         reps: int = 10, store: bool = True) -> MatmulSpec:
+    """Time every candidate for problem `p` and return (and persist) the fastest."""
+    from runtime.matmul import DTYPE_TORCH, matmul
+
+    dev = torch.device("cuda", torch.cuda.current_device() if device is None else device)
+    cands = candidates or heuristics.candidates(p.M, p.N, p.K, a_dtype=p.a_dtype,
+                                                out_dtype=p.out_dtype, layout=p.layout,
+                                                bias=p.bias)
+    dt = DTYPE_TORCH[p.a_dtype]
+    a = torch.randn(p.M, p.K, device=dev, dtype=dt)
+    b = torch.randn(*((p.N, p.K) if p.layout == "TN" else (p.K, p.N)), device=dev, dtype=dt)
+    bias = torch.randn(p.N, device=dev, dtype=DTYPE_TORCH[p.out_dtype]) if p.bias else None
+    out = torch.empty(p.M, p.N, device=dev, dtype=DTYPE_TORCH[p.out_dtype])
+    ref = (a.float() @ (b.float().t() if p.layout == "TN" else b.float()))
+    if bias is not None:
+        ref += bias.float()
+    rows = []
+    for i, spec in enumerate(cands):
+        print(f"\rautotune {p.M}x{p.N}x{p.K}: {i + 1}/{len(cands)} {spec.tile} "
+              f"split {spec.split_k} {spec.split_mode}        ", end="", file=sys.stderr,
+              flush=True)
+        try:
+            out.fill_(float("nan"))
+            matmul(a, b, layout=p.layout, out=out, bias=bias, spec=spec)
+            err = ((out.float() - ref).norm() / ref.norm()).item()
+            if not err < 1e-2:
+                rows.append((spec, float("inf"), f"wrong (rel err {err:.2e})"))
+                continue
+            us = time_us(lambda: matmul(a, b, layout=p.layout, out=out, bias=bias, spec=spec),
+                         warmup, reps)
+            rows.append((spec, us, ""))
+        except Exception as e:  # a candidate that fails to compile or launch just loses
+            rows.append((spec, float("inf"), f"failed: {type(e).__name__}: {e}"[:120]))
+    print(file=sys.stderr)
+    rows.sort(key=lambda r: r[1])
+    flops = 2.0 * p.M * p.N * p.K
+    dump("autotune", "\n".join(
+        [f"autotune {p.M}x{p.N}x{p.K} {p.a_dtype}->{p.out_dtype} {p.layout}"] +
+        [f"  {s.tile:>11} w{s.warps} st{s.stages} split {s.split_k:>2} {s.split_mode:>8}: "
+         f"{us:9.1f} us {flops / us / 1e6 if us != float('inf') else 0:7.1f} TFLOP/s {note}"
+         for s, us, note in rows]))
+    best, best_us, _ = rows[0]
+    if best_us == float("inf"):
+        raise RuntimeError(f"autotune {p}: no candidate ran correctly: {rows[0][2]}")
+    if store:
+        _store(p, best, best_us, device)
+    return best

@@ -1,0 +1,212 @@
+"""Generated matmul on the current torch stream: pick a spec, compile once, launch.
+
+Example:
+    >>> a = torch.randn(1024, 50304, device="cuda", dtype=torch.bfloat16)   # doctest: +SKIP
+    >>> b = torch.randn(2048, 50304, device="cuda", dtype=torch.bfloat16)   # doctest: +SKIP
+    >>> c = matmul(a, b, layout="TN")     # == a @ b.T, one launch (serial split-K)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+import torch
+
+from hostir.options import options
+from lowering.kernels import heuristics
+from lowering.kernels.matmul import MODE_CODE, KernelSource, MatmulSpec, reduce_launch, render, tiles
+from runtime import jit, workspace
+
+TORCH_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+DTYPE_TORCH = {v: k for k, v in TORCH_DTYPES.items()}
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Problem:
+    """The shape and dtypes a spec is chosen for (also the autotuner's key)."""
+
+    M: int
+    N: int
+    K: int
+    a_dtype: str
+    out_dtype: str
+    layout: str
+    bias: bool
+
+
+@dataclasses.dataclass
+class LoadedMatmul:
+    source: KernelSource
+    main: jit.Kernel
+    reduce: jit.Kernel
+
+
+_LOADED: dict[tuple, LoadedMatmul] = {}
+_SPECS: dict[tuple, MatmulSpec] = {}
+_LOCK = threading.Lock()
+
+
+def _dtype_name(t: torch.Tensor, what: str, allowed) -> str:
+    name = TORCH_DTYPES.get(t.dtype)
+    if name not in allowed:
+        raise ValueError(f"matmul: {what} has dtype {t.dtype}; expected one of "
+                         f"{[str(DTYPE_TORCH[a]) for a in allowed]}")
+    return name
+
+
+def _check_operand(t: torch.Tensor, what: str, rows: int | None, cols: int | None) -> None:
+    if t.dim() != 2:
+        raise ValueError(f"matmul: {what} must be 2-D, got shape {tuple(t.shape)}")
+    if (rows is not None and t.shape[0] != rows) or (cols is not None and t.shape[1] != cols):
+        raise ValueError(f"matmul: {what} has shape {tuple(t.shape)}, expected "
+                         f"[{rows if rows is not None else '*'}, {cols if cols is not None else '*'}]")
+    if t.stride(1) != 1:
+        raise ValueError(f"matmul: {what} must be contiguous along its last axis "
+                         f"(stride {t.stride()})")
+    if not t.is_cuda:
+        raise ValueError(f"matmul: {what} must be a CUDA tensor, got {t.device}")
+
+
+def _check_aligned(t: torch.Tensor, what: str) -> None:
+    # cp.async copies 16 bytes: rows must start on 16-byte boundaries.
+    if t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
+        raise ValueError(f"matmul: {what} rows must be 16-byte aligned (pointer "
+                         f"{t.data_ptr():#x}, row stride {t.stride(0)} elements)")
+
+
+def problem_of(a: torch.Tensor, b: torch.Tensor, layout: str, out_dtype: str,
+               bias: torch.Tensor | None) -> Problem:
+    if layout not in ("TN", "NN"):
+        raise ValueError(f"matmul: layout must be 'TN' or 'NN', got {layout!r}")
+    _check_operand(a, "a", None, None)
+    M, K = a.shape
+    if layout == "TN":
+        _check_operand(b, "b (TN: [N, K])", None, K)
+        N = b.shape[0]
+    else:
+        _check_operand(b, "b (NN: [K, N])", K, None)
+        N = b.shape[1]
+    a_dtype = _dtype_name(a, "a", ("bf16", "fp16"))
+    if TORCH_DTYPES.get(b.dtype) != a_dtype:
+        raise ValueError(f"matmul: b has dtype {b.dtype}, expected {a.dtype} like a")
+    _check_aligned(a, "a")
+    _check_aligned(b, "b")
+    if bias is not None:
+        if bias.shape != (N,) or TORCH_DTYPES.get(bias.dtype) != out_dtype or not bias.is_contiguous():
+            raise ValueError(f"matmul: bias must be contiguous [{N}] of {DTYPE_TORCH[out_dtype]}, "
+                             f"got {tuple(bias.shape)} {bias.dtype}")
+    return Problem(M, N, K, a_dtype, out_dtype, layout, bias is not None)
+
+
+def sm_count(device: torch.device | int | None = None) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def choose_spec(p: Problem, mode: str = "auto", device=None) -> MatmulSpec:
+    """Autotuned winner if one is stored (and mode allows), else the heuristics' choice."""
+    key = (p, mode, device)
+    spec = _SPECS.get(key)
+    if spec is None:
+        from runtime import autotune
+        spec = autotune.stored_winner(p, device) if mode == "auto" else None
+        if spec is None and mode == "auto" and options().enable("autotune"):
+            spec = autotune.tune(p, device=device)
+        if spec is None:
+            spec = heuristics.choose(p.M, p.N, p.K, a_dtype=p.a_dtype, out_dtype=p.out_dtype,
+                                     layout=p.layout, bias=p.bias, sm_count=sm_count(device),
+                                     mode=mode)
+        _SPECS[key] = spec
+    return spec
+
+
+def load(spec: MatmulSpec, device_index: int | None = None) -> LoadedMatmul:
+    """Compile (or find in the cache) and load the kernels of `spec` on a device."""
+    dev = torch.cuda.current_device() if device_index is None else device_index
+    key = (spec.source_key, dev)
+    loaded = _LOADED.get(key)
+    if loaded is None:
+        src = render(spec)
+        major, minor = torch.cuda.get_device_capability(dev)
+        # sm_90a only adds wgmma/setmaxnreg; plain sm_XY code runs on the part.
+        ck = jit.kernel_cache().get(src.source, src.names, f"sm_{major}{minor}")
+        fns = jit.load(ck, dev)
+        loaded = LoadedMatmul(src, fns[src.kernel_name], fns[src.reduce_name])
+        with _LOCK:
+            _LOADED[key] = loaded
+    return loaded
+
+
+def prepare(M: int, N: int, K: int, *, dtype=torch.bfloat16, out_dtype=None, layout="TN",
+            bias: bool = False, mode: str = "auto", spec: MatmulSpec | None = None,
+            device=None) -> MatmulSpec:
+    """Choose, compile and load ahead of time, so that the first `matmul` only launches."""
+    out_name = TORCH_DTYPES[out_dtype or dtype]
+    p = Problem(M, N, K, TORCH_DTYPES[dtype], out_name, layout, bias)
+    spec = spec or choose_spec(p, mode, device)
+    load(spec, None if device is None else torch.device(device).index)
+    return spec
+
+
+def _ptr(t: torch.Tensor | None) -> np.uint64:
+    return np.uint64(0 if t is None else t.data_ptr())
+
+
+def launch(spec: MatmulSpec, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
+           bias: torch.Tensor | None, M: int, N: int, K: int) -> None:
+    """Launch `spec` on the current stream (operands already checked)."""
+    spec.check_shape(M, N, K)
+    stream = torch.cuda.current_stream()
+    loaded = load(spec, a.device.index)
+    arena = workspace.arena_for(stream)
+    ws = sems = None
+    if spec.split_mode == "serial":
+        sems = arena.semaphores(tiles(spec, M, N))
+        ws = arena.partials(M * N)
+    elif spec.split_mode == "parallel":
+        ws = arena.partials(spec.split_k * M * N)
+    cfg = loaded.source.launch(M, N, K)
+    i32 = np.int32
+    args = (_ptr(a), _ptr(b), _ptr(out), _ptr(bias), _ptr(ws), _ptr(sems), i32(M), i32(N),
+            i32(K), i32(a.stride(0)), i32(b.stride(0)), i32(out.stride(0)),
+            i32(spec.split_k), i32(MODE_CODE[spec.split_mode]))
+    loaded.main.launch(cfg.grid, cfg.block, args, cfg.smem_bytes, stream)
+    if spec.split_mode == "parallel":
+        rc = reduce_launch(M, N, sm_count(a.device))
+        loaded.reduce.launch(rc.grid, rc.block,
+                             (_ptr(ws), _ptr(out), _ptr(bias), i32(M), i32(N),
+                              i32(out.stride(0)), i32(spec.split_k)), 0, stream)
+    if options().enable("check_zeroed"):
+        arena.check_zeroed()
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, *, layout: str = "TN",
+           out: torch.Tensor | None = None, bias: torch.Tensor | None = None,
+           spec: MatmulSpec | None = None, mode: str = "auto",
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """C = A @ B^T (layout "TN", B is [N, K]) or A @ B ("NN", B is [K, N]) plus bias.
+
+    mode: "auto" (stored autotune winner or heuristics), "none", "serial", "parallel".
+    Launches on the current torch stream; serial split-K is one launch and takes its
+    semaphores from the zeroed arena of (device, current stream).
+    """
+    if out_dtype is None:
+        out_dtype = out.dtype if out is not None else a.dtype
+    out_name = TORCH_DTYPES.get(out_dtype)
+    if out_name is None:
+        raise ValueError(f"matmul: out dtype {out_dtype} not supported")
+    p = problem_of(a, b, layout, out_name, bias)
+    if out is None:
+        out = torch.empty(p.M, p.N, dtype=out_dtype, device=a.device)
+    else:
+        _check_operand(out, "out", p.M, p.N)
+        if out.dtype != out_dtype:
+            raise ValueError(f"matmul: out has dtype {out.dtype}, expected {out_dtype}")
+    if spec is None:
+        spec = choose_spec(p, mode, a.device.index)
+    elif (spec.a_dtype, spec.out_dtype, spec.layout, spec.bias) != (p.a_dtype, out_name, p.layout, p.bias):
+        spec = dataclasses.replace(spec, a_dtype=p.a_dtype, b_dtype=p.a_dtype,
+                                   out_dtype=out_name, layout=p.layout, bias=p.bias)
+    launch(spec, a, b, out, bias, p.M, p.N, p.K)
+    return out

@@ -1,0 +1,122 @@
+"""Generated matmuls on one GPU: correctness of every mode and layout, one launch per
+serial split-K matmul with no memset, the zeroed arena stays zero, streams do not share."""
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+if torch.cuda.is_available():
+    cupy = pytest.importorskip("cupy")
+    from hostir.jobs.matmul import count_launches
+    from lowering.kernels.heuristics import TILE_CONFIGS, spec_for
+    from runtime import workspace
+    from runtime.matmul import matmul
+
+
+def _ref(a, b, layout, bias=None):
+    r = a.double() @ (b.double().t() if layout == "TN" else b.double())
+    return r + bias.double() if bias is not None else r
+
+
+def _rel(out, ref):
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+@pytest.mark.parametrize("layout", ["TN", "NN"])
+@pytest.mark.parametrize("mode,split", [("none", 1), ("serial", 3), ("parallel", 4)])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("shape", [(256, 512, 1024), (200, 136, 1000)])
+def test_matmul_matches_float64(layout, mode, split, out_dtype, shape):
+    M, N, K = shape
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(*((N, K) if layout == "TN" else (K, N)), device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(N, device="cuda", dtype=out_dtype)
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)
+    spec = spec_for(TILE_CONFIGS[2], out_dtype="fp32" if out_dtype == torch.float32 else "bf16",
+                    layout=layout, split_k=split, split_mode=mode, bias=True)
+    matmul(a, b, layout=layout, out=out, bias=bias, spec=spec)
+    torch.cuda.synchronize()
+    assert not out.isnan().any(), "some output elements were never written"
+    assert _rel(out, _ref(a, b, layout, bias)) < 1e-2
+
+
+@pytest.mark.parametrize("config", range(len(TILE_CONFIGS)))
+def test_every_tile_config_is_correct(config):
+    M, N, K = 300, 520, 2048
+    a = torch.randn(M, K, device="cuda", dtype=torch.float16)
+    b = torch.randn(N, K, device="cuda", dtype=torch.float16)
+    for mode, split in (("none", 1), ("serial", 2)):
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.float16)
+        spec = spec_for(TILE_CONFIGS[config], a_dtype="fp16", b_dtype="fp16",
+                        out_dtype="fp16", split_k=split, split_mode=mode)
+        matmul(a, b, out=out, spec=spec)
+        assert _rel(out, _ref(a, b, "TN")) < 1e-2, (TILE_CONFIGS[config], mode)
+
+
+def test_serial_split_k_is_one_launch_without_memset():
+    M, N, K = 512, 1024, 8192
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    spec = spec_for(TILE_CONFIGS[2], split_k=4, split_mode="serial")
+    matmul(a, b, out=out, spec=spec)  # warm: compile, grow the arena
+    torch.cuda.synchronize()
+    seen = count_launches(lambda: matmul(a, b, out=out, spec=spec), torch)
+    assert seen["kernels"] == 1 and seen["memsets"] == 0, seen
+    pspec = spec_for(TILE_CONFIGS[2], split_k=4, split_mode="parallel")
+    matmul(a, b, out=out, spec=pspec)
+    seen = count_launches(lambda: matmul(a, b, out=out, spec=pspec), torch)
+    assert seen["kernels"] == 2 and seen["memsets"] == 0, seen
+
+
+def test_arena_is_zero_after_many_serial_launches_and_never_regrown():
+    M, N, K = 384, 640, 4096
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    ref = _ref(a, b, "TN")
+    spec = spec_for(TILE_CONFIGS[2], split_k=6, split_mode="serial")
+    out = matmul(a, b, spec=spec)
+    arena = workspace.arena_for()
+    grows = arena.grows
+    for _ in range(20):
+        out = matmul(a, b, spec=spec)
+    torch.cuda.synchronize()
+    arena.check_zeroed()
+    assert arena.grows == grows
+    assert int(arena.semaphore_buffer.abs().sum()) == 0
+    assert _rel(out, ref) < 1e-2
+
+
+def test_two_streams_use_distinct_arenas_and_stay_correct():
+    M, N, K = 512, 512, 8192
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    b1 = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    b2 = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    spec = spec_for(TILE_CONFIGS[2], split_k=8, split_mode="serial")
+    torch.cuda.synchronize()
+    outs = {}
+    for s, b in ((s1, b1), (s2, b2)):
+        with torch.cuda.stream(s):
+            for _ in range(5):
+                outs[id(s)] = matmul(a, b, spec=spec)
+    torch.cuda.synchronize()
+    ar1, ar2 = workspace.arena_for(s1), workspace.arena_for(s2)
+    assert ar1 is not ar2
+    assert ar1.semaphore_buffer.data_ptr() != ar2.semaphore_buffer.data_ptr()
+    assert ar1.partials(1).data_ptr() != ar2.partials(1).data_ptr()
+    ar1.check_zeroed()
+    ar2.check_zeroed()
+    assert _rel(outs[id(s1)], _ref(a, b1, "TN")) < 1e-2
+    assert _rel(outs[id(s2)], _ref(a, b2, "TN")) < 1e-2
+
+
+def test_heuristic_auto_mode_and_odd_shapes():
+    for M, N, K in ((1, 8, 8), (33, 70, 72), (1000, 24, 4096)):
+        a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        matmul(a, b, out=out)
+        assert _rel(out, _ref(a, b, "TN")) < 1e-2, (M, N, K)
