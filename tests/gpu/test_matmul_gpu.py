@@ -4,13 +4,14 @@ serial split-K matmul with no memset, the zeroed arena stays zero, streams do no
 import pytest
 import torch
 
+from lowering.kernels.heuristics import TILE_CONFIGS, spec_for
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 if torch.cuda.is_available():
     cupy = pytest.importorskip("cupy")
     from hostir.jobs.matmul import count_launches
-    from lowering.kernels.heuristics import TILE_CONFIGS, spec_for
     from runtime import workspace
     from runtime.matmul import matmul
 
