@@ -58,7 +58,7 @@ def test_matches_torch_layer_norm_per_row():
 
 def test_misaligned_input_falls_back_to_narrow_vectors():
     x, b0, b1, w, b2 = _inputs(33, 1025, torch.float16, seed=3)
-    xs = x.reshape(-1)[1:].reshape(32, 1025)  # base no longer 16-byte aligned
+    xs = x.reshape(-1)[1:1 + 32 * 1025].reshape(32, 1025)  # base no longer 16-byte aligned
     spec = NormalizationSpec.layer_norm(32, 1025)
     ref = rn.reference(spec, {"x": xs, "weight": w, "bias": b2})
     assert _rel(rn.layer_norm(xs, w, b2), ref) < 1e-2
@@ -68,6 +68,7 @@ def test_stream_and_leading_dims():
     x, _, _, w, b, *_ = _inputs(48, 2048, torch.float16, seed=5)
     x3 = x.reshape(4, 12, 2048)
     s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())  # the inputs were made on the default stream
     with torch.cuda.stream(s):
         y = rn.layer_norm(x3, w, b)
     s.synchronize()
