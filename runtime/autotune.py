@@ -88,9 +88,10 @@ def tune(p, *, device=None, candidates: list[MatmulSpec] | None = None, warmup: 
     from runtime.matmul import DTYPE_TORCH, matmul
 
     dev = torch.device("cuda", torch.cuda.current_device() if device is None else device)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
     cands = candidates or heuristics.candidates(p.M, p.N, p.K, a_dtype=p.a_dtype,
                                                 out_dtype=p.out_dtype, layout=p.layout,
-                                                bias=p.bias)
+                                                bias=p.bias, sm_count=sms)
     dt = DTYPE_TORCH[p.a_dtype]
     a = torch.randn(p.M, p.K, device=dev, dtype=dt)
     b = torch.randn(*((p.N, p.K) if p.layout == "TN" else (p.K, p.N)), device=dev, dtype=dt)

@@ -16,7 +16,8 @@ import torch
 
 from hostir.options import options
 from lowering.kernels import heuristics
-from lowering.kernels.matmul import MODE_CODE, KernelSource, MatmulSpec, reduce_launch, render, tiles
+from lowering.kernels.matmul import (MODE_CODE, KernelSource, MatmulSpec, launch_config,
+                                     reduce_launch, render, tiles)
 from runtime import jit, workspace
 
 TORCH_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -166,7 +167,7 @@ def launch(spec: MatmulSpec, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
         ws = arena.partials(M * N)
     elif spec.split_mode == "parallel":
         ws = arena.partials(spec.split_k * M * N)
-    cfg = loaded.source.launch(M, N, K)
+    cfg = launch_config(spec, M, N, K)  # split_k of this spec, not of the loaded one
     i32 = np.int32
     args = (_ptr(a), _ptr(b), _ptr(out), _ptr(bias), _ptr(ws), _ptr(sems), i32(M), i32(N),
             i32(K), i32(a.stride(0)), i32(b.stride(0)), i32(out.stride(0)),

@@ -4,8 +4,8 @@ The choice comes from a small cost model rather than a decision tree, so each ru
 term of the model (see `estimate_us`):
 
 * A CTA's time is proportional to its tile's MMA work (tile_m * tile_n * its K-slice),
-  divided by how efficiently that tile shape feeds the tensor cores (bigger warp tiles
-  reuse each shared-memory fragment more: TILE_EFFICIENCY).
+  divided by how efficiently that tile config feeds the tensor cores (TILE_EFFICIENCY,
+  measured).
 * CTAs run in waves of `sm_count * ctas_per_sm`; a partly filled last wave costs a whole
   wave. This is the "fill at least one wave" rule: a grid of 128 tiles on 132 SMs leaves
   SMs idle for the whole kernel, so splitting K (more, shorter CTAs) wins when M*N is
@@ -38,11 +38,19 @@ TILE_CONFIGS: tuple[tuple[int, int, int, int, int, int], ...] = (
     (128, 128, 64, 2, 2, 3),  # deeper K-tile: fewer barriers per FLOP
     (64, 128, 64, 2, 2, 4),   # 4 warps of 32x64 for small M
     (64, 64, 64, 2, 2, 4),    # 4 warps of 32x32 for tiny outputs
+    (128, 128, 64, 4, 2, 4),  # 8 warps of 32x64, deep pipeline, one CTA per SM
+    (128, 256, 64, 2, 4, 3),  # 8 warps of 64x64, deep K-tile, one CTA per SM
 )
 
-# Relative MMA throughput of a warp tile shape (64x64 = 1): smaller warp tiles issue more
-# ldmatrix per MMA.
-TILE_EFFICIENCY = {(64, 64): 1.0, (32, 64): 0.85, (64, 32): 0.85, (32, 32): 0.65}
+# Relative MMA throughput of each tile config, from its measured unsplit TFLOP/s on an H200
+# (1024x2048x50304 bf16, first GPU run, 64x128x64 = 287 TF/s = 1.0). The 8-warp 64x64
+# configs ran far below the 4-warp ones (one CTA of 8 warps per SM hides latency worse);
+# configs not measured yet get a cautious 0.8. The autotuner measures the real thing.
+TILE_EFFICIENCY = {
+    (128, 256, 32, 2, 4, 3): 0.55, (256, 128, 32, 4, 2, 3): 0.56,
+    (128, 128, 32, 2, 2, 4): 0.95, (128, 128, 64, 2, 2, 3): 0.75,
+    (64, 128, 64, 2, 2, 4): 1.0, (64, 64, 64, 2, 2, 4): 0.83,
+}
 
 # Split factors the heuristics and the autotuner consider.
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
@@ -59,6 +67,8 @@ CTA_FIXED_US = 2.0                 # prologue (STAGES-1 tiles in flight) + epilo
 # With this many waves unsplit, the last wave's idle SMs cost little: do not split (the
 # workspace traffic of split-K then competes with the mainloop for DRAM).
 NO_SPLIT_WAVES = 2
+# The autotuner sweeps split factors only for grids under this many waves (of 1 CTA/SM).
+SWEEP_SPLIT_WAVES = 4
 SMEM_PER_SM = 227 * 1024
 REGS_PER_SM = 65536
 
@@ -84,8 +94,8 @@ def estimate_us(spec: MatmulSpec, M: int, N: int, K: int, sm_count: int) -> floa
     kslice = math.ceil(ktiles / spec.split_k) * spec.tile_k
     occ = ctas_per_sm(spec)
     waves = math.ceil(t * spec.split_k / (sm_count * occ))
-    warp_tile = (spec.tile_m // spec.warps_m, spec.tile_n // spec.warps_n)
-    eff = TILE_EFFICIENCY.get(warp_tile, 0.6)
+    config = (spec.tile_m, spec.tile_n, spec.tile_k, spec.warps_m, spec.warps_n, spec.stages)
+    eff = TILE_EFFICIENCY.get(config, 0.8)
     # `occ` CTAs share one SM, so each runs at 1/occ of its rate.
     cta_us = 2.0 * spec.tile_m * spec.tile_n * kslice / (MMA_FLOPS_PER_SM_US * eff) * occ
     # Pipeline fill and epilogue: a fixed cost per CTA, so many short CTAs are not free.
@@ -112,20 +122,24 @@ def _splits_for(K: int, tile_k: int) -> list[int]:
 
 def candidates(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str = "bf16",
                layout: str = "TN", bias: bool = False, modes=("none", "serial", "parallel"),
-               ) -> list[MatmulSpec]:
+               sm_count: int = DEFAULT_SM_COUNT) -> list[MatmulSpec]:
     """Every spec the autotuner may time for this problem: tiles x split factors x modes.
 
     Split factors leave every slice at least MIN_KTILES_PER_SLICE K-tiles.
     """
     out = []
     for config in TILE_CONFIGS:
+        base = spec_for(config, a_dtype=a_dtype, b_dtype=a_dtype, out_dtype=out_dtype,
+                        layout=layout, bias=bias)
+        # A grid of many waves gains nothing from more, shorter CTAs: do not sweep splits.
+        many_waves = tiles(base, M, N) >= SWEEP_SPLIT_WAVES * sm_count
         for split in _splits_for(K, config[2]):
+            if split > 1 and many_waves:
+                continue
             for mode in modes:
                 if (mode == "none") != (split == 1):
                     continue
-                out.append(spec_for(config, a_dtype=a_dtype, b_dtype=a_dtype,
-                                    out_dtype=out_dtype, layout=layout, bias=bias,
-                                    split_k=split, split_mode=mode))
+                out.append(dataclasses.replace(base, split_k=split, split_mode=mode))
     return out
 
 
@@ -140,7 +154,7 @@ def choose(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str = "b
     if mode not in ("auto", "none", "serial", "parallel"):
         raise ValueError(f"mode must be auto, none, serial or parallel; got {mode!r}")
     specs = candidates(M, N, K, a_dtype=a_dtype, out_dtype=out_dtype, layout=layout,
-                       bias=bias, modes=modes)
+                       bias=bias, modes=modes, sm_count=sm_count)
     if mode == "auto":
         specs = [s for s in specs if s.split_k == 1 or not _fills(s, M, N, sm_count)]
     # The wave rule, as a hard constraint where it can be met: a grid smaller than the

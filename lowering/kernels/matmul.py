@@ -554,12 +554,19 @@ def render(spec: MatmulSpec) -> KernelSource:
         RENDERER.kernel(name, _params(spec), MAIN_BODY, threads=spec.threads),
         RENDERER.kernel(reduce_name, _reduce_params(), REDUCE_BODY, threads=REDUCE_THREADS))
 
-    def launch(M: int, N: int, K: int) -> LaunchConfig:
-        return LaunchConfig((tiles(spec, M, N) * spec.split_k, 1, 1), (spec.threads, 1, 1),
-                            spec.smem_bytes)
-
     return KernelSource(spec=spec, source=source, kernel_name=name, reduce_name=reduce_name,
-                        launch=launch, reduce_launch=reduce_launch)
+                        launch=lambda M, N, K: launch_config(spec, M, N, K),
+                        reduce_launch=reduce_launch)
+
+
+def launch_config(spec: MatmulSpec, M: int, N: int, K: int) -> LaunchConfig:
+    """Grid of the matmul kernel: one CTA per (tile, K-slice) of *this* spec.
+
+    Take it from the spec being launched, not from the KernelSource a module was loaded
+    with: specs that share a source differ in split_k.
+    """
+    return LaunchConfig((tiles(spec, M, N) * spec.split_k, 1, 1), (spec.threads, 1, 1),
+                        spec.smem_bytes)
 
 
 def reduce_launch(M: int, N: int, sm_count: int = 132) -> LaunchConfig:

@@ -69,7 +69,7 @@ def test_heuristics_fill_at_least_one_wave(shape, sms):
 
 
 def test_heuristics_split_small_mn_large_k_and_not_large_mn():
-    small = heuristics.choose(1024, 2048, 50304)
+    small = heuristics.choose(512, 1024, 50304)
     assert small.split_k > 1 and small.split_mode == "serial"
     big = heuristics.choose(8192, 8192, 8192)
     assert big.split_k == 1 and big.split_mode == "none"
