@@ -15,7 +15,7 @@ term of the model (see `estimate_us`):
   kernel and pays a second launch (about 20 us on the lent VMs, GPU.md).
 
 Example:
-    >>> spec = choose(1024, 2048, 50304, sm_count=132)
+    >>> spec = choose(512, 1024, 50304, sm_count=132)
     >>> spec.split_k > 1 and spec.split_mode == "serial"
     True
 """
