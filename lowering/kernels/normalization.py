@@ -240,12 +240,22 @@ def plan_launch(
 ) -> LaunchPlan:
     """Pick threads per row, the persistent batch and rows per block for ``hidden``.
 
-    Among `candidate_plans`: least padding first (idle lanes issue no loads, so padding
-    is bytes not in flight); among near-equal padding (within 2%), about 16 fp32 values
-    a thread: fewer means more threads and more reduction steps per row, more means
-    more registers and fewer resident warps. We never unroll the row loop on top of
-    the batch: a second row in flight would double the registers (the nvFuser spill
-    at 16384). The three overrides pin a plan (sweeps, tests).
+    Three regimes, from a sweep of every candidate plan on an H200 (fp16, 8192 rows,
+    benchmarks/results/layer_norm_nvidia-h200.json, "sweep"); the rule picks the
+    fastest measured plan at each benchmark size (12288: within 1%):
+
+    - Short rows (at most 128 vectors): the fewest threads per row, i.e. the largest
+      batch (up to 32 values), several rows to a 128-thread block. More values a
+      thread means more bytes in flight per thread and a shorter reduction; 128-thread
+      blocks beat 256-thread ones by 5-15% (more, smaller blocks hide each other's
+      barriers).
+    - Medium rows (one row fits 128 threads x 32 values): a 128-thread block, either
+      one row on 128 threads or two rows on 64; least padding, ties to 128 threads.
+    - Long rows: least padding (idle lanes issue no loads), then about 24 values a
+      thread, ties to fewer values (fewer registers, more resident warps).
+
+    We never unroll the row loop on top of the batch: a second row in flight would
+    double the registers (the nvFuser spill at 16384). The overrides pin a plan.
     """
     if threads_per_row is not None or batch is not None:
         vectors = -(-hidden // vector_width)
@@ -271,9 +281,16 @@ def plan_launch(
             f"{MAX_VALUES_PER_THREAD} values per row within the register budget; "
             "not a persistent-kernel size"
         )
-    least = min(padding(p, hidden) for p in plans)
-    near = [p for p in plans if padding(p, hidden) <= least + 0.02]
-    best = min(near, key=lambda p: abs(p.batch * vector_width - 16))
+    vectors = -(-hidden // vector_width)
+    block128 = [p for p in plans if p.threads_per_row in (64, 128)]
+    if vectors <= MIN_THREADS_PER_BLOCK:
+        best = min(plans, key=lambda p: p.threads_per_row)
+    elif block128 and vectors <= MIN_THREADS_PER_BLOCK * max(p.batch for p in block128):
+        best = min(block128, key=lambda p: (round(padding(p, hidden), 3), -p.threads_per_row))
+    else:
+        least = min(padding(p, hidden) for p in plans)
+        near = [p for p in plans if padding(p, hidden) <= least + 0.02]
+        best = min(near, key=lambda p: (abs(p.batch * vector_width - 24), p.batch))
     if rows_per_block is not None:
         best = dataclasses.replace(best, rows_per_block=rows_per_block)
     return best
