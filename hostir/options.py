@@ -24,6 +24,7 @@ DUMP_OPTIONS = frozenset(
 )
 ENABLE_OPTIONS = frozenset({"check_zeroed", "autotune"})
 DISABLE_OPTIONS = frozenset({"input_agreement", "kernel_cache"})
+DEFAULT_CACHE_DIR = Path.home() / ".cache" / "hostir"
 
 
 def _parse_list(var: str, allowed: frozenset[str], environ) -> frozenset[str]:
@@ -42,7 +43,7 @@ class Options:
     dumps: frozenset[str] = frozenset()
     enabled: frozenset[str] = frozenset()
     disabled: frozenset[str] = frozenset()
-    cache_dir: Path = Path.home() / ".cache" / "hostir"
+    cache_dir: Path = DEFAULT_CACHE_DIR
     comm_timeout_s: float = 300.0
 
     def dump(self, name: str) -> bool:
@@ -65,7 +66,7 @@ class Options:
             dumps=_parse_list("HOSTIR_DUMP", DUMP_OPTIONS, environ),
             enabled=_parse_list("HOSTIR_ENABLE", ENABLE_OPTIONS, environ),
             disabled=_parse_list("HOSTIR_DISABLE", DISABLE_OPTIONS, environ),
-            cache_dir=Path(cache).expanduser() if cache else Options.cache_dir,
+            cache_dir=Path(cache).expanduser() if cache else DEFAULT_CACHE_DIR,
             comm_timeout_s=float(environ.get("HOSTIR_COMM_TIMEOUT", "300")),
         )
 

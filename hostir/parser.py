@@ -53,7 +53,8 @@ class _Line:
 
     def take(self, expected: str | None = None) -> str:
         if self.i >= len(self.tokens):
-            raise self.error(f"expected {expected or 'more'} but the line ends")
+            raise self.error(f"expected {expected!r} but the line ends" if expected
+                             else "the line ends too early")
         kind, text, _ = self.tokens[self.i]
         if expected is not None and text != expected:
             raise self.error(f"expected {expected!r}, got {text!r}")
@@ -117,6 +118,18 @@ class _Line:
 class _Parser:
     def __init__(self):
         self.values: dict[str, object] = {}
+        self.scope: list[str] = []
+
+    def expr(self, line: _Line) -> ir.IndexExpr:
+        """An index expression whose names are FOR indices in scope or parameters."""
+        start = line.i
+        e = line.expr()
+        for name in sorted(ir.free_vars(e)):
+            if name not in self.scope and name not in ir.PARAMETERS:
+                line.i = start
+                raise line.error(f"index {name!r} is not a FOR index in scope nor one of "
+                                 f"{sorted(ir.PARAMETERS)}")
+        return e
 
     def lookup(self, line: _Line, kind, what: str):
         name = line.name()
@@ -166,10 +179,11 @@ class _Parser:
         tok = line.peek()
         if tok is not None and line.tokens[line.i][0] == "name":
             return self.lookup(line, ir.StreamValue, "stream")
-        return ir.PoolStream(line.expr())
+        return ir.PoolStream(self.expr(line))
 
     # ---- statements
     def statement(self, line: _Line, scope: list[str]):
+        self.scope = scope
         first = line.peek()
         if first == "GetCurrentStream":
             line.take()
@@ -212,7 +226,7 @@ class _Parser:
             line.take(",")
             line.take("index")
             line.take("=")
-            index = line.expr()
+            index = self.expr(line)
             line.take(")")
             if not 0 <= axis < len(src.shape):
                 raise line.error(f"axis {axis} out of range for {src.name} of rank {len(src.shape)}")
@@ -261,7 +275,7 @@ class _Parser:
             elif key == "op":
                 fields[key] = line.name()
             elif key in ("send_peer", "recv_peer"):
-                fields[key] = line.expr()
+                fields[key] = self.expr(line)
             else:
                 line.i -= 2
                 raise line.error(f"unknown Communication field {key!r}")

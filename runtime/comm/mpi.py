@@ -20,9 +20,13 @@ def _bytes(t: torch.Tensor) -> np.ndarray:
 
 
 class _MpiWork:
-    def __init__(self, requests, finish=None):
+    """Requests in flight and the buffers they read and write: MPI uses the memory until
+    the requests complete, so the work keeps every buffer alive until then."""
+
+    def __init__(self, requests, finish=None, buffers=()):
         self.requests = requests
         self.finish = finish
+        self.buffers = buffers
         self.done = False
 
     def wait(self, stream=None) -> None:
@@ -33,6 +37,7 @@ class _MpiWork:
         MPI.Request.Waitall(self.requests)
         if self.finish is not None:
             self.finish()
+        self.buffers = ()
         self.done = True
 
 
@@ -63,24 +68,27 @@ class MpiCommunicator:
     def allgather(self, out, inp, stream=None):
         self._check(out, inp)
         buf, back = self._staged(out)
-        req = self.comm.Iallgather(_bytes(inp.contiguous()), _bytes(buf))
-        return _MpiWork([req], back)
+        src = _bytes(inp.contiguous())
+        dst = _bytes(buf)
+        req = self.comm.Iallgather(src, dst)
+        return _MpiWork([req], back, (src, dst, buf))
 
     def broadcast(self, out, inp, root: int, stream=None):
         self._check(out, inp)
         buf, back = self._staged(out)
         if self.rank == root:
             buf.copy_(inp)
-        req = self.comm.Ibcast(_bytes(buf), root=root)
-        return _MpiWork([req], back)
+        data = _bytes(buf)
+        req = self.comm.Ibcast(data, root=root)
+        return _MpiWork([req], back, (data, buf))
 
     def sendrecv(self, out, inp, send_peer: int, recv_peer: int, stream=None):
         self._check(out, inp)
         buf, back = self._staged(out)
-        src = inp.contiguous()
-        reqs = [self.comm.Isend(_bytes(src), dest=send_peer, tag=7),
-                self.comm.Irecv(_bytes(buf), source=recv_peer, tag=7)]
-        return _MpiWork(reqs, back)
+        src, dst = _bytes(inp.contiguous()), _bytes(buf)
+        reqs = [self.comm.Isend(src, dest=send_peer, tag=7),
+                self.comm.Irecv(dst, source=recv_peer, tag=7)]
+        return _MpiWork(reqs, back, (src, dst, buf))
 
     def _reduce(self, out, inp, op: str, scatter: bool):
         self._check(out, inp)
@@ -88,11 +96,12 @@ class MpiCommunicator:
         src = inp.float().contiguous() if wide else inp.contiguous()
         dst = torch.empty(out.shape, dtype=src.dtype)
         mop = getattr(self.MPI, _REDUCE[op])
+        sa, da = src.numpy(), dst.numpy()
         if scatter:
-            req = self.comm.Ireduce_scatter_block(src.numpy(), dst.numpy(), op=mop)
+            req = self.comm.Ireduce_scatter_block(sa, da, op=mop)
         else:
-            req = self.comm.Iallreduce(src.numpy(), dst.numpy(), op=mop)
-        return _MpiWork([req], lambda: out.copy_(dst))
+            req = self.comm.Iallreduce(sa, da, op=mop)
+        return _MpiWork([req], lambda: out.copy_(dst), (src, dst, sa, da))
 
     def reduce_scatter(self, out, inp, op: str = "sum", stream=None):
         return self._reduce(out, inp, op, scatter=True)

@@ -1,0 +1,93 @@
+import pytest
+from hypothesis import given, settings
+
+from hostir.errors import ParseError
+from hostir.parser import parse
+from hostir.printer import print_program
+from hostir.verify import verify
+
+from .programs import lowered, programs
+
+GOLDEN = """\
+%HostIr {
+  numberOfStreams = 2
+  inputs:
+    T0 : bfloat16[Stream(2), DIDx(2), 16, 32] mesh=[0, 1]
+    T1 : bfloat16[32, 8]
+  outputs: T2
+  GetCurrentStream into Stream s0
+  T3 = ALLOCATE(bfloat16[2, 2, 16, 32])
+  T2 = ALLOCATE(bfloat16[2, 2, 16, 8])
+  FOR i in range(0, 2):
+    SetCurrentStream to Stream (i % numberOfStreams)
+    Synchronize Stream s0
+    T4 = select(T0, axis=0, index=i)
+    T5 = select(T3, axis=0, index=i)
+    C0 = Communication(Allgather, team=[0, 1], in=T4, out=T5)
+    Wait C0
+    T6 = select(T2, axis=0, index=i)
+    T6 = matmul(T5, T1)
+    SetCurrentStream to Stream s0
+    Synchronize Stream (i % numberOfStreams)
+} // %HostIr
+"""
+
+
+def test_golden_lowered_program():
+    assert print_program(lowered(m=64, k=32, n=8, dtype="bfloat16")) == GOLDEN
+
+
+def test_str_is_the_canonical_form():
+    p = lowered()
+    assert str(p) == print_program(p)
+
+
+@pytest.mark.parametrize("stages,world,streams", [(1, 1, 1), (2, 2, 2), (4, 2, 3), (2, 4, 1), (8, 8, 4)])
+def test_round_trip_of_lowered_programs(stages, world, streams):
+    p = lowered(m=8 * 8 * 2, stages=stages, world=world, streams=streams)
+    text = print_program(p)
+    q = parse(text)
+    assert print_program(q) == text
+    assert q.inputs == p.inputs and q.outputs == p.outputs and q.body == p.body
+
+
+@settings(max_examples=150, deadline=None)
+@given(programs())
+def test_round_trip_of_generated_programs(p):
+    verify(p)
+    text = print_program(p)
+    q = parse(text)
+    assert print_program(q) == text
+    assert q == p
+
+
+@pytest.mark.parametrize(
+    "mutate,line,message",
+    [
+        (lambda t: t.replace("%HostIr {", "HostIr {"), 1, "first line"),
+        (lambda t: t.replace("} // %HostIr", "}"), 21, "last line"),
+        (lambda t: t.replace("index=i)", "index=j)", 1), 13, "j"),
+        (lambda t: t.replace("Wait C0", "Wait T5"), 16, "expected a communication"),
+        (lambda t: t.replace("Allgather", "Allscatter"), 15, "unknown communication"),
+        (lambda t: t.replace("bfloat16[32, 8]", "bfloat17[32, 8]"), 5, "unknown dtype"),
+        (lambda t: t.replace("T6 = matmul(T5, T1)", "T6 = matmul(T5, T1"), 18, "expected ')'"),
+        (lambda t: t.replace("    Wait C0", "   Wait C0"), 16, "indentation"),
+        (lambda t: t.replace("T6 = matmul(T5, T1)", "T6 = matmul(T5, T1) $"), 18, "unexpected character"),
+        (lambda t: t.replace("T5 = select(T3, axis=0", "T5 = select(T3, axis=7"), 14, "axis 7"),
+        (lambda t: t.replace("T4 = select", "T3 = select"), 13, "already defined"),
+    ],
+)
+def test_parse_errors_name_line_and_column(mutate, line, message):
+    text = mutate(GOLDEN)
+    with pytest.raises(ParseError) as e:
+        parse(text)
+    assert e.value.line == line, str(e.value)
+    assert e.value.column >= 1
+    assert message in str(e.value)
+
+
+def test_parse_error_column_points_at_the_token():
+    text = GOLDEN.replace("Wait C0", "Wait C9")
+    with pytest.raises(ParseError) as e:
+        parse(text)
+    assert (e.value.line, e.value.column) == (16, 10)

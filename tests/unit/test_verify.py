@@ -1,0 +1,123 @@
+import dataclasses
+
+import pytest
+
+from hostir import ir
+from hostir.errors import VerificationError
+from hostir.verify import verify
+
+from .programs import lowered
+
+
+def loop_of(p):
+    return next(s for s in p.body if isinstance(s, ir.ForLoop))
+
+
+def with_loop_body(p, body):
+    loop = loop_of(p)
+    new = dataclasses.replace(loop, body=tuple(body))
+    return dataclasses.replace(p, body=tuple(new if s is loop else s for s in p.body))
+
+
+def test_lowered_program_verifies():
+    verify(lowered())
+
+
+def test_use_before_definition():
+    p = lowered()
+    body = list(loop_of(p).body)
+    mm = next(s for s in body if isinstance(s, ir.Matmul))
+    body.remove(mm)
+    body.insert(2, mm)
+    with pytest.raises(VerificationError, match="used before it is defined"):
+        verify(with_loop_body(p, body))
+
+
+def test_wait_without_communication():
+    p = lowered()
+    body = [s for s in loop_of(p).body if not isinstance(s, ir.Communication)]
+    with pytest.raises(VerificationError):
+        verify(with_loop_body(p, body))
+
+
+def test_communication_never_waited():
+    p = lowered()
+    body = [s for s in loop_of(p).body if not isinstance(s, ir.Wait)]
+    with pytest.raises(VerificationError, match="never waited"):
+        verify(with_loop_body(p, body))
+
+
+def test_double_wait():
+    p = lowered()
+    body = list(loop_of(p).body)
+    w = next(s for s in body if isinstance(s, ir.Wait))
+    body.insert(body.index(w), w)
+    with pytest.raises(VerificationError, match="still in flight"):
+        verify(with_loop_body(p, body))
+
+
+def test_for_index_used_outside_its_loop():
+    p = lowered()
+    src = p.inputs[0]
+    outside = ir.Select(ir.select_type("T99", src, 0), src, 0, "i")
+    q = dataclasses.replace(p, body=p.body + (outside,))
+    with pytest.raises(VerificationError, match="not a FOR index in scope"):
+        verify(q)
+
+
+def test_value_of_a_loop_body_used_after_the_loop():
+    p = lowered()
+    loop = loop_of(p)
+    t5 = next(s.out for s in loop.body if isinstance(s, ir.Select) and s.out.name == "T5")
+    q = dataclasses.replace(p, body=p.body + (ir.Select(ir.select_type("T99", t5, 0), t5, 0, 0),))
+    with pytest.raises(VerificationError, match="used before it is defined"):
+        verify(q)
+
+
+def test_wrong_value_kind():
+    p = lowered()
+    # T1 used with another type than it was declared with
+    body = list(loop_of(p).body)
+    mm = next(s for s in body if isinstance(s, ir.Matmul))
+    b2 = ir.Tensor("T1", (32, 16), "float32", (), ir.DeviceMesh((0,)))
+    body[body.index(mm)] = ir.Matmul(mm.out, mm.a, b2)
+    with pytest.raises(VerificationError, match="was defined as"):
+        verify(with_loop_body(p, body))
+
+
+def test_worker_stream_never_joined():
+    p = lowered()
+    body = list(loop_of(p).body)[:-1]  # drop the final Synchronize
+    with pytest.raises(VerificationError, match="not joined"):
+        verify(with_loop_body(p, body))
+
+
+def test_program_must_end_on_the_user_stream():
+    p = lowered()
+    body = list(loop_of(p).body)[:-2]  # drop SetCurrentStream s0 + Synchronize
+    with pytest.raises(VerificationError):
+        verify(with_loop_body(p, body))
+
+
+def test_worker_stream_before_get_current_stream():
+    p = lowered()
+    q = dataclasses.replace(p, body=tuple(s for s in p.body if not isinstance(s, ir.GetCurrentStream)))
+    with pytest.raises(VerificationError):
+        verify(q)
+
+
+def test_matmul_into_an_input():
+    p = lowered(stages=1)
+    a, b = p.inputs
+    bad = ir.Matmul(b, ir.Tensor("T50", (32, 32), "float32"), b)
+    q = dataclasses.replace(p, body=(ir.Allocate(ir.Tensor("T50", (32, 32), "float32")),) + p.body + (bad,))
+    with pytest.raises(VerificationError, match="program input"):
+        verify(q)
+
+
+def test_redefinition():
+    p = lowered()
+    alloc = next(s for s in p.body if isinstance(s, ir.Allocate))
+    q = dataclasses.replace(p, body=p.body[:2] + (alloc,) + p.body[2:])
+    with pytest.raises(VerificationError, match="defined twice"):
+        verify(q)
