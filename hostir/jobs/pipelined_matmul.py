@@ -44,6 +44,14 @@ def add_arguments(p) -> None:
     p.add_argument("--check", action="store_true",
                    help="compare with allgather-then-matmul in float64; exit 1 on mismatch")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None,
+                   help="append this run's result as one JSON line to FILE (rank 0)")
+    p.add_argument("--bench", action="store_true",
+                   help="time allgather, GEMM, allgather-then-GEMM, torch async-TP and ours "
+                        "side by side for the benchmark shapes (GPUs); see hostir/jobs/overlap_bench.py")
+    p.add_argument("--shapes", default=None,
+                   help="with --bench: comma-separated MxKxN list instead of the default shapes")
+    p.add_argument("--out", default=None, help="with --bench: the results JSON path")
 
 
 def build(args, world_size: int, rank: int = 0):
@@ -100,6 +108,10 @@ def main(args) -> int:
 
     from runtime.session import Session
 
+    if args.bench:
+        from hostir.jobs.overlap_bench import bench
+
+        return bench(args)
     session = Session(args.device, args.comm)
     program = build(args, session.world_size, session.rank)
     dump("host_ir", print_program(program), session.rank)
@@ -115,6 +127,13 @@ def main(args) -> int:
         ok = err <= TOLERANCE[args.dtype]
         status = f"check {'PASS' if ok else 'FAIL'} (rel err {err:.2e}, tolerance {TOLERANCE[args.dtype]:.0e})"
     all_ok = MPI.COMM_WORLD.allreduce(int(ok), op=MPI.MIN)
+    if session.rank == 0 and args.json:
+        _append_json(args.json, {
+            "shape": f"{args.m}x{args.k}x{args.n}", "dtype": args.dtype, "stages": args.stages,
+            "streams": args.streams, "world_size": session.world_size,
+            "device": _device_name(session), "comm": session.comm.name,
+            "median_ms": statistics.median(times), "check": status, "ok": bool(all_ok),
+        })
     if session.rank == 0:
         median = statistics.median(times)
         print(
@@ -127,3 +146,14 @@ def main(args) -> int:
     elif not ok:
         print(f"rank {session.rank}: {status}", file=sys.stderr, flush=True)
     return 0 if all_ok else 1
+
+
+def _device_name(session) -> str:
+    return torch.cuda.get_device_name(session.device) if session.device.type == "cuda" else "cpu"
+
+
+def _append_json(path: str, record: dict) -> None:
+    import json
+
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
