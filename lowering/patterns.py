@@ -41,3 +41,74 @@ def shard_rows(a, stages: int, world_size: int, rank: int):
     [S, 1, M/(S*D), K], rows s*(M/S) + rank*(M/(S*D)) + r of stage s."""
     m, k = a.shape
     return a.view(stages, world_size, m // (stages * world_size), k)[:, rank:rank + 1].contiguous()
+
+
+def matmul_reduce_scatter(m: int, k: int, n: int, stages: int, world_size: int,
+                          dtype: str = "float32") -> Fusion:
+    """``A[M, K] @ B[K, N]`` with the contraction axis K sharded over ``world_size`` devices
+    and the result reduce-scattered over rows, stage by stage (the row-parallel side):
+
+        A[Stream(S), M/S, DIDx(D), K/D] @ B[DIDx(D), K/D, N] -> C[Stream(S), DIDx(D), M/(S*D), N]
+
+    >>> fd = matmul_reduce_scatter(1024, 256, 512, stages=2, world_size=2)
+    >>> fd.inputs[0], fd.inputs[1], fd.outputs[0]
+    (T0: float32[Stream(2), 512, DIDx(2), 128], T1: float32[DIDx(2), 128, 512], T2: float32[Stream(2), DIDx(2), 256, 512])
+    """
+    if stages < 1:
+        raise LoweringError(f"tensor T0 (A) axis 0: expected at least 1 stage, got {stages}")
+    if m % (stages * world_size):
+        raise LoweringError(
+            f"tensor T2 (C) axis 0: extent M={m} is not divisible by stages*devices = "
+            f"{stages}*{world_size} = {stages * world_size}; expected a multiple of it"
+        )
+    if k % world_size:
+        raise LoweringError(
+            f"tensor T0 (A) axis 1: extent K={k} is not divisible by the {world_size} devices; "
+            f"expected a multiple of {world_size}"
+        )
+    fd = Fusion()
+    a = fd.define_tensor([m, k], dtype)
+    b = fd.define_tensor([k, n], dtype)
+    c = fd.matmul(a, b)  # the logical product first, then its sharding
+    mesh = DeviceMesh(tuple(range(world_size)))
+    a.split(1, world_size).split(0, stages).set_mesh(mesh)
+    a.parallelize(0, ParallelType.Stream).parallelize(2, ParallelType.DIDx)
+    b.split(0, world_size).set_mesh(mesh).parallelize(0, ParallelType.DIDx)
+    c.split(0, stages).split(1, world_size).set_mesh(mesh)
+    c.parallelize(0, ParallelType.Stream).parallelize(1, ParallelType.DIDx)
+    fd.add_output(c)
+    return fd
+
+
+def is_reduce_scatter(fusion: Fusion) -> bool:
+    """Whether ``fusion`` is a matmul whose K axis is split over devices (B split into
+    [D, K/D, N]) or whose output is sharded: the GEMM + ReduceScatter side."""
+    if len(fusion.ops) != 1 or fusion.ops[0].kind != "matmul":
+        return False
+    op = fusion.ops[0]
+    b, c = op.inputs[1], op.output
+    return len(b.shape) == 3 or ParallelType.DIDx in c.parallel
+
+
+def shard_columns(a, world_size: int, rank: int):
+    """This rank's columns of a global A[M, K] in the layout of ``matmul_reduce_scatter``
+    (columns rank*K/D ..), contiguous, as [M, K/D]; the program takes it as a view
+    ``.view(S, M/S, 1, K/D)``."""
+    m, k = a.shape
+    return a[:, rank * (k // world_size):(rank + 1) * (k // world_size)].contiguous()
+
+
+def stage_rows(stages: int, rows: int, world_size: int, rank: int):
+    """The global row indices, in order, that rank ``rank`` holds when ``rows`` rows are
+    split into ``stages`` stages and each stage's rows over ``world_size`` ranks: the
+    shard of ``shard_rows`` (input of ``allgather_matmul``) and the output of
+    ``matmul_reduce_scatter``, ``[S, rows/(S*D), N]``.
+
+    >>> stage_rows(2, 8, 2, 1).tolist()
+    [2, 3, 6, 7]
+    """
+    import torch
+
+    m = rows // (stages * world_size)
+    stage = torch.arange(stages).view(stages, 1) * (m * world_size)
+    return (stage + rank * m + torch.arange(m).view(1, m)).reshape(-1)
