@@ -19,6 +19,7 @@ JOBS = {
     "pipelined_matmul": "hostir.jobs.pipelined_matmul",
     "matmul": "hostir.jobs.matmul",
     "layer_norm": "hostir.jobs.layer_norm",
+    "fault_injection": "hostir.jobs.fault_injection",
 }
 
 
@@ -36,11 +37,17 @@ def main(argv=None) -> int:
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     module.add_arguments(sub)
     args = sub.parse_args(argv[1:])
+    from runtime.watchdog import end_job, install_excepthook, process_rank, world_size
+
+    install_excepthook()  # under mpirun: an uncaught error on one rank ends every rank
     try:
         return int(module.main(args) or 0)
     except HostIrError as e:
-        # Refusals are the user's to fix: one clear line, no traceback.
-        print(f"hostir {argv[0]}: error: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        # Refusals are the user's to fix: one clear line, rank first, no traceback.
+        print(f"[rank {process_rank()}] hostir {argv[0]}: error: {type(e).__name__}: {e}",
+              file=sys.stderr, flush=True)
+        if world_size() > 1 and not getattr(e, "on_every_rank", False):
+            end_job(2)  # peers may be waiting in a collective this rank will never post
         return 2
 
 

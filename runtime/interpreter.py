@@ -19,6 +19,7 @@ import torch
 
 from hostir import ir
 from hostir.errors import ExecutionError, HostIrError, InputMismatchError
+from hostir.options import options
 from hostir.printer import format_statement
 from hostir.verify import verify
 from runtime.comm.base import check_team
@@ -67,6 +68,43 @@ def check_inputs(program: ir.Program, args, device: torch.device) -> None:
             raise InputMismatchError(f"input {t.name}: expected a contiguous tensor, got strides {x.stride()}")
 
 
+def describe_inputs(args) -> str:
+    """A short fingerprint of the inputs: shape and dtype of each, e.g.
+    ``float32[2, 1, 16, 32], float32[32, 16]``."""
+    return ", ".join(
+        f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}" if isinstance(x, torch.Tensor)
+        else type(x).__name__ for x in args)
+
+
+def agree_on_inputs(program: ir.Program, args, device: torch.device, comm) -> None:
+    """``check_inputs`` on every rank, then one small collective so that every rank learns
+    every other rank's verdict and input shapes: a rank that passed bad or different
+    inputs makes *every* rank raise ``InputMismatchError`` naming it, instead of leaving
+    the others waiting in a collective it never posts."""
+    try:
+        check_inputs(program, args, device)
+        local = None
+    except InputMismatchError as e:
+        local = str(e)
+    verdicts = comm.agree((local, describe_inputs(args)))
+    refused = {r: err for r, (err, _) in enumerate(verdicts) if err is not None}
+    shapes = [fp for _, fp in verdicts]
+    if refused:
+        messages = set(refused.values())
+        if len(refused) == len(verdicts) and len(messages) == 1:
+            text = f"{messages.pop()} (on every rank)"
+        else:
+            text = "; ".join(f"rank {r} refused its inputs: {m}" for r, m in refused.items())
+    elif len(set(shapes)) > 1:
+        text = ("inputs differ between ranks: expected every rank to pass the same shapes and "
+                "dtypes, found " + "; ".join(f"rank {r} passed {fp}" for r, fp in enumerate(shapes)))
+    else:
+        return
+    err = InputMismatchError(f"rank {comm.rank}: {text}")
+    err.on_every_rank = True  # every rank raises it: nobody is left waiting
+    raise err
+
+
 class Interpreter:
     """A verified program bound to a device backend and a communicator; call it with the
     program's inputs (local shards), get its outputs."""
@@ -87,9 +125,23 @@ class Interpreter:
                 if communicator is None:
                     raise ExecutionError(f"{format_statement(s)}: the program communicates but no communicator was given")
                 check_team(communicator, s.team)
+        # The first call checks that every rank passes the same inputs (off with
+        # HOSTIR_DISABLE=input_agreement, and needless on one rank).
+        self._agreed = (communicator is None or communicator.world_size == 1
+                        or not hasattr(communicator, "agree")
+                        or options().disable("input_agreement"))
+        from runtime import fault_injection
+
+        fault = fault_injection.from_environ()
+        if fault is not None:  # tests only: the plain statement loop otherwise
+            fault_injection.instrument(self, fault)
 
     def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
-        check_inputs(self.program, args, self.backend.device)
+        if self._agreed:
+            check_inputs(self.program, args, self.backend.device)
+        else:
+            agree_on_inputs(self.program, args, self.backend.device, self.comm)
+            self._agreed = True
         env = dict(self.params)
         env.update({t.name: x for t, x in zip(self.program.inputs, args)})
         frame = _Frame(env, self.backend.current_stream())

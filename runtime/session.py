@@ -7,12 +7,14 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 
 import torch
 
 from hostir import ir
+from hostir.options import options
 from runtime.comm.base import make_communicator
 from runtime.device import make_backend
 from runtime.interpreter import Interpreter
@@ -35,8 +37,11 @@ def init_torch_distributed_from_mpi(backend: str) -> None:
         host = os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
         addr = f"tcp://{host}:{port}"
     addr = comm.bcast(addr, root=0)
+    # The group's collectives time out like ours (torch's own watchdog ends the rank).
+    timeout = options().comm_timeout_s
+    kw = {"timeout": datetime.timedelta(seconds=timeout)} if timeout > 0 else {}
     dist.init_process_group(backend, init_method=addr, rank=comm.Get_rank(),
-                            world_size=comm.Get_size())
+                            world_size=comm.Get_size(), **kw)
 
 
 def local_rank() -> int:
@@ -51,6 +56,9 @@ class Session:
     nccl, mpi, or torch (a torch.distributed group: the caller's, or one made from MPI)."""
 
     def __init__(self, device: str = "auto", comm: str = "auto", process_group=None):
+        from runtime.watchdog import install_excepthook
+
+        install_excepthook()  # an uncaught error on one rank ends every rank
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         if device == "cuda":

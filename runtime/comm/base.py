@@ -31,6 +31,9 @@ class Communicator(Protocol):
     def sendrecv(self, out: torch.Tensor, inp: torch.Tensor, send_peer: int, recv_peer: int,
                  stream) -> Work: ...
     def barrier(self) -> None: ...
+    def agree(self, obj) -> list:
+        """Every rank's small picklable ``obj``, in rank order (the input agreement)."""
+        ...
 
 
 class DoneWork:

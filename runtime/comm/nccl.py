@@ -3,6 +3,10 @@
 Rank 0 makes the NCCL unique id and broadcasts it over MPI; every rank then joins the
 communicator on its GPU. Collectives run on the *current* stream, so a Wait on the same
 stream is free and a Wait from another stream is an event wait: the host never blocks.
+
+Each collective records an event that a ``Watchdog`` (``runtime.watchdog``) checks: one
+not complete within HOSTIR_COMM_TIMEOUT aborts the NCCL communicator and raises
+``CommTimeoutError`` on its rank, so a peer that failed never leaves this one hanging.
 """
 
 from __future__ import annotations
@@ -20,16 +24,17 @@ _NCCL_OP = {"sum": 0, "max": 2, "min": 3}
 
 
 class _EventWork:
-    """A collective posted on ``stream``: waiting from another stream is an event wait."""
+    """A collective posted on ``stream``, with the event recorded after it: waiting from
+    another stream is an event wait (``cudaStreamWaitEvent``)."""
 
-    def __init__(self, stream: torch.cuda.Stream):
+    def __init__(self, stream: torch.cuda.Stream, event: torch.cuda.Event):
         self.stream = stream
-        self.event = None
+        self.event = event
 
     def wait(self, stream) -> None:
         if stream is None or stream == self.stream:
             return
-        stream.wait_stream(self.stream)
+        stream.wait_event(self.event)
 
 
 class NcclCommunicator:
@@ -51,6 +56,15 @@ class NcclCommunicator:
 
         cupy.cuda.Device(device).use()
         self.comm = nccl.NcclCommunicator(world_size, unique_id, rank)
+        from runtime.watchdog import Watchdog
+
+        self.watchdog = Watchdog(rank, "NCCL", on_timeout=[self.abort])
+
+    def _posted(self, what: str, s: torch.cuda.Stream, t: torch.Tensor) -> _EventWork:
+        event = torch.cuda.Event()
+        event.record(s)
+        self.watchdog.watch(f"NCCL {what} of {t.numel() * t.element_size()} bytes", event.query)
+        return _EventWork(s, event)
 
     @classmethod
     def from_mpi(cls, mpi_comm=None) -> "NcclCommunicator":
@@ -80,6 +94,7 @@ class NcclCommunicator:
         return stream if stream is not None else torch.cuda.current_stream()
 
     def _check(self, *ts: torch.Tensor) -> None:
+        self.watchdog.raise_if_failed()
         for t in ts:
             if not t.is_cuda or not t.is_contiguous():
                 raise CommunicationError(
@@ -92,28 +107,28 @@ class NcclCommunicator:
         s = self._stream(stream)
         self.comm.allGather(inp.data_ptr(), out.data_ptr(), inp.numel(), self._dtype(inp),
                             s.cuda_stream)
-        return _EventWork(s)
+        return self._posted("Allgather", s, inp)
 
     def reduce_scatter(self, out, inp, op: str = "sum", stream=None):
         self._check(out, inp)
         s = self._stream(stream)
         self.comm.reduceScatter(inp.data_ptr(), out.data_ptr(), out.numel(), self._dtype(inp),
                                 _NCCL_OP[op], s.cuda_stream)
-        return _EventWork(s)
+        return self._posted("ReduceScatter", s, inp)
 
     def allreduce(self, out, inp, op: str = "sum", stream=None):
         self._check(out, inp)
         s = self._stream(stream)
         self.comm.allReduce(inp.data_ptr(), out.data_ptr(), inp.numel(), self._dtype(inp),
                             _NCCL_OP[op], s.cuda_stream)
-        return _EventWork(s)
+        return self._posted("Allreduce", s, inp)
 
     def broadcast(self, out, inp, root: int, stream=None):
         self._check(out, inp)
         s = self._stream(stream)
         self.comm.broadcast(inp.data_ptr(), out.data_ptr(), inp.numel(), self._dtype(inp), root,
                             s.cuda_stream)
-        return _EventWork(s)
+        return self._posted("Broadcast", s, inp)
 
     def sendrecv(self, out, inp, send_peer: int, recv_peer: int, stream=None):
         self._check(out, inp)
@@ -122,12 +137,23 @@ class NcclCommunicator:
         self.comm.send(inp.data_ptr(), inp.numel(), self._dtype(inp), send_peer, s.cuda_stream)
         self.comm.recv(out.data_ptr(), out.numel(), self._dtype(out), recv_peer, s.cuda_stream)
         self.nccl.groupEnd()
-        return _EventWork(s)
+        return self._posted("SendRecv", s, inp)
 
     def barrier(self) -> None:
         from mpi4py import MPI
 
-        MPI.COMM_WORLD.Barrier()
+        from runtime.comm.mpi import wait_requests
+
+        wait_requests([MPI.COMM_WORLD.Ibarrier()], "MPI barrier", self.rank)
+
+    def agree(self, obj) -> list:
+        """Every rank's ``obj`` in rank order, over MPI (which bootstrapped this NCCL comm)."""
+        from mpi4py import MPI
+
+        from runtime.comm.mpi import agree_over_mpi
+
+        return agree_over_mpi(MPI.COMM_WORLD, obj, self.rank)
 
     def abort(self) -> None:
+        """Abort the NCCL communicator: its kernels in flight exit (used by the watchdog)."""
         self.comm.abort()

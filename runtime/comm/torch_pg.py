@@ -1,7 +1,8 @@
 """Collectives through an existing ``torch.distributed`` process group.
 
 For training loops that already called ``init_process_group`` (NCCL on GPUs, gloo on the
-CPU). Collectives are posted with ``async_op=True``; for NCCL, ``Work.wait()`` makes the
+CPU). Timeouts are the group's own (torch's NCCL watchdog; ``Session`` makes groups with
+HOSTIR_COMM_TIMEOUT). Collectives are posted with ``async_op=True``; for NCCL, ``Work.wait()`` makes the
 current stream wait on the group's internal stream (no host block); for gloo it completes
 the operation on the host.
 """
@@ -81,3 +82,10 @@ class TorchCommunicator:
 
     def barrier(self) -> None:
         dist.barrier(group=self.group)
+
+    def agree(self, obj) -> list:
+        """Every rank's ``obj`` in rank order; bounded by the group's own timeout
+        (``init_torch_distributed_from_mpi`` sets it from HOSTIR_COMM_TIMEOUT)."""
+        out = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out

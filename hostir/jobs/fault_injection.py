@@ -1,0 +1,59 @@
+"""The pipelined AllGather+GEMM with a fault on purpose: what the fault tests run.
+
+    mpirun -np 2 python -m hostir.run fault_injection --fault divergent_shape --fault-rank 1
+    HOSTIR_INJECT_FAULT=1:6:raise mpirun -np 2 python -m hostir.run fault_injection
+
+``--fault`` picks a fault in the inputs (``divergent_shape``: the rank lowers the program
+for twice as many rows as the others; ``bad_dtype``: it passes B in float64); faults inside
+the program come from ``HOSTIR_INJECT_FAULT=rank:statement:kind`` (``runtime.fault_injection``).
+A non-dividing shape needs no flag: ``--m 10 --stages 4``. Every rank prints
+``rank R: ok`` when all iterations ran; a fault must instead end every rank non-zero.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FAULTS = ("none", "divergent_shape", "bad_dtype")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--fault", default="none", choices=FAULTS)
+    p.add_argument("--fault-rank", type=int, default=1, help="the rank that misbehaves")
+    p.add_argument("--m", type=int, default=64)
+    p.add_argument("--k", type=int, default=32)
+    p.add_argument("--n", type=int, default=16)
+    p.add_argument("--stages", type=int, default=2)
+    p.add_argument("--streams", type=int, default=2)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--comm", default="auto", choices=["auto", "nccl", "torch", "mpi"])
+    p.add_argument("--iters", type=int, default=3)
+
+
+def main(args) -> int:
+    from lowering.patterns import allgather_matmul, shard_rows
+    from lowering.pipeline import lower
+    from runtime.device import DTYPES
+    from runtime.session import Session
+
+    session = Session(args.device, args.comm)
+    rank, world = session.rank, session.world_size
+    culprit = rank == args.fault_rank
+    m = args.m * 2 if args.fault == "divergent_shape" and culprit else args.m
+    program = lower(allgather_matmul(m, args.k, args.n, args.stages, world, args.dtype),
+                    world, args.streams, rank)
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(m, args.k, generator=g).to(DTYPES[args.dtype])
+    b = torch.randn(args.k, args.n, generator=g).to(DTYPES[args.dtype])
+    shard = shard_rows(a, args.stages, world, rank).to(session.device)
+    b = (b.double() if args.fault == "bad_dtype" and culprit else b).to(session.device)
+    run = session.interpreter(program)
+    for _ in range(args.iters):
+        (out,) = run(shard, b)
+    if session.device.type == "cuda":
+        torch.cuda.synchronize()
+    ref = (a.double() @ b.cpu().double()).reshape(out.shape)
+    err = float(torch.linalg.norm(out.cpu().double() - ref) / torch.linalg.norm(ref))
+    print(f"rank {rank}: ok (rel err {err:.1e})", flush=True)
+    return 0
