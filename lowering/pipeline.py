@@ -16,18 +16,37 @@ from hostir.printer import print_program
 from hostir.verify import verify
 from lowering.fusion import Fusion
 from lowering.passes.assign_streams import assign_streams
+from lowering.passes.collective_permute import collective_permute
 from lowering.passes.lower_communication import lower_communication
 from lowering.passes.lower_reduce_scatter import lower_reduce_scatter
 from lowering.patterns import is_reduce_scatter
 
 
-def lower(fusion: Fusion, world_size: int, number_of_streams: int = 2, rank: int = 0) -> ir.Program:
-    """Lower ``fusion`` for ``world_size`` ranks onto ``number_of_streams`` worker streams."""
+SCHEDULES = ("pipelined", "ring")
+
+
+def lower(fusion: Fusion, world_size: int, number_of_streams: int = 2, rank: int = 0,
+          schedule: str = "pipelined") -> ir.Program:
+    """Lower ``fusion`` for ``world_size`` ranks onto ``number_of_streams`` worker streams.
+
+    ``schedule`` (AllGather + GEMM side): ``pipelined`` gathers each stage with one
+    Allgather on round-robin streams; ``ring`` computes the local rows first and receives
+    the others by SendRecv (a collective permute) on a communication stream beside the
+    compute stream.
+    """
+    if schedule not in SCHEDULES:
+        from hostir.errors import LoweringError
+
+        raise LoweringError(f"unknown schedule {schedule!r}: expected one of {SCHEDULES}")
     if isinstance(fusion, Fusion) and is_reduce_scatter(fusion):
         first = ("lower_reduce_scatter", lambda _: lower_reduce_scatter(fusion, world_size))
     else:
         first = ("lower_communication", lambda _: lower_communication(fusion, world_size))
-    steps = [first, ("assign_streams", lambda p: assign_streams(p, number_of_streams))]
+    if schedule == "ring" and first[0] == "lower_communication":
+        second = ("collective_permute", lambda p: collective_permute(p, number_of_streams))
+    else:
+        second = ("assign_streams", lambda p: assign_streams(p, number_of_streams))
+    steps = [first, second]
     program = None
     for name, step in steps:
         program = step(program)

@@ -61,6 +61,7 @@ class CudaBackend:
         self.device = torch.device("cuda", torch.cuda.current_device() if device is None
                                    else torch.device(device).index or 0)
         self._pool: list[torch.cuda.Stream] = []
+        self._events: dict[int, torch.cuda.Event] = {}
 
     def current_stream(self) -> torch.cuda.Stream:
         return torch.cuda.current_stream(self.device)
@@ -76,7 +77,16 @@ class CudaBackend:
 
     def wait_stream(self, waiter: torch.cuda.Stream, waited: torch.cuda.Stream) -> None:
         # Event record + cudaStreamWaitEvent: orders the GPU work, never blocks the host.
-        waiter.wait_stream(waited)
+        # One event per waited stream, reused: cudaStreamWaitEvent captures the event's
+        # state when it is called, so re-recording it later cannot change this wait, and
+        # creating an event per wait costs a driver call each time.
+        if waiter == waited:
+            return
+        event = self._events.get(waited.cuda_stream)
+        if event is None:
+            event = self._events[waited.cuda_stream] = torch.cuda.Event()
+        event.record(waited)
+        waiter.wait_event(event)
 
     def allocate(self, shape, dtype: str) -> torch.Tensor:
         return torch.empty(tuple(shape), dtype=DTYPES[dtype], device=self.device)

@@ -36,32 +36,34 @@ def _commit() -> str:
 
 
 class Timer:
-    """Median of the slowest rank, per-iteration CUDA events after a barrier."""
+    """Per-iteration time of the slowest rank: ``reps`` back-to-back iterations between two
+    CUDA events, after a device synchronize and a barrier; the median of ``samples``."""
 
-    def __init__(self, session, iters: int, warmup: int):
+    def __init__(self, session, samples: int, warmup: int, reps: int = 5):
         from mpi4py import MPI
 
         self.mpi = MPI.COMM_WORLD
         self.session = session
-        self.iters, self.warmup = iters, warmup
+        self.samples, self.warmup, self.reps = samples, warmup, reps
 
     def __call__(self, fn) -> tuple[float, float]:
-        """(median GPU µs of the slowest rank, median host µs to enqueue)."""
+        """(median GPU µs per iteration, slowest rank; median host µs to issue one)."""
         for _ in range(self.warmup):
             fn()
         torch.cuda.synchronize()
         gpu, host = [], []
-        for _ in range(self.iters):
+        for _ in range(self.samples):
             torch.cuda.synchronize()
             self.mpi.Barrier()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             t0 = time.perf_counter()
-            fn()
-            host.append((time.perf_counter() - t0) * 1e6)
+            for _ in range(self.reps):
+                fn()
+            host.append((time.perf_counter() - t0) * 1e6 / self.reps)
             end.record()
             end.synchronize()
-            gpu.append(start.elapsed_time(end) * 1e3)
+            gpu.append(start.elapsed_time(end) * 1e3 / self.reps)
         return self.mpi.allreduce(statistics.median(gpu), op=_max()), statistics.median(host)
 
 
@@ -94,10 +96,55 @@ def _async_tp(session, shard_rows_contig, b):
         return None, f"{type(e).__name__}: {e}"
 
 
-def _schedules(args):
-    stages = [int(s) for s in os.environ.get("HOSTIR_BENCH_STAGES", "1,2,4,8").split(",")]
-    streams = [int(s) for s in os.environ.get("HOSTIR_BENCH_STREAMS", "1,2,3").split(",")]
-    return [(s, n) for s in stages for n in streams if n <= max(s, 1) or n == 1]
+def _variants():
+    """The schedules timed per shape: the naive per-stage Allgather pipeline, and the
+    local-first ring over NCCL and over the copy engine, eager and as a CUDA graph."""
+    out = [dict(schedule="pipelined", stages=s, streams=2, transport="nccl", graph=False)
+           for s in (1, 2, 4)]
+    for transport in ("nccl", "copy_engine"):
+        for stages in (1, 2):
+            for graph in (False, True):
+                out.append(dict(schedule="ring", stages=stages, streams=2, transport=transport,
+                                graph=graph))
+    only = os.environ.get("HOSTIR_BENCH_ONLY")  # e.g. "ring" to time one schedule
+    return [v for v in out if not only or v["schedule"] == only]
+
+
+_CE = []
+
+
+def _copy_engine_session():
+    from runtime.session import Session
+
+    if not _CE:
+        _CE.append(Session("cuda", "copy_engine"))
+    return _CE[0]
+
+
+def _first_iteration(session, args) -> dict:
+    """The first call of a fresh program vs its steady state: what lazy set-up costs."""
+    from mpi4py import MPI
+
+    from lowering.patterns import allgather_matmul, shard_rows
+    from lowering.pipeline import lower
+
+    m, k, n = 8192, 8192, 8192
+    d, r = session.world_size, session.rank
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    p = lower(allgather_matmul(m, k, n, 1, d, "bfloat16"), d, 2, r, schedule="ring")
+    shard = shard_rows(a, 1, d, r)
+    times, run = [], None
+    for _ in range(5):
+        torch.cuda.synchronize()
+        MPI.COMM_WORLD.Barrier()
+        t0 = time.perf_counter()
+        if run is None:  # the first call builds the interpreter too
+            run = session.interpreter(p)
+        run(shard, b)
+        torch.cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return {"shape": f"{m}x{k}x{n}", "first_us": times[0], "steady_us": statistics.median(times[1:])}
 
 
 def bench(args) -> int:
@@ -105,11 +152,13 @@ def bench(args) -> int:
 
     from lowering.patterns import allgather_matmul, shard_rows
     from lowering.pipeline import lower
+    from runtime.graph import capture
     from runtime.session import Session
 
     session = Session("cuda", "nccl")
     d, r = session.world_size, session.rank
     timer = Timer(session, args.iters, args.warmup)
+    first_call = _first_iteration(session, args)
     shapes = SHAPES if not args.shapes else [tuple(int(x) for x in s.split("x"))
                                                for s in args.shapes.split(",")]
     device = torch.cuda.get_device_name(session.device)
@@ -140,19 +189,26 @@ def bench(args) -> int:
         atp_run, atp_err = _async_tp(session, mine, b)
         atp_us = timer(atp_run)[0] if atp_run else None
         variants = []
-        for stages, streams in _schedules(args):
-            if m % (stages * d):
+        for v in _variants():
+            if m % (v["stages"] * d):
                 continue
-            p = lower(allgather_matmul(m, k, n, stages, d, "bfloat16"), d, streams, r)
-            run = session.interpreter(p)
-            shard = shard_rows(a, stages, d, r)
-            (out,) = run(shard, b)
+            sess = session if v["transport"] == "nccl" else _copy_engine_session()
+            p = lower(allgather_matmul(m, k, n, v["stages"], d, "bfloat16"), d, v["streams"], r,
+                      schedule=v["schedule"])
+            run = sess.interpreter(p)
+            shard = shard_rows(a, v["stages"], d, r)
+            if v["graph"]:
+                graphed = capture(run, shard, b)
+                step = graphed
+                out = graphed()[0]
+            else:
+                step = lambda run=run, shard=shard: run(shard, b)  # noqa: E731
+                (out,) = run(shard, b)
             err = float((out.reshape(m, n)[rows].double() - ref).norm() / ref.norm())
             ok = MPI.COMM_WORLD.allreduce(int(err < 1e-2), op=MPI.MIN)
-            us, host_us = timer(lambda: run(shard, b))
-            variants.append({"stages": stages, "streams": streams, "transport": "nccl",
-                             "us": us, "host_us": host_us, "rel_err": err, "ok": bool(ok)})
-            del out
+            us, host_us = timer(step)
+            variants.append({**v, "us": us, "host_us": host_us, "rel_err": err, "ok": bool(ok)})
+            del out, step
         good = [v for v in variants if v["ok"]]
         best = min(good, key=lambda v: v["us"]) if good else None
         ideal = max(ag_us, gemm_us)
@@ -164,6 +220,8 @@ def bench(args) -> int:
             "stages": best["stages"] if best else None,
             "streams": best["streams"] if best else None,
             "transport": best["transport"] if best else None,
+            "schedule": best["schedule"] if best else None,
+            "graph": best["graph"] if best else None,
             "ours_host_us": best["host_us"] if best else None,
             "variants": variants,
         }
@@ -179,7 +237,12 @@ def bench(args) -> int:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path, "w") as f:
             json.dump({"device": device, "date": datetime.date.today().isoformat(),
-                       "commit": _commit(), "world_size": d, "results": results}, f, indent=1)
+                       "commit": _commit(), "world_size": d, "first_iteration": first_call,
+                       "method": "median over samples of the slowest rank; each sample times "
+                                 "5 back-to-back iterations between CUDA events after a "
+                                 "synchronize and a barrier; host_us is the host time to "
+                                 "issue one iteration",
+                       "results": results}, f, indent=1)
         print(f"wrote {path}")
     return 0
 

@@ -36,9 +36,16 @@ def add_arguments(p) -> None:
     p.add_argument("--streams", type=int, default=2, help="worker streams, used round-robin")
     p.add_argument("--dtype", default="float32", choices=sorted(TOLERANCE))
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
-    p.add_argument("--comm", default="auto", choices=["auto", "nccl", "torch", "mpi"],
-                   help="collectives: auto = NCCL on CUDA, MPI on the CPU; torch = a "
-                        "torch.distributed process group")
+    p.add_argument("--comm", default="auto",
+                   choices=["auto", "nccl", "copy_engine", "torch", "mpi"],
+                   help="collectives: auto = NCCL on CUDA, MPI on the CPU; copy_engine = "
+                        "SendRecv by peer copies over CUDA IPC (no SMs), the rest NCCL; "
+                        "torch = a torch.distributed process group")
+    p.add_argument("--schedule", default="pipelined", choices=["pipelined", "ring"],
+                   help="pipelined: one Allgather per stage on round-robin streams; ring: "
+                        "local rows first, the others by SendRecv beside the GEMMs")
+    p.add_argument("--graph", action="store_true",
+                   help="capture the program into a CUDA graph once and time its replays")
     p.add_argument("--iters", type=int, default=10, help="timed iterations")
     p.add_argument("--warmup", type=int, default=2, help="untimed iterations first")
     p.add_argument("--check", action="store_true",
@@ -59,7 +66,7 @@ def build(args, world_size: int, rank: int = 0):
     from lowering.pipeline import lower
 
     fd = allgather_matmul(args.m, args.k, args.n, args.stages, world_size, args.dtype)
-    return lower(fd, world_size, args.streams, rank)
+    return lower(fd, world_size, args.streams, rank, schedule=args.schedule)
 
 
 def random_inputs(args, session, seed: int):
@@ -117,12 +124,25 @@ def main(args) -> int:
     dump("host_ir", print_program(program), session.rank)
     run_program = session.interpreter(program)
     _, b, shard = random_inputs(args, session, args.seed)
-    times = time_iterations(lambda: run_program(shard, b), session, args.iters, args.warmup)
+    if args.graph:
+        from runtime.graph import capture
+
+        graphed = capture(run_program, shard, b)
+        step = graphed
+    else:
+        step = lambda: run_program(shard, b)  # noqa: E731
+    times = time_iterations(step, session, args.iters, args.warmup)
     status, ok = "not checked", True
     if args.check:
         # Fresh data, so leftovers of earlier iterations cannot pass for results.
-        a, b, shard = random_inputs(args, session, args.seed + 1)
-        (out,) = run_program(shard, b)
+        a, b_new, shard_new = random_inputs(args, session, args.seed + 1)
+        if args.graph:  # the graph reads the tensors it was captured with
+            shard.copy_(shard_new)
+            b.copy_(b_new)
+            (out,) = graphed()
+        else:
+            (out,) = run_program(shard_new, b_new)
+        b = b_new
         err = relative_error(out, a, b)
         ok = err <= TOLERANCE[args.dtype]
         status = f"check {'PASS' if ok else 'FAIL'} (rel err {err:.2e}, tolerance {TOLERANCE[args.dtype]:.0e})"
@@ -138,7 +158,8 @@ def main(args) -> int:
         median = statistics.median(times)
         print(
             f"pipelined_matmul M={args.m} K={args.k} N={args.n} dtype={args.dtype} "
-            f"stages={args.stages} streams={args.streams} world={session.world_size} "
+            f"stages={args.stages} streams={args.streams} schedule={args.schedule}"
+            f"{' graph' if args.graph else ''} world={session.world_size} "
             f"device={session.device.type} comm={session.comm.name}: {median:.3f} ms/iter "
             f"(median of {len(times)}), {status}",
             flush=True,

@@ -73,4 +73,10 @@ def make_communicator(kind: str = "auto", device: str = "cpu", process_group=Non
         from runtime.comm.mpi import MpiCommunicator
 
         return MpiCommunicator()
-    raise CommunicationError(f"unknown communicator {kind!r}: expected auto, nccl, torch or mpi")
+    if kind == "copy_engine":
+        from runtime.comm.copy_engine import CopyEngineCommunicator
+        from runtime.comm.nccl import NcclCommunicator
+
+        return CopyEngineCommunicator(NcclCommunicator.from_mpi())
+    raise CommunicationError(
+        f"unknown communicator {kind!r}: expected auto, nccl, copy_engine, torch or mpi")

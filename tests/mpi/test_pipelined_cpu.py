@@ -39,8 +39,9 @@ def _inputs(m, k, n, stages, comm, dtype, seed):
     return a, b, shard_rows(a, stages, comm.world_size, comm.rank)
 
 
-def _check(backend, comm, m, k, n, stages, streams, dtype, seed=0):
-    p = lower(allgather_matmul(m, k, n, stages, comm.world_size, dtype), comm.world_size, streams)
+def _check(backend, comm, m, k, n, stages, streams, dtype, seed=0, schedule="pipelined"):
+    p = lower(allgather_matmul(m, k, n, stages, comm.world_size, dtype), comm.world_size, streams,
+              schedule=schedule)
     run = Interpreter(p, backend, comm)
     for s in range(2):  # twice: the second run must not see the first one's buffers
         a, b, shard = _inputs(m, k, n, stages, comm, dtype, seed + s)
@@ -50,19 +51,22 @@ def _check(backend, comm, m, k, n, stages, streams, dtype, seed=0):
         assert err < TOL[dtype], (m, k, n, stages, streams, dtype, float(err))
 
 
+@pytest.mark.parametrize("schedule", ["pipelined", "ring"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("stages,streams", [(1, 1), (2, 2), (4, 2), (4, 3)])
 @pytest.mark.parametrize("shape", [(8, 16, 8), (24, 40, 12)])
-def test_pipelined_matmul_equals_reference(mpi, shape, stages, streams, dtype):
+def test_pipelined_matmul_equals_reference(mpi, shape, stages, streams, dtype, schedule):
     m, k, n = shape
     m *= stages * mpi[1].world_size
-    _check(*mpi, m, k, n, stages, streams, dtype)
+    _check(*mpi, m, k, n, stages, streams, dtype, schedule=schedule)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("stages,streams", [(1, 1), (2, 2), (4, 3)])
-def test_pipelined_matmul_over_a_torch_process_group(gloo, stages, streams, dtype):
-    _check(*gloo, 16 * stages * gloo[1].world_size, 24, 8, stages, streams, dtype, seed=7)
+@pytest.mark.parametrize("schedule", ["pipelined", "ring"])
+def test_pipelined_matmul_over_a_torch_process_group(gloo, stages, streams, dtype, schedule):
+    _check(*gloo, 16 * stages * gloo[1].world_size, 24, 8, stages, streams, dtype, seed=7,
+           schedule=schedule)
 
 
 def _comm_program(kind, d, dtype="float32", **kw):

@@ -1,0 +1,120 @@
+"""Program -> program: AllGather+GEMM as a local-first collective permute (ring).
+
+The stage loop of ``lower_communication`` gathers a whole stage before its GEMM. Here
+each stage starts with the GEMM of this rank's own rows, which needs no communication and
+hides the first transfer; then, for j = 1 .. D-1, the rows of rank (rank + j) % D arrive by
+a SendRecv (this rank sends its rows to rank (rank - j) % D) and are multiplied as soon as
+they land. Transfers run on worker stream 1, GEMMs on worker stream 0; a GEMM waits only
+for its own transfer (an event wait), so transfer j+1 overlaps GEMM j. Whether a SendRecv
+moves through NCCL or through the copy engine is the communicator's choice, not the
+program's.
+
+    FOR i in range(0, S):                         # stages (the Stream axis)
+      ... T8 = matmul(local rows)                 # stream 0, no communication
+      FOR j in range(1, D):
+        SetCurrentStream to Stream 1
+        C0 = Communication(SendRecv, ..., send_peer=((rank - j) % worldSize),
+                                          recv_peer=((rank + j) % worldSize))
+        SetCurrentStream to Stream 0
+        Wait C0
+        ... = matmul(rows of rank (rank + j) % D)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hostir import ir
+from hostir.errors import LoweringError
+
+COMM, COMPUTE = 1, 0
+
+
+def _pattern(program: ir.Program):
+    """The pieces of a ``lower_communication`` stage loop, or a LoweringError."""
+    loops = [s for s in program.body if isinstance(s, ir.ForLoop)]
+    allocs = [s for s in program.body if isinstance(s, ir.Allocate)]
+    if len(loops) != 1 or len(allocs) != 2 or len(program.inputs) != 2:
+        raise LoweringError(
+            "collective_permute: expected the stage loop of lower_communication (inputs A, B; "
+            "two allocations; one FOR), got another program"
+        )
+    loop = loops[0]
+    kinds = [type(s) for s in loop.body]
+    if kinds != [ir.Select, ir.Select, ir.Communication, ir.Wait, ir.Select, ir.Matmul] or \
+            loop.body[2].type is not ir.CommunicationType.Allgather:
+        raise LoweringError("collective_permute: expected [select, select, Allgather, Wait, "
+                            f"select, matmul] in the stage loop, got {[k.__name__ for k in kinds]}")
+    return loop, allocs[0].out, allocs[1].out, loop.body[2].team
+
+
+def collective_permute(program: ir.Program, number_of_streams: int = 2) -> ir.Program:
+    if number_of_streams < 1:
+        raise LoweringError(f"numberOfStreams must be a positive int, got {number_of_streams!r}")
+    loop, gathered, out, team = _pattern(program)
+    a, b = program.inputs
+    names = iter(f"T{n}" for n in range(_next_tensor_number(program), 10**9))
+    rank, world = ir.Var("rank"), ir.Var("worldSize")
+    i, j = loop.index, ir.IndexVar("j")
+    peer = ir.BinOp("%", ir.BinOp("+", rank, ir.Var(j.name)), world)
+    back = ir.BinOp("%", ir.BinOp("-", rank, ir.Var(j.name)), world)
+    sel = lambda src, index: ir.select_type(next(names), src, 0)  # noqa: E731
+    a_i = sel(a, i)
+    mine = sel(a_i, 0)
+    g_i = sel(gathered, i)
+    c_i = sel(out, i)
+    c_mine = sel(c_i, rank)
+    g_peer = sel(g_i, peer)
+    c_peer = sel(c_i, peer)
+    handle = ir.CommHandle("C0")
+    comm = ir.PoolStream(COMM)
+    compute = ir.PoolStream(COMPUTE)
+    ring = ir.ForLoop(j, 1, len(team), (
+        ir.SetCurrentStream(comm),
+        ir.Select(g_peer, g_i, 0, peer),
+        ir.Communication(handle, ir.CommunicationType.SendRecv, team, mine, g_peer,
+                         send_peer=back, recv_peer=peer),
+        ir.SetCurrentStream(compute),
+        ir.Wait(handle),
+        ir.Select(c_peer, c_i, 0, peer),
+        ir.Matmul(c_peer, g_peer, b),
+    ))
+    stage = ir.ForLoop(i, loop.start, loop.stop, (
+        ir.Select(a_i, a, 0, i.name),
+        ir.Select(mine, a_i, 0, 0),
+        ir.Select(g_i, gathered, 0, i.name),
+        ir.Select(c_i, out, 0, i.name),
+        ir.Select(c_mine, c_i, 0, rank),
+        ir.Matmul(c_mine, mine, b),
+        ring,
+    ))
+    user = ir.StreamValue("s0")
+    body = (
+        ir.GetCurrentStream(user),
+        ir.Allocate(gathered),
+        ir.Allocate(out),
+        ir.SetCurrentStream(comm),
+        ir.Synchronize(user),
+        ir.SetCurrentStream(compute),
+        ir.Synchronize(user),
+        stage,
+        ir.SetCurrentStream(user),
+        ir.Synchronize(compute),
+        ir.Synchronize(comm),
+    )
+    return dataclasses.replace(program, body=body, number_of_streams=max(number_of_streams, 1),
+                               provenance="collective_permute")
+
+
+def _next_tensor_number(program: ir.Program) -> int:
+    numbers = [int(t.name[1:]) for t in _tensors(program) if t.name[1:].isdigit()]
+    return max(numbers, default=-1) + 1
+
+
+def _tensors(program: ir.Program):
+    yield from program.inputs
+    for s in ir.walk(program.body):
+        for f in ("out", "input", "output", "a", "b"):
+            t = getattr(s, f, None)
+            if isinstance(t, ir.Tensor):
+                yield t

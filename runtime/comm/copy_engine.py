@@ -1,0 +1,75 @@
+"""A SendRecv transport that takes no SMs: peer writes by the copy engine over CUDA IPC.
+
+NCCL moves data with kernels, which take SMs from a GEMM running beside them. Here each
+rank owns a buffer in torch's symmetric memory (mapped into every peer over CUDA IPC); a
+SendRecv, on the current stream:
+
+    barrier                                  # every peer has copied out its last message
+    peer_buffer[send_peer] <- in             # cudaMemcpyAsync peer write: the copy engine
+    barrier                                  # my receive buffer is filled
+    out <- my buffer                         # local copy, copy engine too
+
+The barriers are the symmetric memory's device-side barrier (one tiny kernel each); the
+host never blocks. Every other collective goes to the wrapped communicator (NCCL).
+Needs ``torch.distributed`` initialized with NCCL (made from MPI when it is not).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hostir.errors import CommunicationError
+from runtime.comm.nccl import _EventWork
+
+
+class CopyEngineCommunicator:
+    name = "copy_engine"
+
+    def __init__(self, base):
+        import torch.distributed as dist
+
+        from runtime.session import init_torch_distributed_from_mpi
+
+        init_torch_distributed_from_mpi("nccl")
+        self.base = base
+        self.rank, self.world_size = base.rank, base.world_size
+        if dist.get_rank() != self.rank or dist.get_world_size() != self.world_size:
+            raise CommunicationError("copy-engine transport: torch.distributed ranks differ from MPI's")
+        self.group_name = dist.group.WORLD.group_name
+        self._buffer = None
+        self._handle = None
+
+    def __getattr__(self, name):  # allgather, reduce_scatter, ... go to the wrapped NCCL
+        return getattr(self.base, name)
+
+    def reserve(self, nbytes: int) -> None:
+        """Grow the symmetric buffer to ``nbytes`` (a collective: every rank calls it with
+        the same size, in the same order; the interpreter's prepare step does)."""
+        import torch.distributed._symmetric_memory as symm_mem
+
+        if self._buffer is not None and self._buffer.numel() >= nbytes:
+            return
+        size = max(nbytes, 1 << 20)
+        self._buffer = symm_mem.empty(size, dtype=torch.uint8, device=torch.cuda.current_device())
+        self._handle = symm_mem.rendezvous(self._buffer, self.group_name)
+
+    def sendrecv(self, out, inp, send_peer: int, recv_peer: int, stream=None):
+        if not (inp.is_contiguous() and out.is_contiguous()):
+            raise CommunicationError("copy-engine SendRecv needs contiguous tensors")
+        if inp.numel() != out.numel() or inp.dtype != out.dtype:
+            raise CommunicationError(
+                f"copy-engine SendRecv sends as much as it receives: in {list(inp.shape)} "
+                f"{inp.dtype}, out {list(out.shape)} {out.dtype}")
+        self.reserve(inp.numel() * inp.element_size())
+        s = stream if stream is not None else torch.cuda.current_stream()
+        h = self._handle
+        with torch.cuda.stream(s):
+            h.barrier(channel=0)
+            if send_peer == self.rank:
+                out.copy_(inp)
+            else:
+                h.get_buffer(send_peer, tuple(inp.shape), inp.dtype, 0).copy_(inp)
+            h.barrier(channel=0)
+            if send_peer != self.rank:
+                out.copy_(h.get_buffer(self.rank, tuple(out.shape), out.dtype, 0))
+        return _EventWork(s)
