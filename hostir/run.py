@@ -19,6 +19,7 @@ JOBS = {
     "pipelined_matmul": "hostir.jobs.pipelined_matmul",
     "matmul": "hostir.jobs.matmul",
     "layer_norm": "hostir.jobs.layer_norm",
+    "train_mlp": "hostir.jobs.train_mlp",
     "fault_injection": "hostir.jobs.fault_injection",
 }
 

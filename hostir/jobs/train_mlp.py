@@ -1,0 +1,433 @@
+"""Example training loop: a transformer MLP block with tensor and sequence parallelism.
+
+    y = x + RowParallelLinear(gelu(ColumnParallelLinear(x)))
+
+trained with SGD for ``--steps`` steps on synthetic data (a fixed random "teacher"), every
+rank holding its tokens (sequence-sharded) and its slices of both weights. Rank 0 prints
+the loss of each step (summed over all ranks' tokens).
+
+    mpirun -np 2 python -m hostir.run train_mlp --device cpu --steps 30
+    torchrun --nproc-per-node 2 -m hostir.run train_mlp --comm torch
+    launch_scripts/train_mlp.sh 2 --bench            # GPUs: ours vs plain collectives vs ideal
+
+``--bench`` (GPUs) times one forward+backward step at ``--hidden`` 8192, ``--tokens``
+16384, bf16: the hostir layers, the same layers written with plain ``torch.distributed``
+collectives (gather, then GEMM; GEMM, then reduce-scatter: no overlap), and the step's
+six GEMMs alone (ideal); it writes ``benchmarks/results/tp_mlp_<device>.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+
+import torch
+import torch.nn.functional as F
+
+from hostir.nn import ColumnParallelLinear, RowParallelLinear, shard_sequence
+from runtime.device import DTYPES
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--ffn-mult", type=int, default=4, help="ffn width = hidden * this")
+    p.add_argument("--tokens", type=int, default=512, help="sequence x batch, over all ranks")
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--stages", type=int, default=2, help="pipeline stages of every layer")
+    p.add_argument("--streams", type=int, default=2)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
+    p.add_argument("--comm", default="auto", choices=["auto", "torch", "nccl", "mpi"],
+                   help="auto: the torch.distributed group if initialized (torchrun), else "
+                        "NCCL (GPU) / MPI (CPU); torch: init a group (from torchrun's env or MPI)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bench", action="store_true", help="time a step: ours vs plain vs ideal")
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--out", default="benchmarks/results", help="where --bench writes its JSON")
+
+
+def parse(argv) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------- set-up
+
+
+def _device(args) -> torch.device:
+    from runtime.session import local_rank
+
+    name = args.device
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        name = f"cuda:{local_rank() % torch.cuda.device_count()}"
+    dev = torch.device(name)
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    return dev
+
+
+def _init_distributed(device: torch.device) -> None:
+    """A torch.distributed group: from torchrun's environment, else bootstrapped over MPI."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "MASTER_ADDR" in os.environ):
+        dist.init_process_group(backend)
+    else:
+        from runtime.session import init_torch_distributed_from_mpi
+
+        init_torch_distributed_from_mpi(backend)
+
+
+def _setup(args):
+    device = _device(args)
+    if args.comm == "torch" or args.bench or "TORCHELASTIC_RUN_ID" in os.environ:
+        _init_distributed(device)
+    import torch.distributed as dist
+
+    if dist.is_initialized() and args.comm in ("auto", "torch"):
+        return dist.get_rank(), dist.get_world_size(), device
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size(), device
+
+
+def _sum_over_ranks(value: float, args) -> float:
+    import torch.distributed as dist
+
+    if dist.is_initialized() and args.comm in ("auto", "torch"):
+        t = torch.tensor([value], dtype=torch.float64)
+        if dist.get_backend() == "nccl":
+            t = t.cuda()
+        dist.all_reduce(t)
+        return float(t.item())
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.allreduce(value)
+
+
+# ----------------------------------------------------------------------------- the model
+
+
+def initial_weights(args):
+    """The full weights, torch.nn.Linear layout ([out, in]), identical on every rank."""
+    g = torch.Generator().manual_seed(args.seed)
+    h, f = args.hidden, args.hidden * args.ffn_mult
+    w1 = torch.randn(f, h, generator=g) / h ** 0.5
+    w2 = torch.randn(h, f, generator=g) / f ** 0.5
+    return w1, w2
+
+
+def batch(args, step: int):
+    """Synthetic tokens and targets: the targets of a fixed random teacher MLP."""
+    g = torch.Generator().manual_seed(args.seed + 1000 + step)
+    t = torch.Generator().manual_seed(args.seed + 1)  # the teacher: the same every step
+    h = args.hidden
+    x = torch.randn(args.tokens, h, generator=g)
+    teacher = torch.randn(h, h, generator=t) / h ** 0.5
+    return x, x + 0.5 * torch.tanh(x @ teacher)
+
+
+class MLPBlock(torch.nn.Module):
+    """``x + down(gelu(up(x)))`` over sequence-sharded tokens ``[T/D, hidden]``."""
+
+    def __init__(self, up: ColumnParallelLinear, down: RowParallelLinear):
+        super().__init__()
+        self.up, self.down = up, down
+
+    @classmethod
+    def from_weights(cls, w1, w2, dtype, device, **kw) -> "MLPBlock":
+        def linear(w):
+            lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device=device, dtype=dtype)
+            with torch.no_grad():
+                lin.weight.copy_(w)
+            return lin
+
+        return cls(ColumnParallelLinear.from_linear(linear(w1), **kw),
+                   RowParallelLinear.from_linear(linear(w2), **kw))
+
+    def forward(self, x):
+        return x + self.down(F.gelu(self.up(x)))
+
+
+def _loss(y, target, args):
+    """This rank's share of the mean squared error over all tokens."""
+    return ((y.float() - target.float()) ** 2).sum() / (args.tokens * args.hidden)
+
+
+def train(args) -> list[float]:
+    """The tensor-parallel loop; returns the loss of every step (all ranks' tokens)."""
+    rank, world, device = _setup(args)
+    dt = DTYPES[args.dtype]
+    w1, w2 = initial_weights(args)
+    block = MLPBlock.from_weights(w1, w2, dt, device, stages=args.stages,
+                                  streams=args.streams, comm=args.comm)
+    opt = torch.optim.SGD(block.parameters(), lr=args.lr)
+    losses = []
+    for step in range(args.steps):
+        x, target = batch(args, step)
+        x = shard_sequence(x, args.stages, world, rank).to(device, dt)
+        target = shard_sequence(target, args.stages, world, rank).to(device, dt)
+        loss = _loss(block(x), target, args)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(_sum_over_ranks(float(loss.detach()), args))
+    return losses
+
+
+def train_reference(args) -> list[float]:
+    """The same loop in one process with torch.nn.Linear layers (CPU)."""
+    dt = DTYPES[args.dtype]
+    w1, w2 = initial_weights(args)
+    up = torch.nn.Linear(args.hidden, w1.shape[0], bias=False, dtype=dt)
+    down = torch.nn.Linear(w1.shape[0], args.hidden, bias=False, dtype=dt)
+    with torch.no_grad():
+        up.weight.copy_(w1)
+        down.weight.copy_(w2)
+    opt = torch.optim.SGD(list(up.parameters()) + list(down.parameters()), lr=args.lr)
+    losses = []
+    for step in range(args.steps):
+        x, target = batch(args, step)
+        x, target = x.to(dt), target.to(dt)
+        loss = _loss(x + down(F.gelu(up(x))), target, args)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+# ----------------------------------------------------------------------------- the benchmark
+
+
+class _PlainColumn(torch.autograd.Function):
+    """Column-parallel with plain collectives: gather, then GEMM (no overlap)."""
+
+    @staticmethod
+    def forward(ctx, x, w, group):
+        import torch.distributed as dist
+
+        full = torch.empty(x.shape[0] * dist.get_world_size(group), x.shape[1], dtype=x.dtype, device=x.device)
+        dist.all_gather_into_tensor(full, x, group=group)
+        ctx.save_for_backward(full, w)
+        ctx.group = group
+        return full @ w
+
+    @staticmethod
+    def backward(ctx, dy):
+        import torch.distributed as dist
+
+        full, w = ctx.saved_tensors
+        partial = dy @ w.t()
+        dx = torch.empty(partial.shape[0] // dist.get_world_size(ctx.group), partial.shape[1],
+                         dtype=dy.dtype, device=dy.device)
+        dist.reduce_scatter_tensor(dx, partial, group=ctx.group)
+        return dx, full.t() @ dy, None
+
+
+class _PlainRow(torch.autograd.Function):
+    """Row-parallel with plain collectives: GEMM, then reduce-scatter (no overlap)."""
+
+    @staticmethod
+    def forward(ctx, x, w, group):
+        import torch.distributed as dist
+
+        partial = x @ w
+        y = torch.empty(partial.shape[0] // dist.get_world_size(group), partial.shape[1],
+                        dtype=x.dtype, device=x.device)
+        dist.reduce_scatter_tensor(y, partial, group=group)
+        ctx.save_for_backward(x, w)
+        ctx.group = group
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        import torch.distributed as dist
+
+        x, w = ctx.saved_tensors
+        full = torch.empty(dy.shape[0] * dist.get_world_size(ctx.group), dy.shape[1],
+                           dtype=dy.dtype, device=dy.device)
+        dist.all_gather_into_tensor(full, dy.contiguous(), group=ctx.group)
+        return full @ w.t(), x.t() @ full, None
+
+
+def _time(step, iters: int, warmup: int) -> float:
+    """Median milliseconds of ``step`` by CUDA events on the current stream."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _rel(a, b) -> float:
+    return float(torch.linalg.norm(a.double() - b.double()) / torch.linalg.norm(b.double()))
+
+
+def bench(args) -> dict:
+    import torch.distributed as dist
+
+    rank, world, device = _setup(args)
+    dt = torch.bfloat16
+    h, f, t = args.hidden, args.hidden * args.ffn_mult, args.tokens
+    fl, m = f // world, t // world
+    g = torch.Generator(device=device).manual_seed(args.seed)
+    w1 = (torch.randn(h, fl, generator=g, device=device) / h ** 0.5).to(dt)  # [in, out/D]
+    w2 = (torch.randn(fl, h, generator=g, device=device) / f ** 0.5).to(dt)  # [in/D, out]
+    x = torch.randn(m, h, generator=g, device=device).to(dt)
+    dy = torch.randn(m, h, generator=g, device=device).to(dt)
+    params = [torch.nn.Parameter(w1.clone()), torch.nn.Parameter(w2.clone())]
+
+    def plain_step():
+        xi = x.detach().requires_grad_()
+        hid = F.gelu(_PlainColumn.apply(xi, params[0], None))
+        y = xi + _PlainRow.apply(hid, params[1], None)
+        y.backward(dy)
+        return y, xi.grad
+
+    def ours_block(stages, streams, comm, overlap):
+        up = ColumnParallelLinear(h, f, stages=stages, streams=streams, comm=comm,
+                                  device=device, dtype=dt, overlap_weight_grad=overlap)
+        down = RowParallelLinear(f, h, stages=stages, streams=streams, comm=comm,
+                                 device=device, dtype=dt, overlap_weight_grad=overlap)
+        with torch.no_grad():
+            up.weight.copy_(w1)
+            down.weight.copy_(w2)
+        return MLPBlock(up, down)
+
+    def ours_step(block):
+        def step():
+            for p in block.parameters():
+                p.grad = None
+            xi = x.detach().requires_grad_()
+            y = block(xi)
+            y.backward(dy)
+            return y, xi.grad
+        return step
+
+    # Correctness first: with stages=1 ours and plain share the token layout.
+    block = ours_block(1, 1, "torch", False)
+    y_o, dx_o = ours_step(block)()
+    for p in params:
+        p.grad = None
+    y_p, dx_p = plain_step()
+    check = {"y": _rel(y_o, y_p), "dx": _rel(dx_o, dx_p),
+             "dw1": _rel(block.up.weight.grad, params[0].grad),
+             "dw2": _rel(block.down.weight.grad, params[1].grad)}
+    del block
+
+    # Ideal: the step's six GEMMs alone, local shapes, back to back.
+    xs = torch.randn(t, h, device=device, dtype=dt)
+    hs = torch.randn(t, fl, device=device, dtype=dt)
+
+    def gemms():
+        xs @ w1; hs @ w2                   # forward: up, down (partial)
+        xs @ w2.t(); hs.t() @ xs           # down backward: dx, dW
+        hs @ w1.t(); xs.t() @ hs           # up backward: dx, dW
+
+    dist.barrier()
+    ideal = _time(gemms, args.iters, args.warmup)
+    dist.barrier()
+    plain = _time(plain_step, args.iters, args.warmup)
+    variants = []
+    configs = [(4, 2, "torch", True), (2, 2, "torch", True), (8, 2, "torch", True),
+               (4, 2, "torch", False), (4, 2, "nccl", True), (4, 3, "nccl", True)]
+    for stages, streams, comm, overlap in configs:
+        dist.barrier()
+        try:
+            block = ours_block(stages, streams, comm, overlap)
+            ms = _time(ours_step(block), args.iters, args.warmup)
+            variants.append({"stages": stages, "streams": streams, "comm": comm,
+                             "overlap_weight_grad": overlap, "ms": ms})
+            del block
+        except Exception as e:  # noqa: BLE001 - a variant that cannot run is reported, not fatal
+            variants.append({"stages": stages, "streams": streams, "comm": comm,
+                             "overlap_weight_grad": overlap, "error": f"{type(e).__name__}: {e}"})
+    # Every rank reports its own figures; take the slowest rank's.
+    def worst(v: float) -> float:
+        tt = torch.tensor([v], device=device, dtype=torch.float64)
+        dist.all_reduce(tt, op=dist.ReduceOp.MAX)
+        return float(tt.item())
+
+    ideal, plain = worst(ideal), worst(plain)
+    for v in variants:
+        if "ms" in v:
+            v["ms"] = worst(v["ms"])
+    timed = [v for v in variants if "ms" in v]
+    best = min(timed, key=lambda v: v["ms"]) if timed else None
+    default = timed[0] if timed and timed[0] is variants[0] else None
+    return {"rank": rank, "world": world, "check": check, "ideal": ideal, "plain": plain,
+            "variants": variants, "best": best, "default": default}
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except Exception:  # noqa: BLE001 - not a checkout
+        return os.environ.get("HOSTIR_COMMIT", "unknown")
+
+
+def main(args) -> int:
+    if args.bench:
+        if not torch.cuda.is_available():
+            print("train_mlp --bench needs CUDA GPUs", flush=True)
+            return 2
+        r = bench(args)
+        if r["rank"] == 0:
+            name = torch.cuda.get_device_name().replace(" ", "_")
+            ours = r["best"]["ms"] if r["best"] else None
+            result = {"hidden": args.hidden, "tokens": args.tokens, "ffn": args.hidden * args.ffn_mult,
+                      "world": r["world"], "dtype": "bfloat16",
+                      "ours_ms": ours, "plain_ms": r["plain"], "ideal_ms": r["ideal"],
+                      "ours_config": r["best"], "ours_default_ms": (r["default"] or {}).get("ms"),
+                      "variants": r["variants"], "check_vs_plain_rel_err": r["check"]}
+            doc = {"device": f"{r['world']}x {torch.cuda.get_device_name()}",
+                   "date": datetime.date.today().isoformat(), "commit": _commit(),
+                   "note": "forward+backward of x + down(gelu(up(x))); ours_ms is the best "
+                           "variant listed; ideal_ms is the step's six GEMMs alone; medians, "
+                           "slowest rank",
+                   "results": [result]}
+            os.makedirs(args.out, exist_ok=True)
+            path = os.path.join(args.out, f"tp_mlp_{name}.json")
+            with open(path, "w") as fh:
+                json.dump(doc, fh, indent=2)
+            print(json.dumps(doc, indent=2), flush=True)
+            if ours:
+                print(f"tp_mlp hidden={args.hidden} tokens={args.tokens}: ours {ours:.2f} ms "
+                      f"({ours / r['ideal']:.3f}x ideal), plain {r['plain']:.2f} ms "
+                      f"({r['plain'] / r['ideal']:.3f}x), ideal {r['ideal']:.2f} ms -> {path}",
+                      flush=True)
+        return 0
+    losses = train(args)
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_initialized() else _mpi_rank()
+    if rank == 0:
+        for step, loss in enumerate(losses):
+            print(f"step {step:3d} loss {loss:.6f}", flush=True)
+    return 0
+
+
+def _mpi_rank() -> int:
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_rank()

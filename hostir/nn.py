@@ -1,0 +1,380 @@
+"""Tensor-parallel linear layers (Megatron style, with sequence parallelism) whose forward
+and backward passes run host IR programs.
+
+    import torch.distributed as dist
+    from hostir.nn import ColumnParallelLinear, RowParallelLinear, shard_sequence
+
+    dist.init_process_group("nccl")                  # torchrun, or mpirun + MASTER_ADDR
+    up = ColumnParallelLinear(8192, 32768, stages=4, device="cuda", dtype=torch.bfloat16)
+    down = RowParallelLinear(32768, 8192, stages=4, device="cuda", dtype=torch.bfloat16)
+    x = shard_sequence(tokens, 4, world, rank)       # [T/D, 8192]: this rank's tokens
+    y = x + down(torch.nn.functional.gelu(up(x)))    # [T/D, 8192], same token layout as x
+    y.float().pow(2).mean().backward()
+
+Layouts (D ranks, S stages, T tokens over all ranks):
+
+- *sequence-sharded* activations are ``[T/D, H]``: rank r holds tokens
+  ``s*T/S + r*T/(S*D) + j`` of every stage s (``lowering.patterns.stage_rows``). The
+  input of ``ColumnParallelLinear`` and the output of ``RowParallelLinear`` use it, so
+  layers built with the same ``stages`` chain (and a residual adds up) without copies.
+- *feature-sharded* activations are ``[T, F/D]``: all tokens, in order, this rank's
+  features. The output of ``ColumnParallelLinear`` and the input of ``RowParallelLinear``.
+- weights are stored ``[in, out]`` (the transpose of ``torch.nn.Linear.weight``), so the
+  forward GEMM reads them as they are: column-parallel ``[in, out/D]``, row-parallel
+  ``[in/D, out]``. ``from_linear`` shards a full ``torch.nn.Linear``.
+
+Programs (built once per shape, dtype, device and communicator, then cached):
+
+- ColumnParallelLinear: forward AllGather+GEMM ``y = gather(x) @ W``; backward
+  GEMM+ReduceScatter ``dx = reduce_scatter(dy @ W^T)`` and ``dW = gather(x)^T @ dy``
+  from the gathered input saved by the forward (on a side CUDA stream, overlapping the
+  reduce-scatters).
+- RowParallelLinear: forward GEMM+ReduceScatter ``y = reduce_scatter(x @ W)``; backward
+  AllGather+GEMM ``dx = gather(dy) @ W^T`` and ``dW = x^T @ gather(dy)``.
+
+The backward programs read ``W^T``; the IR's matmul takes contiguous operands, so it is
+one transposed copy of the local weight per backward.
+
+Communication: the caller's ``process_group`` if given, else the default group when
+``torch.distributed`` is initialized (NCCL on GPUs, gloo on the CPU), else NCCL (GPU) or
+MPI (CPU) bootstrapped by mpi4py (``comm="nccl"``/``"mpi"`` ask for those explicitly).
+The programs run on the caller's current CUDA stream (worker streams join back into it);
+under ``torch.autocast`` the GEMMs run in the autocast dtype.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from hostir import ir
+from hostir.errors import LoweringError
+from lowering.patterns import allgather_matmul, matmul_reduce_scatter, stage_rows
+from lowering.pipeline import lower
+from runtime.device import DTYPE_NAMES, make_backend
+from runtime.interpreter import Interpreter
+
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "shard_sequence", "sequence_rows"]
+
+# The only state: runtimes per (device, communicator choice) and plans per shape.
+_RUNTIMES: dict = {}
+_PLANS: dict = {}
+
+
+def sequence_rows(tokens: int, stages: int, world_size: int, rank: int) -> torch.Tensor:
+    """Indices of the tokens (of ``tokens`` over all ranks) that rank ``rank`` holds in the
+    sequence-sharded layout, in order."""
+    return stage_rows(stages, tokens, world_size, rank)
+
+
+def shard_sequence(x: torch.Tensor, stages: int, world_size: int, rank: int) -> torch.Tensor:
+    """This rank's tokens ``[T/D, ...]`` of the global ``x[T, ...]``, sequence-sharded."""
+    return x[sequence_rows(x.shape[0], stages, world_size, rank).to(x.device)].contiguous()
+
+
+# ----------------------------------------------------------------------------- runtime
+
+
+@dataclasses.dataclass
+class _Runtime:
+    backend: object
+    comm: object
+    side: object = None  # a CUDA stream for weight gradients
+
+    def side_stream(self):
+        if self.side is None:
+            self.side = torch.cuda.Stream(self.backend.device)
+        return self.side
+
+
+def _communicator_kind(process_group, comm: str) -> str:
+    import torch.distributed as dist
+
+    if comm not in ("auto", "torch", "nccl", "mpi"):
+        raise ValueError(f"comm={comm!r}: expected auto, torch, nccl or mpi")
+    if comm != "auto":
+        return comm
+    if process_group is not None or (dist.is_available() and dist.is_initialized()):
+        return "torch"
+    return "mpi-or-nccl"
+
+
+def _runtime(device: torch.device, process_group, comm: str) -> _Runtime:
+    kind = _communicator_kind(process_group, comm)
+    if kind == "mpi-or-nccl":
+        kind = "nccl" if device.type == "cuda" else "mpi"
+    key = (str(device), kind, process_group)
+    rt = _RUNTIMES.get(key)
+    if rt is None:
+        from runtime.comm.base import make_communicator
+
+        name = "cpu" if device.type == "cpu" else f"cuda:{device.index if device.index is not None else torch.cuda.current_device()}"
+        rt = _Runtime(make_backend(name), make_communicator(kind, name, process_group))
+        _RUNTIMES[key] = rt
+    return rt
+
+
+def _world(process_group, comm: str) -> tuple[int, int]:
+    """(rank, world size) without building a communicator."""
+    kind = _communicator_kind(process_group, comm)
+    if kind == "torch":
+        import torch.distributed as dist
+
+        return dist.get_rank(process_group), dist.get_world_size(process_group)
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+
+
+def _expose_gathered(p: ir.Program) -> ir.Program:
+    """The AllGather+GEMM program with its gathered input as a second output (the weight
+    gradient needs it; gathering it again in the backward would cost a collective)."""
+    selects = {s.out.name: s.input for s in ir.walk(p.body) if isinstance(s, ir.Select)}
+    comm = next(s for s in ir.walk(p.body) if isinstance(s, ir.Communication))
+    return dataclasses.replace(p, outputs=p.outputs + (selects[comm.output.name],))
+
+
+def _interpreter(rt: _Runtime, fusion, streams: int, gathered: bool) -> Interpreter:
+    d = rt.comm.world_size
+    program = lower(fusion, d, streams, rt.comm.rank)
+    return Interpreter(_expose_gathered(program) if gathered else program, rt.backend, rt.comm)
+
+
+class _Plan:
+    """The two programs of one layer shape. ``m``: tokens a rank holds sequence-sharded
+    (T/D); ``k``, ``n``: the local weight is [k, n]; ``kind``: column or row."""
+
+    def __init__(self, kind, rt: _Runtime, m, k, n, stages, streams, dtype, overlap):
+        d = rt.comm.world_size
+        self.kind, self.rt, self.m, self.k, self.n = kind, rt, m, k, n
+        self.S, self.D, self.overlap = stages, d, overlap and rt.backend.name == "cuda"
+        t = m * d
+        if t % (stages * d):
+            raise LoweringError(
+                f"{kind}-parallel layer: {t} tokens over {d} ranks and {stages} stages: "
+                f"expected a multiple of stages*ranks = {stages * d} tokens"
+            )
+        if kind == "column":  # fwd: gather(x)[T, k] @ W[k, n]; bwd: rs(dy[T, n] @ W^T[n, k])
+            self.fwd = _interpreter(rt, allgather_matmul(t, k, n, stages, d, dtype), streams, True)
+            self.bwd = _interpreter(rt, matmul_reduce_scatter(t, n * d, k, stages, d, dtype), streams, False)
+        else:  # fwd: rs(x[T, k] @ W[k, n]); bwd: gather(dy)[T, n] @ W^T[n, k]
+            self.fwd = _interpreter(rt, matmul_reduce_scatter(t, k * d, n, stages, d, dtype), streams, False)
+            self.bwd = _interpreter(rt, allgather_matmul(t, n, k, stages, d, dtype), streams, True)
+
+    def _weight_grad(self, a: torch.Tensor, b: torch.Tensor, run_program):
+        """``a^T @ b`` and the program, overlapped on a side stream on CUDA."""
+        if not self.overlap:
+            out = run_program()
+            return out, a.t() @ b
+        cur = torch.cuda.current_stream(self.rt.backend.device)
+        side = self.rt.side_stream()
+        side.wait_stream(cur)
+        out = run_program()
+        with torch.cuda.stream(side):
+            dw = a.t() @ b
+        cur.wait_stream(side)  # dw and every later use of a and b are ordered after it
+        return out, dw
+
+    # column: x [m, k] sequence-sharded -> y [T, n]
+    def column_forward(self, x, w):
+        S, D, m = self.S, self.D, self.m // self.S
+        y, g = self.fwd(x.view(S, 1, m, self.k), w)
+        return y.view(-1, self.n), g.view(-1, self.k)
+
+    def column_backward(self, dy, gathered, w, need_x: bool, need_w: bool):
+        S = self.S
+        wt = w.t().contiguous()
+        program = (lambda: self.bwd(dy.view(S, -1, 1, self.n), wt.view(1, self.n, self.k))[0]) \
+            if need_x else (lambda: None)
+        if need_w:
+            dx, dw = self._weight_grad(gathered, dy, program)
+        else:
+            dx, dw = program(), None
+        return (dx.view(-1, self.k) if dx is not None else None), dw
+
+    # row: x [T, k] feature-sharded -> y [m, n] sequence-sharded
+    def row_forward(self, x, w):
+        (y,) = self.fwd(x.view(self.S, -1, 1, self.k), w.view(1, self.k, self.n))
+        return y.view(-1, self.n)
+
+    def row_backward(self, dy, x, w, need_w: bool):
+        S, m = self.S, self.m // self.S
+        dx, g = self.bwd(dy.view(S, 1, m, self.n), w.t().contiguous())
+        g = g.view(-1, self.n)
+        dw = x.t() @ g if need_w else None
+        return dx.view(-1, self.k), dw
+
+
+def _plan(kind, layer, x: torch.Tensor) -> _Plan:
+    rt = _runtime(x.device, layer.process_group, layer.comm)
+    key = (kind, x.shape[0], layer._k, layer._n, x.dtype, str(x.device), layer.stages,
+           layer.streams, layer.overlap_weight_grad, id(rt))
+    plan = _PLANS.get(key)
+    if plan is None:
+        m = x.shape[0] if kind == "column" else x.shape[0] // rt.comm.world_size
+        plan = _Plan(kind, rt, m, layer._k, layer._n, layer.stages, layer.streams,
+                     DTYPE_NAMES[x.dtype], layer.overlap_weight_grad)
+        _PLANS[key] = plan
+    return plan
+
+
+def _no_autocast(device: torch.device):
+    """Autocast off inside the programs: they write into preallocated outputs (``out=``)
+    in the dtype the layer already chose."""
+    return torch.autocast(device.type, enabled=False)
+
+
+class _ColumnParallel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, plan):
+        with _no_autocast(x.device):
+            y, gathered = plan.column_forward(x, w)
+        ctx.plan = plan
+        ctx.save_for_backward(gathered, w)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        gathered, w = ctx.saved_tensors
+        with _no_autocast(dy.device):
+            dx, dw = ctx.plan.column_backward(dy.to(w.dtype).contiguous(), gathered, w,
+                                              ctx.needs_input_grad[0], ctx.needs_input_grad[1])
+        return dx, dw, None
+
+
+class _RowParallel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, plan):
+        with _no_autocast(x.device):
+            y = plan.row_forward(x, w)
+        ctx.plan = plan
+        ctx.save_for_backward(x, w)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        with _no_autocast(dy.device):
+            dx, dw = ctx.plan.row_backward(dy.to(w.dtype).contiguous(), x, w,
+                                           ctx.needs_input_grad[1])
+        return dx, dw, None
+
+
+def _compute_dtype(x: torch.Tensor, w: torch.Tensor) -> torch.dtype:
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return w.dtype
+
+
+class _ParallelLinear(torch.nn.Module):
+    def __init__(self, in_features, out_features, local_shape, rank, world_size, *, stages,
+                 streams, process_group, comm, device, dtype, overlap_weight_grad):
+        super().__init__()
+        self.rank, self.world_size = rank, world_size
+        self.in_features, self.out_features = in_features, out_features
+        self.stages, self.streams = stages, streams
+        self.process_group, self.comm = process_group, comm
+        self.overlap_weight_grad = overlap_weight_grad
+        self._k, self._n = local_shape
+        w = torch.empty(local_shape, device=device, dtype=dtype)
+        bound = 1 / math.sqrt(in_features)  # torch.nn.Linear's default init
+        self.weight = torch.nn.Parameter(w.uniform_(-bound, bound))
+
+    def _inputs(self, x: torch.Tensor):
+        if x.dim() != 2 or x.shape[1] != self._k:
+            raise ValueError(f"{type(self).__name__}: expected input [tokens, {self._k}], "
+                             f"got {list(x.shape)}")
+        dtype = _compute_dtype(x, self.weight)
+        return x.to(dtype).contiguous(), self.weight.to(dtype)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"local weight [{self._k}, {self._n}], stages={self.stages}, streams={self.streams}")
+
+
+class ColumnParallelLinear(_ParallelLinear):
+    """``y = x @ W (+ b)`` with W's output features sharded over the ranks.
+
+    Input: sequence-sharded ``[T/D, in]``; output: all tokens, this rank's features
+    ``[T, out/D]``. ``weight`` is ``[in, out/D]``, ``bias`` (if any) ``[out/D]``.
+
+    >>> up = ColumnParallelLinear(1024, 4096, stages=2)      # doctest: +SKIP
+    >>> up(x_local).shape                                    # doctest: +SKIP
+    torch.Size([T, 4096 // D])
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = False,
+                 stages: int = 2, streams: int = 2, process_group=None, comm: str = "auto",
+                 device=None, dtype=None, overlap_weight_grad: bool = True):
+        rank, world = _world(process_group, comm)
+        if out_features % world:
+            raise ValueError(f"ColumnParallelLinear: out_features={out_features} is not "
+                             f"divisible by the {world} ranks")
+        n = out_features // world
+        super().__init__(in_features, out_features, (in_features, n), rank, world,
+                         stages=stages, streams=streams, process_group=process_group,
+                         comm=comm, device=device, dtype=dtype,
+                         overlap_weight_grad=overlap_weight_grad)
+        self.bias = torch.nn.Parameter(torch.zeros(n, device=device, dtype=dtype)) if bias else None
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, **kw) -> "ColumnParallelLinear":
+        """This rank's shard of a full ``torch.nn.Linear`` (same values on every rank)."""
+        layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                    device=linear.weight.device, dtype=linear.weight.dtype, **kw)
+        n, r = layer._n, layer.rank
+        with torch.no_grad():
+            layer.weight.copy_(linear.weight[r * n:(r + 1) * n].t())
+            if linear.bias is not None:
+                layer.bias.copy_(linear.bias[r * n:(r + 1) * n])
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, w = self._inputs(x)
+        y = _ColumnParallel.apply(x, w, _plan("column", self, x))
+        return y if self.bias is None else y + self.bias.to(y.dtype)
+
+
+class RowParallelLinear(_ParallelLinear):
+    """``y = x @ W`` with W's input features sharded over the ranks; the partial products
+    are summed by reduce-scatters into sequence-sharded tokens.
+
+    Input: all tokens, this rank's features ``[T, in/D]``; output: sequence-sharded
+    ``[T/D, out]``. ``weight`` is ``[in/D, out]``. No bias: a replicated bias under
+    sequence parallelism needs its gradient all-reduced, which is the caller's to do.
+
+    >>> down = RowParallelLinear(4096, 1024, stages=2)        # doctest: +SKIP
+    >>> down(h_local).shape                                   # doctest: +SKIP
+    torch.Size([T // D, 1024])
+    """
+
+    def __init__(self, in_features: int, out_features: int, *, stages: int = 2,
+                 streams: int = 2, process_group=None, comm: str = "auto", device=None,
+                 dtype=None, overlap_weight_grad: bool = True):
+        rank, world = _world(process_group, comm)
+        if in_features % world:
+            raise ValueError(f"RowParallelLinear: in_features={in_features} is not "
+                             f"divisible by the {world} ranks")
+        k = in_features // world
+        super().__init__(in_features, out_features, (k, out_features), rank, world,
+                         stages=stages, streams=streams, process_group=process_group,
+                         comm=comm, device=device, dtype=dtype,
+                         overlap_weight_grad=overlap_weight_grad)
+
+    @classmethod
+    def from_linear(cls, linear: torch.nn.Linear, **kw) -> "RowParallelLinear":
+        """This rank's shard of a full bias-free ``torch.nn.Linear``."""
+        if linear.bias is not None:
+            raise ValueError("RowParallelLinear.from_linear: the linear has a bias; expected none")
+        layer = cls(linear.in_features, linear.out_features, device=linear.weight.device,
+                    dtype=linear.weight.dtype, **kw)
+        k, r = layer._k, layer.rank
+        with torch.no_grad():
+            layer.weight.copy_(linear.weight[:, r * k:(r + 1) * k].t())
+        return layer
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x, w = self._inputs(x)
+        return _RowParallel.apply(x, w, _plan("row", self, x))

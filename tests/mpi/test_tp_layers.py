@@ -1,0 +1,199 @@
+"""Tensor-parallel layers and the GEMM+ReduceScatter program on CPU ranks:
+run under `mpirun -np N python -m pytest --with-mpi`. Every rank builds the same global
+data from the same seed, runs its shard, and compares with a single-process reference."""
+
+import pytest
+import torch
+
+from hostir.nn import ColumnParallelLinear, RowParallelLinear, sequence_rows, shard_sequence
+from lowering.patterns import matmul_reduce_scatter, shard_columns, stage_rows
+from lowering.pipeline import lower
+from runtime.interpreter import Interpreter
+
+pytestmark = pytest.mark.mpi(min_size=2)
+
+# Relative Frobenius error vs a float64 reference: fp32 differs in summation order; bf16
+# rounds inputs, partial sums and outputs.
+TOL = {"float32": 1e-5, "bfloat16": 2e-2}
+
+
+def _err(got, ref):
+    got, ref = got.detach().double(), ref.detach().double()
+    return float(torch.linalg.norm(got - ref) / torch.linalg.norm(ref))
+
+
+@pytest.fixture(scope="module")
+def world():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+
+
+@pytest.fixture(scope="module", params=["mpi", "torch"])
+def comm(request):
+    """The layers over MPI, and over a torch.distributed (gloo) process group."""
+    if request.param == "torch":
+        from runtime.session import init_torch_distributed_from_mpi
+
+        init_torch_distributed_from_mpi("gloo")
+    return request.param
+
+
+# ----------------------------------------------------------------- the reduce-scatter program
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("stages,streams", [(1, 1), (2, 2), (4, 3)])
+def test_reduce_scatter_program_equals_reference(world, comm, stages, streams, dtype):
+    from runtime.comm.base import make_communicator
+    from runtime.device import CpuBackend
+
+    rank, d = world
+    communicator = make_communicator(comm)
+    m, k, n = 8 * stages * d, 12 * d, 10
+    run = Interpreter(lower(matmul_reduce_scatter(m, k, n, stages, d, dtype), d, streams),
+                      CpuBackend(), communicator)
+    for seed in range(2):  # twice: the second run must not see the first one's buffers
+        g = torch.Generator().manual_seed(seed)
+        a = torch.randn(m, k, generator=g).to(getattr(torch, dtype))
+        b = torch.randn(k, n, generator=g).to(getattr(torch, dtype))
+        kd = k // d
+        a_local = shard_columns(a, d, rank).view(stages, m // stages, 1, kd)
+        b_local = b[rank * kd:(rank + 1) * kd].contiguous().view(1, kd, n)
+        (out,) = run(a_local, b_local)
+        assert out.shape == (stages, m // (stages * d), n)
+        ref = (a.double() @ b.double())[stage_rows(stages, m, d, rank)]
+        assert _err(out.reshape(-1, n), ref) < TOL[dtype], (stages, streams, dtype)
+
+
+# ----------------------------------------------------------------- the layers
+
+
+def _data(t, i, o, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    dt = getattr(torch, dtype)
+    x = torch.randn(t, i, generator=g).to(dt)
+    lin = torch.nn.Linear(i, o, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(o, i, generator=g) / i ** 0.5)
+    grad = torch.randn(t, o, generator=g).to(dt)
+    return x, lin.to(dt), grad
+
+
+def _reference(x, lin, grad, bias=None):
+    """float64 forward and backward of x @ W^T (+ bias) from the same (rounded) values."""
+    x = x.double().requires_grad_()
+    w = lin.weight.detach().double().requires_grad_()
+    y = x @ w.t()
+    b = None
+    if bias is not None:
+        b = bias.detach().double().requires_grad_()
+        y = y + b
+    y.backward(grad.double())
+    return y.detach(), x.grad, w.grad, (b.grad if b is not None else None)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("stages", [1, 2, 4])
+def test_column_parallel_linear(world, comm, stages, dtype):
+    rank, d = world
+    t, i, o = 4 * stages * d, 24, 8 * d
+    x, lin, grad = _data(t, i, o, dtype, seed=stages)
+    with torch.no_grad():
+        bias = torch.randn(o).to(lin.weight.dtype)
+        lin.bias = torch.nn.Parameter(bias.clone())
+    layer = ColumnParallelLinear.from_linear(lin, stages=stages, streams=2, comm=comm)
+    assert layer.weight.shape == (i, o // d) and layer.bias.shape == (o // d,)
+    x_local = shard_sequence(x, stages, d, rank).requires_grad_()
+    y = layer(x_local)
+    n, cols = o // d, slice(rank * (o // d), (rank + 1) * (o // d))
+    assert y.shape == (t, n) and y.dtype == x.dtype
+    y.backward(grad[:, cols])
+    ry, rdx, rdw, rdb = _reference(x, lin, grad, bias)
+    tol = TOL[dtype]
+    assert _err(y, ry[:, cols]) < tol
+    assert _err(x_local.grad, rdx[sequence_rows(t, stages, d, rank)]) < tol
+    assert _err(layer.weight.grad, rdw[cols].t()) < tol
+    assert _err(layer.bias.grad, rdb[cols]) < tol
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("stages", [1, 2, 4])
+def test_row_parallel_linear(world, comm, stages, dtype):
+    rank, d = world
+    t, i, o = 4 * stages * d, 8 * d, 20
+    x, lin, grad = _data(t, i, o, dtype, seed=10 + stages)
+    layer = RowParallelLinear.from_linear(lin, stages=stages, streams=3, comm=comm)
+    k, cols = i // d, slice(rank * (i // d), (rank + 1) * (i // d))
+    assert layer.weight.shape == (k, o)
+    x_local = x[:, cols].contiguous().requires_grad_()
+    rows = sequence_rows(t, stages, d, rank)
+    y = layer(x_local)
+    assert y.shape == (t // d, o) and y.dtype == x.dtype
+    y.backward(grad[rows])
+    ry, rdx, rdw, _ = _reference(x, lin, grad)
+    tol = TOL[dtype]
+    assert _err(y, ry[rows]) < tol
+    assert _err(x_local.grad, rdx[:, cols]) < tol
+    assert _err(layer.weight.grad, rdw[:, cols].t()) < tol
+
+
+def test_autocast_runs_the_gemms_in_bfloat16(world, comm):
+    rank, d = world
+    t, h = 4 * 2 * d, 16
+    x, lin, grad = _data(t, h, 4 * d, "float32", seed=3)
+    layer = ColumnParallelLinear.from_linear(lin, stages=2, comm=comm)
+    x_local = shard_sequence(x, 2, d, rank).requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = layer(x_local)
+    assert y.dtype == torch.bfloat16
+    n = 4
+    y.float().backward(grad[:, rank * n:(rank + 1) * n])
+    assert x_local.grad.dtype == torch.float32 and layer.weight.grad.dtype == torch.float32
+    ry, rdx, rdw, _ = _reference(x, lin, grad)
+    assert _err(y, ry[:, rank * n:(rank + 1) * n]) < TOL["bfloat16"]
+    assert _err(layer.weight.grad, rdw[rank * n:(rank + 1) * n].t()) < TOL["bfloat16"]
+
+
+def test_programs_are_built_once_per_shape(world, comm):
+    from hostir import nn as tp
+
+    rank, d = world
+    layer = RowParallelLinear(4 * d, 8, stages=2, comm=comm)
+    before = len(tp._PLANS)
+    for _ in range(3):
+        layer(torch.randn(4 * d, 4)).sum().backward()
+    assert len(tp._PLANS) == before + 1
+    layer(torch.randn(8 * d, 4))  # a new token count is a new plan
+    assert len(tp._PLANS) == before + 2
+
+
+def test_refuses_tokens_that_do_not_divide(world, comm):
+    from hostir.errors import LoweringError
+
+    rank, d = world
+    layer = ColumnParallelLinear(8, 4 * d, stages=4, comm=comm)
+    with pytest.raises(LoweringError, match=r"expected a multiple of stages\*ranks"):
+        layer(torch.randn(3, 8))  # 3*d tokens over 4 stages and d ranks
+    with pytest.raises(ValueError, match=r"expected input \[tokens, 8\], got \[4, 9\]"):
+        layer(torch.randn(4, 9))
+
+
+# ----------------------------------------------------------------- the example loop
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_training_loss_matches_the_reference_at_every_step(world, comm, dtype):
+    from hostir.jobs import train_mlp
+
+    rank, d = world
+    args = train_mlp.parse([f"--hidden={8 * d}", "--ffn-mult=2", f"--tokens={8 * d}",
+                            "--steps=12", "--stages=2", f"--dtype={dtype}", f"--comm={comm}",
+                            "--device=cpu", "--lr=0.2"])
+    losses = train_mlp.train(args)
+    ref = train_mlp.train_reference(args)
+    assert len(losses) == len(ref) == 12
+    tol = {"float32": 1e-5, "bfloat16": 2e-2}[dtype]
+    for step, (a, b) in enumerate(zip(losses, ref)):
+        assert abs(a - b) <= tol * abs(b), (step, a, b)
+    assert ref[-1] < ref[0]  # it does train
