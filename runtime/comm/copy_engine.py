@@ -19,7 +19,6 @@ from __future__ import annotations
 import torch
 
 from hostir.errors import CommunicationError
-from runtime.comm.nccl import _EventWork
 
 
 class CopyEngineCommunicator:
@@ -72,4 +71,4 @@ class CopyEngineCommunicator:
             h.barrier(channel=0)
             if send_peer != self.rank:
                 out.copy_(h.get_buffer(self.rank, tuple(out.shape), out.dtype, 0))
-        return _EventWork(s)
+        return self.base._posted("copy-engine SendRecv", s, inp)

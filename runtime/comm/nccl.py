@@ -63,6 +63,10 @@ class NcclCommunicator:
     def _posted(self, what: str, s: torch.cuda.Stream, t: torch.Tensor) -> _EventWork:
         event = torch.cuda.Event()
         event.record(s)
+        if torch.cuda.is_current_stream_capturing():
+            # Recorded into a CUDA graph being captured: the event completes only at
+            # replay, and querying it from the watchdog's thread now is not allowed.
+            return _EventWork(s, event)
         self.watchdog.watch(f"NCCL {what} of {t.numel() * t.element_size()} bytes", event.query)
         return _EventWork(s, event)
 
