@@ -20,6 +20,8 @@ for np in 2 4; do
   echo "== mpi, $np ranks"
   timeout 900 mpirun -np "$np" "$PY" -m pytest "${PYTEST[@]}" --with-mpi tests/mpi
 done
+echo "== faults: one mpirun job per fault, launched by a plain pytest (2 and 4 CPU ranks)"
+"$PY" -m pytest "${PYTEST[@]}" tests/faults
 echo "== multigpu, 2 ranks"
 timeout 900 mpirun -np 2 "$PY" -m pytest "${PYTEST[@]}" --with-mpi tests/multigpu
 echo "== the main job, 2 CPU ranks"
