@@ -23,6 +23,11 @@ _TOKEN = re.compile(
 )
 _HEADER = "%HostIr {"
 _FOOTER = "} // %HostIr"
+# Bounds that keep hostile text from exhausting Python's recursion: real programs use an
+# operator or two per index and a FOR or two.
+MAX_EXPR_OPERATORS = 64
+MAX_EXPR_DEPTH = 16
+MAX_FOR_DEPTH = 16
 
 
 class _Line:
@@ -43,6 +48,8 @@ class _Line:
             pos = m.end()
         self.i = 0
         self.end_col = len(text) + 1
+        self.depth = 0  # parentheses open in the index expression being parsed
+        self.operators = 0  # operators in it so far
 
     def error(self, message: str) -> ParseError:
         col = self.tokens[self.i][2] if self.i < len(self.tokens) else self.end_col
@@ -67,12 +74,13 @@ class _Line:
         return self.take()
 
     def integer(self) -> int:
+        sign = 1
         if self.peek() == "-":
             self.take()
-            return -self.integer()
+            sign = -1
         if self.i >= len(self.tokens) or self.tokens[self.i][0] != "int":
             raise self.error("expected an integer")
-        return int(self.take())
+        return sign * int(self.take())
 
     def int_list(self, open_: str, close: str) -> list[int]:
         self.take(open_)
@@ -90,24 +98,38 @@ class _Line:
 
     # index expressions: precedence climbing over + - (low) and * // % (high)
     def expr(self) -> ir.IndexExpr:
+        if self.depth == 0:
+            self.operators = 0
         lhs = self._term()
         while self.peek() in ("+", "-"):
-            op = self.take()
+            op = self._operator()
             lhs = ir.BinOp(op, lhs, self._term())
         return lhs
+
+    def _operator(self) -> str:
+        self.operators += 1
+        if self.operators > MAX_EXPR_OPERATORS:
+            raise self.error(f"index expression too long: expected at most "
+                             f"{MAX_EXPR_OPERATORS} operators")
+        return self.take()
 
     def _term(self) -> ir.IndexExpr:
         lhs = self._atom()
         while self.peek() in ("*", "//", "%"):
-            op = self.take()
+            op = self._operator()
             lhs = ir.BinOp(op, lhs, self._atom())
         return lhs
 
     def _atom(self) -> ir.IndexExpr:
         tok = self.peek()
         if tok == "(":
+            if self.depth >= MAX_EXPR_DEPTH:
+                raise self.error(f"index expression nested too deep: expected at most "
+                                 f"{MAX_EXPR_DEPTH} levels of parentheses")
             self.take()
+            self.depth += 1
             e = self.expr()
+            self.depth -= 1
             self.take(")")
             return e
         if tok == "-" or (self.i < len(self.tokens) and self.tokens[self.i][0] == "int"):
@@ -396,6 +418,9 @@ def parse(text: str, verify: bool = True) -> ir.Program:
                 ln = line_at(pos, indent)
                 pos += 1
                 if ln.peek() == "FOR":
+                    if len(scope) >= MAX_FOR_DEPTH:
+                        raise ln.error(f"FOR nested too deep: expected at most {MAX_FOR_DEPTH} "
+                                       "levels")
                     ln.take("FOR")
                     at = ln.i
                     index = ir.IndexVar(ln.name())

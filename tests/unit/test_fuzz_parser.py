@@ -1,0 +1,133 @@
+"""The parser and verifier under attack: random bytes and mutated valid programs give a
+ParseError with a line and a column, or a VerificationError; never another exception."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hostir.errors import ParseError, VerificationError
+from hostir.parser import parse
+from hostir.printer import print_program
+from tests.unit.programs import lowered, programs
+
+FUZZ = settings(max_examples=400, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+VALID = [print_program(lowered(stages=s, world=w, streams=n))
+         for s, w, n in [(1, 1, 1), (2, 2, 2), (4, 2, 3)]]
+# Tokens a mutation may swap in: the language's own words, and near misses.
+TOKENS = ["FOR", "in", "range", "(", ")", "[", "]", ",", "=", ":", "%", "//", "+", "-", "*",
+          "Stream", "DIDx", "ALLOCATE", "select", "matmul", "Communication", "Wait",
+          "Allgather", "SendRecv", "LaunchKernel", "Synchronize", "SetCurrentStream",
+          "GetCurrentStream", "into", "to", "axis", "index", "team", "in", "out", "root", "op",
+          "grid", "block", "smem", "scalars", "mesh", "float32", "bfloat16", "T0", "T1", "T3",
+          "s0", "C0", "i", "numberOfStreams", "rank", "worldSize", "0", "1", "-1", "2",
+          "99999999999999999999", "inputs", "outputs", "{", "}", "%HostIr", "\t", " ", ""]
+
+
+def parses_or_refuses(text) -> None:
+    try:
+        parse(text)
+    except ParseError as e:
+        assert isinstance(e.line, int) and e.line >= 1, e
+        assert isinstance(e.column, int) and e.column >= 1, e
+        assert str(e).startswith(f"line {e.line}, column {e.column}: ")
+    except VerificationError:
+        pass
+
+
+@st.composite
+def mutated(draw, texts) -> str:
+    text = draw(texts)
+    lines = text.split("\n")
+    for _ in range(draw(st.integers(1, 4))):
+        i = draw(st.integers(0, max(len(lines) - 1, 0)))
+        how = draw(st.sampled_from(["delete", "duplicate", "swap", "token", "char", "indent",
+                                    "truncate"]))
+        if how == "delete" and len(lines) > 1:
+            del lines[i]
+        elif how == "duplicate":
+            lines.insert(i, lines[i])
+        elif how == "swap":
+            j = draw(st.integers(0, len(lines) - 1))
+            lines[i], lines[j] = lines[j], lines[i]
+        elif how == "token":
+            words = lines[i].split(" ")
+            w = draw(st.integers(0, len(words) - 1))
+            words[w] = draw(st.sampled_from(TOKENS))
+            lines[i] = " ".join(words)
+        elif how == "char" and lines[i]:
+            c = draw(st.integers(0, len(lines[i]) - 1))
+            new = draw(st.characters(codec="utf-8") | st.sampled_from(list("()[],=:%+-*/ 0129")))
+            lines[i] = lines[i][:c] + new + lines[i][c + draw(st.integers(0, 1)):]
+        elif how == "indent":
+            lines[i] = " " * draw(st.integers(0, 8)) + lines[i].lstrip(" ")
+        elif how == "truncate":
+            lines[i] = lines[i][:draw(st.integers(0, len(lines[i])))]
+    return "\n".join(lines)
+
+
+@FUZZ
+@given(st.binary(max_size=400))
+def test_random_bytes(data):
+    parses_or_refuses(data.decode("utf-8", errors="replace"))
+    parses_or_refuses(data.decode("latin-1"))
+
+
+@FUZZ
+@given(st.text(max_size=400))
+def test_random_text(text):
+    parses_or_refuses(text)
+
+
+@FUZZ
+@given(st.lists(st.sampled_from(TOKENS[:-3] + ["\n", "  ", "\n  ", "\n    "]), max_size=60)
+       .flatmap(lambda ws: st.sampled_from([" ", ""]).map(lambda sep: sep.join(ws)))
+       .map(lambda s: "%HostIr {\n  numberOfStreams = 1\n  inputs:\n" + s + "\n} // %HostIr\n"))
+def test_random_token_soup_inside_a_program(text):
+    parses_or_refuses(text)
+
+
+@FUZZ
+@given(mutated(st.sampled_from(VALID)))
+def test_mutated_lowered_programs(text):
+    parses_or_refuses(text)
+
+
+@FUZZ
+@given(mutated(programs().map(print_program)))
+def test_mutated_generated_programs(text):
+    parses_or_refuses(text)
+
+
+@pytest.mark.parametrize("text", [
+    "%HostIr {\n  numberOfStreams = 99999999999999999999999\n  inputs:\n  outputs:\n} // %HostIr",
+    "%HostIr {\n  numberOfStreams = -1\n  inputs:\n  outputs:\n} // %HostIr",
+    "%HostIr {\n  numberOfStreams = 1\n  inputs:\n    T0 : float32[0]\n  outputs: T0\n} // %HostIr",
+    "%HostIr {\n  numberOfStreams = 1\n  inputs:\n    T0 : float32[-3]\n  outputs: T0\n} // %HostIr",
+    "\x00", "%HostIr {\r\n} // %HostIr", "%HostIr {\n} // %HostIr\n\n",
+])
+def test_edge_cases(text):
+    parses_or_refuses(text)
+
+
+_LOWERED = VALID[1]
+
+
+@pytest.mark.parametrize("text,message", [
+    (_LOWERED.replace("index=i)", "index=" + "(" * 5000 + "i" + ")" * 5000 + ")", 1),
+     "nested too deep"),
+    (_LOWERED.replace("index=i)", "index=" + "+".join(["i"] * 20000) + ")", 1),
+     "index expression too long"),
+    (_LOWERED.replace("numberOfStreams = 2", "numberOfStreams = " + "- " * 5000 + "2"),
+     "expected an integer"),
+    ("%HostIr {\n  numberOfStreams = 1\n  inputs:\n  outputs:\n"
+     + "\n".join("  " * (d + 1) + f"FOR j{d} in range(0, 1):" for d in range(400))
+     + "\n" + "  " * 401 + "GetCurrentStream into Stream s9\n} // %HostIr\n",
+     "FOR nested too deep"),
+])
+def test_hostile_nesting_is_a_parse_error_not_a_recursion_error(text, message):
+    # Each of these raised RecursionError before the parser bounded its nesting.
+    with pytest.raises(ParseError, match=message):
+        parse(text)
