@@ -93,3 +93,27 @@ def test_cache_dir_follows_options(tmp_path, monkeypatch):
         assert jit.KernelCache().directory == tmp_path / "kernels"
     finally:
         opts.set_options(None)
+
+
+def _compile_after_barrier(directory, barrier, results):
+    barrier.wait()  # all eight start compiling the same kernel at the same moment
+    cache = jit.KernelCache(directory)
+    ck = cache.get(SRC, ["scale"], "sm_90")
+    results.put((len(ck.cubin), cache.stats.compiles + cache.stats.disk_hits))
+
+
+def test_eight_processes_at_once_all_succeed_and_leave_one_entry(tmp_path):
+    ctx = mp.get_context("spawn")
+    barrier, results = ctx.Barrier(8), ctx.Queue()
+    procs = [ctx.Process(target=_compile_after_barrier, args=(tmp_path, barrier, results))
+             for _ in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=300)
+    assert [p.exitcode for p in procs] == [0] * 8
+    got = [results.get(timeout=5) for _ in procs]
+    assert len({size for size, _ in got}) == 1 and all(n == 1 for _, n in got)
+    entries = list(tmp_path.iterdir())
+    assert len(entries) == 1, entries  # one valid entry, no temp files
+    assert jit._decode(entries[0].read_bytes()) is not None
