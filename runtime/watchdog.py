@@ -191,6 +191,10 @@ class Watchdog:
                    "Expected every rank to post it: a peer rank failed, died or is stuck")
         self.error = CommTimeoutError(message)
         report(self.error)
+        # The backstop first: an abort that blocks must not keep the job alive.
+        backstop = threading.Timer(self.grace_s, self.end, args=(1,))
+        backstop.daemon = True
+        backstop.start()
         for abort in self.on_timeout:
             try:
                 abort()
@@ -204,5 +208,5 @@ class Watchdog:
             CommTimeoutError.__init__(exc, *(args or (message,)))
 
         _raise_in_main_thread(type("CommTimeoutError", (CommTimeoutError,), {"__init__": init}))
-        if not self._stop.wait(self.grace_s):
-            self.end(1)
+        self._stop.wait()  # the backstop ends the job unless the process exits first
+        backstop.cancel()

@@ -30,8 +30,9 @@ SELECT_OF_STAGE_1 = 16
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 
 
-def mpirun(np_: int, *args: str, env: dict | None = None, program=None) -> tuple[int, str, float]:
-    """Run a job of ``np_`` CPU ranks; its exit code, its output, and the seconds it took."""
+def mpirun(np_: int, *args: str, env: dict | None = None, program=None,
+           device: str = "cpu") -> tuple[int, str, float]:
+    """Run a job of ``np_`` ranks; its exit code, its output, and the seconds it took."""
     e = dict(os.environ)
     e.pop("HOSTIR_INJECT_FAULT", None)
     e.update({
@@ -44,7 +45,7 @@ def mpirun(np_: int, *args: str, env: dict | None = None, program=None) -> tuple
     e.update(env or {})
     cmd = ["mpirun", "-np", str(np_), sys.executable]
     cmd += ["-c", program] if program else ["-m", "hostir.run", "fault_injection",
-                                            "--device", "cpu", *args]
+                                            "--device", device, *args]
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, env=e, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, timeout=TIMEOUT_S + 90)

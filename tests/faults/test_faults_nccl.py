@@ -1,0 +1,76 @@
+"""The fault scenarios of test_faults.py under NCCL on 2 GPUs (skipped without them).
+
+Each scenario is an ``mpirun -np 2`` job of ``hostir.run fault_injection --device cuda``
+(NCCL bootstrapped by MPI, HOSTIR_COMM_TIMEOUT=10). With HOSTIR_FAULT_EVIDENCE=path.json
+the tests also write what was injected, what each rank printed and how long the job took
+(benchmarks/results/faults_<device>.json).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+import torch
+
+from tests.faults.test_faults import MATMUL_OF_STAGE_1, SELECT_OF_STAGE_1, TIMEOUT_S, mpirun
+
+pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+
+NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+            "NVSHMEM_DISABLE_NVLS": "1"}
+# name: (flags, HOSTIR_INJECT_FAULT, what every rank's output must name)
+SCENARIOS = {
+    "healthy": ((), None, r"rank 1: ok"),
+    "exception_mid_program": ((), f"1:{MATMUL_OF_STAGE_1}:raise",
+                              r"\[rank 1\] .*ExecutionError: rank 1: while executing "
+                              r"`T6 = matmul\(T5, T1\)`"),
+    "rank_killed": ((), f"1:{SELECT_OF_STAGE_1}:kill",
+                    r"\[rank 1\] hostir: injected fault 'kill' before statement \d+ `T4 = select"),
+    "rank_exits": ((), f"1:{SELECT_OF_STAGE_1}:exit",
+                   r"\[rank 1\] hostir: injected fault 'exit' before statement \d+ `T4 = select"),
+    "rank_stuck": ((), f"1:{SELECT_OF_STAGE_1}:hang",
+                   r"\[rank 0\] hostir: CommTimeoutError: rank 0: NCCL Allgather of \d+ bytes "
+                   r"did not complete within 10 s"),
+    "divergent_shapes": (("--fault", "divergent_shape"), None,
+                         r"InputMismatchError: rank 0: inputs differ between ranks"),
+    "bad_dtype": (("--fault", "bad_dtype"), None,
+                  r"InputMismatchError: rank 0: rank 1 refused its inputs: input T1: expected "
+                  r"dtype float32, got torch.float64"),
+    "non_dividing_shape": (("--m", "10", "--stages", "4"), None,
+                           r"LoweringError: tensor T0 \(A\) axis 0: extent M=10 is not divisible"),
+}
+_EVIDENCE: dict = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def evidence():
+    yield
+    path = os.environ.get("HOSTIR_FAULT_EVIDENCE")
+    if path and _EVIDENCE:
+        with open(path, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(0), "gpus": 2, "comm": "nccl",
+                       "comm_timeout_s": TIMEOUT_S, "scenarios": _EVIDENCE}, f, indent=1)
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_fault_under_nccl(name):
+    flags, inject, expect = SCENARIOS[name]
+    env = dict(NCCL_ENV)
+    if inject:
+        env["HOSTIR_INJECT_FAULT"] = inject
+    rc, out, took = mpirun(2, *flags, env=env, device="cuda")
+    _EVIDENCE[name] = {
+        "injected": inject or " ".join(flags) or "nothing", "exit_code": rc,
+        "seconds_to_exit": round(took, 2),
+        "rank_lines": [ln for ln in out.splitlines() if re.match(r"\[rank \d\]|rank \d: ok|"
+                                                                 r"prterun|mpirun", ln)][:12],
+    }
+    assert re.search(expect, out), out
+    if name == "healthy":
+        assert rc == 0, out
+        return
+    assert rc != 0, out
+    assert took < TIMEOUT_S + 30, (took, out)
