@@ -1,0 +1,144 @@
+"""Tensor-parallel layers on several GPUs, one rank a GPU, bf16:
+`mpirun -np 2 python -m pytest --with-mpi tests/multigpu`. Skips without 2 CUDA GPUs.
+
+Every rank builds the same global data from the same seed, runs its shard through the
+layers, and compares outputs and every gradient with a float64 reference on its GPU."""
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.mpi(min_size=2),
+    pytest.mark.multigpu,
+    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"),
+]
+TOL = 2e-2  # bf16 inputs, partial sums and outputs
+
+
+def _err(got, ref):
+    got, ref = got.detach().double(), ref.detach().double()
+    return float(torch.linalg.norm(got - ref) / torch.linalg.norm(ref))
+
+
+@pytest.fixture(scope="module")
+def world():
+    from mpi4py import MPI
+
+    from runtime.session import init_torch_distributed_from_mpi, local_rank
+
+    torch.cuda.set_device(local_rank() % torch.cuda.device_count())
+    init_torch_distributed_from_mpi("nccl")
+    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size(), torch.device("cuda", torch.cuda.current_device())
+
+
+@pytest.fixture(scope="module", params=["torch", "nccl"])
+def comm(request):
+    """The caller's NCCL process group, and hostir's own NCCL communicator (CuPy)."""
+    if request.param == "nccl":
+        pytest.importorskip("cupy")
+    return request.param
+
+
+def _data(t, i, o, device, seed):
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(t, i, generator=g, device=device).bfloat16()
+    lin = torch.nn.Linear(i, o, bias=False, device=device, dtype=torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(o, i, generator=g, device=device) / i ** 0.5)
+    grad = torch.randn(t, o, generator=g, device=device).bfloat16()
+    return x, lin, grad
+
+
+def _reference(x, lin, grad):
+    x = x.double().requires_grad_()
+    w = lin.weight.detach().double().requires_grad_()
+    y = x @ w.t()
+    y.backward(grad.double())
+    return y.detach(), x.grad, w.grad
+
+
+@pytest.mark.parametrize("stages,streams", [(1, 1), (2, 2), (4, 3)])
+def test_column_parallel_linear_bf16(world, comm, stages, streams):
+    from hostir.nn import ColumnParallelLinear, sequence_rows, shard_sequence
+
+    rank, d, dev = world
+    t, i, o = 64 * stages * d, 256, 128 * d
+    x, lin, grad = _data(t, i, o, dev, seed=stages)
+    layer = ColumnParallelLinear.from_linear(lin, stages=stages, streams=streams, comm=comm)
+    x_local = shard_sequence(x, stages, d, rank).requires_grad_()
+    side = torch.cuda.Stream()  # the caller's stream is not the default one
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y = layer(x_local)
+        cols = slice(rank * (o // d), (rank + 1) * (o // d))
+        y.backward(grad[:, cols])
+    torch.cuda.current_stream().wait_stream(side)
+    ry, rdx, rdw = _reference(x, lin, grad)
+    assert y.dtype == torch.bfloat16
+    assert _err(y, ry[:, cols]) < TOL
+    assert _err(x_local.grad, rdx[sequence_rows(t, stages, d, rank).to(dev)]) < TOL
+    assert _err(layer.weight.grad, rdw[cols].t()) < TOL
+
+
+@pytest.mark.parametrize("stages,streams", [(1, 1), (2, 2), (4, 3)])
+def test_row_parallel_linear_bf16(world, comm, stages, streams):
+    from hostir.nn import RowParallelLinear, sequence_rows
+
+    rank, d, dev = world
+    t, i, o = 64 * stages * d, 128 * d, 256
+    x, lin, grad = _data(t, i, o, dev, seed=10 + stages)
+    layer = RowParallelLinear.from_linear(lin, stages=stages, streams=streams, comm=comm)
+    cols = slice(rank * (i // d), (rank + 1) * (i // d))
+    rows = sequence_rows(t, stages, d, rank).to(dev)
+    x_local = x[:, cols].contiguous().requires_grad_()
+    y = layer(x_local)
+    y.backward(grad[rows])
+    ry, rdx, rdw = _reference(x, lin, grad)
+    assert _err(y, ry[rows]) < TOL
+    assert _err(x_local.grad, rdx[:, cols]) < TOL
+    assert _err(layer.weight.grad, rdw[:, cols].t()) < TOL
+
+
+def test_mlp_block_under_autocast(world, comm):
+    """fp32 parameters, bf16 autocast: the block's output and gradients match a float64
+    reference of x + gelu(x W1^T) W2^T."""
+    import torch.nn.functional as F
+
+    from hostir.jobs.train_mlp import MLPBlock
+    from hostir.nn import sequence_rows, shard_sequence
+
+    rank, d, dev = world
+    t, h, f, S = 128 * d, 256, 512, 2
+    g = torch.Generator(device=dev).manual_seed(5)
+    x = torch.randn(t, h, generator=g, device=dev)
+    w1 = torch.randn(f, h, generator=g, device=dev) / h ** 0.5
+    w2 = torch.randn(h, f, generator=g, device=dev) / f ** 0.5
+    grad = torch.randn(t, h, generator=g, device=dev)
+    block = MLPBlock.from_weights(w1, w2, torch.float32, dev, stages=S, comm=comm)
+    xl = shard_sequence(x, S, d, rank).requires_grad_()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        y = block(xl)
+    rows = sequence_rows(t, S, d, rank).to(dev)
+    y.float().backward(grad[rows])
+    xr = x.double().requires_grad_()
+    w1r, w2r = w1.double().requires_grad_(), w2.double().requires_grad_()
+    yr = xr + F.gelu(xr @ w1r.t()) @ w2r.t()
+    yr.backward(grad.double())
+    fl = f // d
+    assert _err(y, yr[rows]) < TOL
+    assert _err(xl.grad, xr.grad[rows]) < TOL
+    assert _err(block.up.weight.grad, w1r.grad[rank * fl:(rank + 1) * fl].t()) < TOL
+    assert _err(block.down.weight.grad, w2r.grad[:, rank * fl:(rank + 1) * fl].t()) < TOL
+
+
+def test_training_loss_matches_the_reference(world):
+    from hostir.jobs import train_mlp
+
+    rank, d, dev = world
+    args = train_mlp.parse([f"--hidden={64 * d}", "--ffn-mult=2", f"--tokens={128 * d}",
+                            "--steps=8", "--stages=2", "--dtype=bfloat16", "--comm=torch",
+                            "--device=cuda", "--lr=0.2"])
+    losses = train_mlp.train(args)
+    ref = train_mlp.train_reference(args)  # one process, CPU, bf16
+    for step, (a, b) in enumerate(zip(losses, ref)):
+        assert abs(a - b) <= 3e-2 * abs(b), (step, a, b)
