@@ -32,8 +32,11 @@ def add_arguments(p) -> None:
     p.add_argument("--m", type=int, default=1024, help="rows of A and C, over all ranks")
     p.add_argument("--k", type=int, default=512, help="contraction extent")
     p.add_argument("--n", type=int, default=512, help="columns of B and C")
-    p.add_argument("--stages", type=int, default=2, help="pipeline stages (the Stream axis)")
-    p.add_argument("--streams", type=int, default=2, help="worker streams, used round-robin")
+    p.add_argument("--stages", type=int, default=None,
+                   help="pipeline stages (the Stream axis); default: the schedule heuristic "
+                        "or an autotuned choice")
+    p.add_argument("--streams", type=int, default=None,
+                   help="worker streams (default 2)")
     p.add_argument("--dtype", default="float32", choices=sorted(TOLERANCE))
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
     p.add_argument("--comm", default="auto",
@@ -41,9 +44,13 @@ def add_arguments(p) -> None:
                    help="collectives: auto = NCCL on CUDA, MPI on the CPU; copy_engine = "
                         "SendRecv by peer copies over CUDA IPC (no SMs), the rest NCCL; "
                         "torch = a torch.distributed process group")
-    p.add_argument("--schedule", default="pipelined", choices=["pipelined", "ring"],
+    p.add_argument("--schedule", default="auto", choices=["auto", "pipelined", "ring"],
                    help="pipelined: one Allgather per stage on round-robin streams; ring: "
-                        "local rows first, the others by SendRecv beside the GEMMs")
+                        "local rows first, the others by SendRecv beside the GEMMs; auto: "
+                        "an autotuned choice if stored, else the heuristic of lowering/schedule.py")
+    p.add_argument("--autotune", action="store_true",
+                   help="with --bench: store each shape's fastest correct schedule, which "
+                        "--schedule auto then uses")
     p.add_argument("--graph", action="store_true",
                    help="capture the program into a CUDA graph once and time its replays")
     p.add_argument("--iters", type=int, default=10, help="timed iterations")
@@ -59,6 +66,28 @@ def add_arguments(p) -> None:
     p.add_argument("--shapes", default=None,
                    help="with --bench: comma-separated MxKxN list instead of the default shapes")
     p.add_argument("--out", default=None, help="with --bench: the results JSON path")
+
+
+def resolve_schedule(args) -> None:
+    """Fill in what the user left to ``auto``: schedule, stages, streams, transport."""
+    from mpi4py import MPI
+
+    from runtime.schedule_tuning import choose
+
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    world = MPI.COMM_WORLD.Get_size()
+    pick = choose(args.m, args.k, args.n, world, "cuda" if device.startswith("cuda") else "cpu",
+                  args.dtype)
+    if args.schedule == "auto":
+        args.schedule = pick.schedule
+        if args.comm == "auto" and device.startswith("cuda"):
+            args.comm = pick.transport
+    if args.stages is None:
+        args.stages = pick.stages if args.m % (pick.stages * world) == 0 else 1
+    if args.streams is None:
+        args.streams = pick.streams
 
 
 def build(args, world_size: int, rank: int = 0):
@@ -119,6 +148,7 @@ def main(args) -> int:
         from hostir.jobs.overlap_bench import bench
 
         return bench(args)
+    resolve_schedule(args)
     session = Session(args.device, args.comm)
     program = build(args, session.world_size, session.rank)
     dump("host_ir", print_program(program), session.rank)
