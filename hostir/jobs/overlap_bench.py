@@ -164,6 +164,7 @@ def bench(args) -> int:
     device = torch.cuda.get_device_name(session.device)
     results = []
     for m, k, n in shapes:
+        t_shape = time.perf_counter()
         g = torch.Generator(device="cuda").manual_seed(1234)
         a = torch.randn(m, k, device="cuda", generator=g, dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", generator=g, dtype=torch.bfloat16)
@@ -237,26 +238,33 @@ def bench(args) -> int:
             "heuristic": h.key(), "heuristic_us": heur[0]["us"] if heur else None,
             "variants": variants,
         }
+        row["bench_seconds"] = time.perf_counter() - t_shape
         results.append(row)
         if r == 0:
             print(json.dumps({k_: v for k_, v in row.items() if k_ != "variants"}), flush=True)
+            _write(args, device, d, first_call, results)  # a cut-off run keeps what it measured
         del a, b, c, gathered, mine
         torch.cuda.empty_cache()
     if r == 0:
         _table(results)
-        path = args.out or os.path.join(
-            "benchmarks", "results", f"pipelined_matmul_{device.replace(' ', '_')}.json")
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(path, "w") as f:
-            json.dump({"device": device, "date": datetime.date.today().isoformat(),
-                       "commit": _commit(), "world_size": d, "first_iteration": first_call,
-                       "method": "median over samples of the slowest rank; each sample times "
-                                 "5 back-to-back iterations between CUDA events after a "
-                                 "synchronize and a barrier; host_us is the host time to "
-                                 "issue one iteration",
-                       "results": results}, f, indent=1)
-        print(f"wrote {path}")
+        print(f"wrote {_write(args, device, d, first_call, results)}")
     return 0
+
+
+def _write(args, device, world, first_call, results) -> str:
+    path = args.out or os.path.join(
+        "benchmarks", "results", f"pipelined_matmul_{device.replace(' ', '_')}.json")
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump({"device": device, "date": datetime.date.today().isoformat(),
+                   "commit": _commit(), "world_size": world, "first_iteration": first_call,
+                   "method": "median over samples of the slowest rank; each sample times "
+                             "back-to-back iterations (5, or 2 when the GEMM takes over 5 ms) "
+                             "between CUDA events after a synchronize and a barrier; host_us "
+                             "is the host time to issue one iteration",
+                   "results": results}, f, indent=1)
+    os.replace(path + ".tmp", path)
+    return path
 
 
 def _table(results) -> None:

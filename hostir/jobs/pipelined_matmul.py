@@ -63,6 +63,12 @@ def add_arguments(p) -> None:
     p.add_argument("--bench", action="store_true",
                    help="time allgather, GEMM, allgather-then-GEMM, torch async-TP and ours "
                         "side by side for the benchmark shapes (GPUs); see hostir/jobs/overlap_bench.py")
+    p.add_argument("--trace", default=None,
+                   help="write a Chrome/Perfetto trace of a few iterations (torch.profiler) "
+                        "to FILE; each rank writes FILE with .rank<N> before the suffix")
+    p.add_argument("--timeline", default=None,
+                   help="draw every rank's streams over time into FILE.png (needs --trace "
+                        "or takes a temporary one; matplotlib)")
     p.add_argument("--shapes", default=None,
                    help="with --bench: comma-separated MxKxN list instead of the default shapes")
     p.add_argument("--out", default=None, help="with --bench: the results JSON path")
@@ -162,6 +168,8 @@ def main(args) -> int:
     else:
         step = lambda: run_program(shard, b)  # noqa: E731
     times = time_iterations(step, session, args.iters, args.warmup)
+    if args.trace or args.timeline:
+        _trace(args, session, step)
     status, ok = "not checked", True
     if args.check:
         # Fresh data, so leftovers of earlier iterations cannot pass for results.
@@ -197,6 +205,25 @@ def main(args) -> int:
     elif not ok:
         print(f"rank {session.rank}: {status}", file=sys.stderr, flush=True)
     return 0 if all_ok else 1
+
+
+def _trace(args, session, step) -> None:
+    import os
+    import tempfile
+
+    from mpi4py import MPI
+
+    from runtime.trace import draw, record
+
+    base = args.trace or os.path.join(tempfile.gettempdir(), "hostir_trace.json")
+    root, ext = os.path.splitext(base)
+    path = f"{root}.rank{session.rank}{ext or '.json'}"
+    record(step, 3, path)
+    paths = MPI.COMM_WORLD.gather(path, root=0)
+    if session.rank == 0 and args.timeline:
+        draw({f"rank {r}": p for r, p in enumerate(paths)}, args.timeline,
+             f"pipelined_matmul {args.m}x{args.k}x{args.n} {args.dtype} schedule={args.schedule} "
+             f"stages={args.stages} comm={session.comm.name}")
 
 
 def _device_name(session) -> str:

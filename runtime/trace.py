@@ -1,0 +1,89 @@
+"""Seeing the overlap: a Chrome/Perfetto trace (torch.profiler) and a timeline picture.
+
+    python -m hostir.run pipelined_matmul --trace run.json --timeline run.png
+
+The picture draws one row per (rank, CUDA stream) and one bar per kernel or copy,
+coloured by what it is (GEMM, NCCL, copy engine, other), so the hidden transfers show.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+
+def record(step, iters: int, path: str) -> None:
+    """Run ``step`` ``iters`` times under torch.profiler and write a Chrome trace."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    if cuda:
+        torch.cuda.synchronize()
+    with profile(activities=activities) as prof:
+        for _ in range(iters):
+            step()
+        if cuda:
+            torch.cuda.synchronize()
+    prof.export_chrome_trace(path)
+
+
+def _kind(name: str, cat: str) -> str:
+    n = name.lower()
+    if "nccl" in n:
+        return "NCCL"
+    if cat == "gpu_memcpy" or "memcpy" in n:
+        return "copy engine"
+    if "gemm" in n or "sm90" in n or "cutlass" in n or "nvjet" in n:
+        return "GEMM"
+    return "other"
+
+
+COLORS = {"GEMM": "#4c72b0", "NCCL": "#dd8452", "copy engine": "#55a868", "other": "#999999"}
+
+
+def device_events(trace_path: str):
+    """(stream, kind, start µs, duration µs, name) of every GPU event in a trace."""
+    with open(trace_path) as f:
+        data = json.load(f)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    out = []
+    for e in events:
+        if e.get("ph") != "X" or e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
+            continue
+        stream = e.get("args", {}).get("stream", e.get("tid"))
+        out.append((stream, _kind(e.get("name", ""), e["cat"]), float(e["ts"]), float(e["dur"]),
+                    e.get("name", "")))
+    return out
+
+
+def draw(traces: dict, png: str, title: str = "") -> None:
+    """``traces``: {label (e.g. "rank 0"): trace path}. Writes one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = []
+    for label, path in traces.items():
+        evs = device_events(path)
+        if not evs:
+            continue
+        t0 = min(e[2] for e in evs)
+        for stream in sorted({e[0] for e in evs}):
+            rows.append((f"{label} stream {stream}", [(k, s - t0, d) for st, k, s, d, _ in evs if st == stream]))
+    fig, ax = plt.subplots(figsize=(12, 0.5 + 0.45 * max(len(rows), 1)))
+    for y, (_, bars) in enumerate(rows):
+        for kind, start, dur in bars:
+            ax.broken_barh([(start / 1e3, dur / 1e3)], (y - 0.4, 0.8), color=COLORS[kind])
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([r[0] for r in rows])
+    ax.set_xlabel("ms")
+    ax.invert_yaxis()
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
+    ax.legend(handles, list(COLORS), loc="upper right", ncol=4, fontsize=8)
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
