@@ -25,6 +25,7 @@ Example::
 
 from __future__ import annotations
 
+import atexit
 import collections
 import ctypes
 import os
@@ -191,6 +192,9 @@ class Watchdog:
                    "Expected every rank to post it: a peer rank failed, died or is stuck")
         self.error = CommTimeoutError(message)
         report(self.error)
+        # Whatever the main thread does next, this rank must not exit 0 nor wait for its
+        # peers in MPI_Finalize: at exit (before mpi4py finalizes), end the job.
+        atexit.register(self.end, 1)
         # The backstop first: an abort that blocks must not keep the job alive.
         backstop = threading.Timer(self.grace_s, self.end, args=(1,))
         backstop.daemon = True

@@ -53,6 +53,9 @@ def main(args) -> int:
         (out,) = run(shard, b)
     if session.device.type == "cuda":
         torch.cuda.synchronize()
+    watchdog = getattr(session.comm, "watchdog", None)
+    if watchdog is not None:
+        watchdog.raise_if_failed()  # results of an aborted communicator are garbage
     ref = (a.double() @ b.cpu().double()).reshape(out.shape)
     err = float(torch.linalg.norm(out.cpu().double() - ref) / torch.linalg.norm(ref))
     print(f"rank {rank}: ok (rel err {err:.1e})", flush=True)

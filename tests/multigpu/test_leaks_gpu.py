@@ -26,8 +26,9 @@ def test_a_thousand_runs_leave_gpu_memory_streams_events_and_handles_flat():
     d = s.world_size
     m, k, n, stages = 64 * 2 * d, 128, 64, 2
     run = s.interpreter(lower(allgather_matmul(m, k, n, stages, d), d, 2, s.rank))
-    a = torch.randn(m, k, device=s.device)
-    b = torch.randn(k, n, device=s.device)
+    g = torch.Generator(device=s.device).manual_seed(0)  # the same A and B on every rank
+    a = torch.randn(m, k, device=s.device, generator=g)
+    b = torch.randn(k, n, device=s.device, generator=g)
     shard = shard_rows(a, stages, d, s.rank).contiguous()
 
     def state():
