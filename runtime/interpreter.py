@@ -136,6 +136,14 @@ class Interpreter:
         if fault is not None:  # tests only: the plain statement loop otherwise
             fault_injection.instrument(self, fault)
 
+    def prepare(self, *args: torch.Tensor) -> None:
+        """Do every lazy set-up now, not inside the first timed call: the ranks agree on
+        the inputs, worker streams and their events are created, NCCL connects its peers,
+        cuBLAS creates its handles and workspaces, transports reserve their buffers. It
+        runs the program once on ``args`` and waits for the device."""
+        self(*args)
+        self.backend.synchronize()
+
     def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
         if self._agreed:
             check_inputs(self.program, args, self.backend.device)

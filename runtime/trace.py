@@ -33,6 +33,8 @@ def _kind(name: str, cat: str) -> str:
     n = name.lower()
     if "nccl" in n:
         return "NCCL"
+    if "barrier" in n or "signal" in n:
+        return "barrier"
     if cat == "gpu_memcpy" or "memcpy" in n:
         return "copy engine"
     if "gemm" in n or "sm90" in n or "cutlass" in n or "nvjet" in n:
@@ -40,7 +42,8 @@ def _kind(name: str, cat: str) -> str:
     return "other"
 
 
-COLORS = {"GEMM": "#4c72b0", "NCCL": "#dd8452", "copy engine": "#55a868", "other": "#999999"}
+COLORS = {"GEMM": "#4c72b0", "NCCL": "#dd8452", "copy engine": "#55a868",
+          "barrier": "#c44e52", "other": "#999999"}
 
 
 def device_events(trace_path: str):
@@ -48,12 +51,14 @@ def device_events(trace_path: str):
     with open(trace_path) as f:
         data = json.load(f)
     events = data["traceEvents"] if isinstance(data, dict) else data
+    # Kineto writes timestamps relative to a base time; with it, ranks share one clock.
+    base = float(data.get("baseTimeNanoseconds", 0)) / 1e3 if isinstance(data, dict) else 0.0
     out = []
     for e in events:
         if e.get("ph") != "X" or e.get("cat") not in ("kernel", "gpu_memcpy", "gpu_memset"):
             continue
         stream = e.get("args", {}).get("stream", e.get("tid"))
-        out.append((stream, _kind(e.get("name", ""), e["cat"]), float(e["ts"]), float(e["dur"]),
+        out.append((stream, _kind(e.get("name", ""), e["cat"]), base + float(e["ts"]), float(e["dur"]),
                     e.get("name", "")))
     return out
 
@@ -66,11 +71,10 @@ def draw(traces: dict, png: str, title: str = "") -> None:
     import matplotlib.pyplot as plt
 
     rows = []
-    for label, path in traces.items():
-        evs = device_events(path)
-        if not evs:
-            continue
-        t0 = min(e[2] for e in evs)
+    per_rank = {label: device_events(path) for label, path in traces.items()}
+    starts = [e[2] for evs in per_rank.values() for e in evs]
+    t0 = min(starts) if starts else 0.0  # one time axis for every rank
+    for label, evs in per_rank.items():
         for stream in sorted({e[0] for e in evs}):
             rows.append((f"{label} stream {stream}", [(k, s - t0, d) for st, k, s, d, _ in evs if st == stream]))
     fig, ax = plt.subplots(figsize=(12, 0.5 + 0.45 * max(len(rows), 1)))
@@ -82,7 +86,8 @@ def draw(traces: dict, png: str, title: str = "") -> None:
     ax.set_xlabel("ms")
     ax.invert_yaxis()
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLORS.values()]
-    ax.legend(handles, list(COLORS), loc="upper right", ncol=4, fontsize=8)
+    ax.legend(handles, list(COLORS), loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.5 / max(len(rows), 1)),
+              ncol=5, fontsize=8, frameon=False)
     ax.set_title(title)
     fig.tight_layout()
     fig.savefig(png, dpi=110)

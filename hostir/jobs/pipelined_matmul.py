@@ -218,6 +218,9 @@ def _trace(args, session, step) -> None:
     base = args.trace or os.path.join(tempfile.gettempdir(), "hostir_trace.json")
     root, ext = os.path.splitext(base)
     path = f"{root}.rank{session.rank}{ext or '.json'}"
+    if session.device.type == "cuda":
+        torch.cuda.synchronize()
+    MPI.COMM_WORLD.Barrier()  # ranks start recording together
     record(step, 3, path)
     paths = MPI.COMM_WORLD.gather(path, root=0)
     if session.rank == 0 and args.timeline:
