@@ -13,17 +13,22 @@ import json
 import torch
 
 
-def record(step, iters: int, path: str) -> None:
-    """Run ``step`` ``iters`` times under torch.profiler and write a Chrome trace."""
-    from torch.profiler import ProfilerActivity, profile
+def record(step, iters: int, path: str, warmup: int = 3) -> None:
+    """Run ``step`` ``warmup + iters`` times under torch.profiler and write a Chrome trace
+    of the last ``iters``: starting the profiler takes each rank a different time, and the
+    first collective after it waits for the slowest; the warm-up steps absorb that skew so
+    the recorded window is the steady state."""
+    from torch.profiler import ProfilerActivity, profile, schedule
 
     cuda = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     if cuda:
         torch.cuda.synchronize()
-    with profile(activities=activities) as prof:
-        for _ in range(iters):
+    with profile(activities=activities,
+                 schedule=schedule(wait=0, warmup=warmup, active=iters, repeat=1)) as prof:
+        for _ in range(warmup + iters):
             step()
+            prof.step()
         if cuda:
             torch.cuda.synchronize()
     prof.export_chrome_trace(path)

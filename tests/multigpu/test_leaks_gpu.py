@@ -34,8 +34,11 @@ def test_a_thousand_runs_leave_gpu_memory_streams_events_and_handles_flat():
     def state():
         torch.cuda.synchronize()
         gc.collect()
+        # in_flight() first: it drops the finished collectives (and their events) that
+        # the watchdog's thread has not looked at yet, so the count is of live ones only.
+        in_flight = s.comm.watchdog.in_flight()
         return {"allocated": torch.cuda.memory_allocated(), "streams": len(s.backend._pool),
-                "events": _live_events(), "in_flight": s.comm.watchdog.in_flight(),
+                "events": _live_events(), "in_flight": in_flight,
                 "fds": len(os.listdir("/proc/self/fd"))}
 
     for _ in range(50):  # `out` stays alive at both snapshots
