@@ -519,6 +519,48 @@ class ForLoop:
             _fail(f"FOR {self.index.name}", f"empty range({self.start}, {self.stop})")
 
 
+_STRING_VALUE = re.compile(r'[^"\\\n]*\Z')
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KernelDef:
+    """A generated kernel a program launches: its ``name`` (what ``LaunchKernel`` names),
+    the ``generator`` that renders its CUDA C++ (``normalization``, ``matmul``) and that
+    generator's parameters, plain values only (int, float, bool, str), so that the text
+    form carries enough to render the very same source again. The runtime compiles it
+    (NVRTC, cached) before the program's first launch."""
+
+    name: str
+    generator: str
+    params: tuple[tuple[str, object], ...] = ()
+
+    def __post_init__(self):
+        _check_name(self.name, "KernelDef")
+        where = f"kernel {self.name}"
+        if not isinstance(self.generator, str) or not _NAME.match(self.generator):
+            _fail(where, f"generator must be an identifier, got {self.generator!r}")
+        params = tuple((k, v) for k, v in self.params)
+        object.__setattr__(self, "params", params)
+        keys = [k for k, _ in params]
+        if len(set(keys)) != len(keys):
+            _fail(where, f"parameters repeat: {keys}")
+        for k, v in params:
+            if not isinstance(k, str) or not _NAME.match(k):
+                _fail(where, f"parameter name {k!r} is not an identifier")
+            if isinstance(v, float):
+                if v != v or v in (float("inf"), float("-inf")):
+                    _fail(where, f"parameter {k} must be finite, got {v}")
+            elif isinstance(v, str):
+                if not _STRING_VALUE.match(v):
+                    _fail(where, f"parameter {k}: strings may not hold quotes, backslashes "
+                                 f"or newlines, got {v!r}")
+            elif not isinstance(v, (int, bool)):
+                _fail(where, f"parameter {k} must be an int, float, bool or str, got {v!r}")
+
+    def param(self, key: str, default=None):
+        return dict(self.params).get(key, default)
+
+
 Statement = Union[
     GetCurrentStream, SetCurrentStream, Synchronize, Allocate, Select, Communication, Wait,
     Matmul, LaunchKernel, ForLoop,
@@ -539,11 +581,18 @@ class Program:
     body: tuple[Statement, ...]
     number_of_streams: int = 1
     provenance: str = ""
+    kernels: tuple[KernelDef, ...] = ()
 
     def __post_init__(self):
         object.__setattr__(self, "inputs", tuple(self.inputs))
         object.__setattr__(self, "outputs", tuple(self.outputs))
         object.__setattr__(self, "body", tuple(self.body))
+        object.__setattr__(self, "kernels", tuple(self.kernels))
+        for k in self.kernels:
+            _need("Program", k, KernelDef, "every kernel")
+        names = [k.name for k in self.kernels]
+        if len(set(names)) != len(names):
+            _fail("Program", f"kernel names repeat: {names}")
         if not isinstance(self.number_of_streams, int) or self.number_of_streams < 1:
             _fail("Program", f"numberOfStreams must be >= 1, got {self.number_of_streams}")
         for s in self.body:

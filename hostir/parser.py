@@ -19,7 +19,8 @@ from hostir import ir
 from hostir.errors import HostIrError, ParseError
 
 _TOKEN = re.compile(
-    r"\s*(?:(?P<int>\d+)|(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<op>//|[()\[\],=:%+\-*{}]))"
+    r"\s*(?:(?P<float>\d+\.\d*(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)|(?P<int>\d+)"
+    r"|(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<str>\"[^\"\\\n]*\")|(?P<op>//|[()\[\],=:%+\-*{}]))"
 )
 _HEADER = "%HostIr {"
 _FOOTER = "} // %HostIr"
@@ -91,6 +92,27 @@ class _Line:
                 self.take(",")
         self.take(close)
         return out
+
+    def value(self):
+        """A kernel parameter: [-]int, [-]float, true/false, a name, or a "string"."""
+        negative = self.peek() == "-"
+        if negative:
+            self.take()
+        kind = self.tokens[self.i][0] if self.i < len(self.tokens) else None
+        if kind == "int":
+            v = int(self.take())
+        elif kind == "float":
+            v = float(self.take())
+        elif negative:
+            raise self.error("expected a number after '-'")
+        elif kind == "str":
+            return self.take()[1:-1]
+        elif kind == "name":
+            text = self.take()
+            return {"true": True, "false": False}.get(text, text)
+        else:
+            raise self.error("expected a value")
+        return -v if negative else v
 
     def end(self) -> None:
         if self.i != len(self.tokens):
@@ -406,6 +428,16 @@ def parse(text: str, verify: bool = True) -> ir.Program:
             if ln.peek() is not None:
                 ln.take(",")
         out_line = ln
+        kernels = []
+        if pos < len(body_lines) and re.match(r"  kernels\s*:", body_lines[pos][1]):
+            ln = header_line("kernels")
+            ln.take(":")
+            ln.end()
+            while pos < len(body_lines) and _indent_of(body_lines[pos][1]) == 4:
+                ln = line_at(pos, 4)
+                pos += 1
+                kernels.append(_kernel_def(ln))
+                ln.end()
 
         def block(indent: int, scope: list[str]) -> list:
             nonlocal pos
@@ -455,7 +487,8 @@ def parse(text: str, verify: bool = True) -> ir.Program:
                 out_line.i = at
                 raise out_line.error(f"output {name!r} is not a tensor of the program")
             outputs.append(v)
-        program = ir.Program(tuple(inputs), tuple(outputs), tuple(body), nstreams)
+        program = ir.Program(tuple(inputs), tuple(outputs), tuple(body), nstreams,
+                             kernels=tuple(kernels))
     except ParseError:
         raise
     except HostIrError as e:  # a construction check refused what the text describes
@@ -468,6 +501,23 @@ def parse(text: str, verify: bool = True) -> ir.Program:
         except HostIrError:
             raise
     return program
+
+
+def _kernel_def(ln: _Line) -> ir.KernelDef:
+    """``name = generator(key=value, ...)``"""
+    name = ln.name()
+    ln.take("=")
+    generator = ln.name()
+    ln.take("(")
+    params = []
+    while ln.peek() != ")":
+        key = ln.name()
+        ln.take("=")
+        params.append((key, ln.value()))
+        if ln.peek() != ")":
+            ln.take(",")
+    ln.take(")")
+    return ir.KernelDef(name, generator, tuple(params))
 
 
 def _current_lineno(body_lines, pos: int) -> int:

@@ -32,6 +32,26 @@ def format_expr(e: ir.IndexExpr) -> str:
     return f"({format_expr(e.lhs)} {e.op} {format_expr(e.rhs)})"
 
 
+def format_value(v) -> str:
+    """A kernel parameter: true/false, an int, a float that reads back exactly, a name,
+    or a double-quoted string."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        text = repr(v)
+        return text if any(c in text for c in ".e") else text + ".0"
+    if v.isidentifier() and v not in ("true", "false"):
+        return v
+    return f'"{v}"'
+
+
+def format_kernel(k: ir.KernelDef) -> str:
+    params = ", ".join(f"{key}={format_value(v)}" for key, v in k.params)
+    return f"{k.name} = {k.generator}({params})"
+
+
 def format_type(t: ir.Tensor) -> str:
     dims = []
     for n, p in zip(t.shape, t.parallel):
@@ -116,6 +136,10 @@ def print_program(p: ir.Program) -> str:
     for t in p.inputs:
         out.append(f"{INDENT * 2}{t.name} : {format_type(t)}")
     out.append(f"{INDENT}outputs: {', '.join(t.name for t in p.outputs)}".rstrip())
+    if p.kernels:  # printed only when the program launches generated kernels
+        out.append(f"{INDENT}kernels:")
+        for k in p.kernels:
+            out.append(f"{INDENT * 2}{format_kernel(k)}")
     _lines(p.body, 1, out)
     out.append("} // %HostIr")
     return "\n".join(out) + "\n"

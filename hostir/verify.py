@@ -54,6 +54,7 @@ class _Verifier:
         self.current: ir.StreamRef | None = None  # None: the stream the program started on
         self.dirty: set = set()  # worker streams with work not yet joined into the user stream
         self.inputs = {t.name for t in program.inputs}
+        self.kernels = {k.name for k in program.kernels}
         self.names: set[str] = set()
 
     def fail(self, stmt, message: str):
@@ -148,6 +149,9 @@ class _Verifier:
             if s.out.name in self.inputs:
                 self.fail(s, f"matmul writes into the program input {s.out.name}")
         elif isinstance(s, ir.LaunchKernel):
+            if s.kernel not in self.kernels:
+                self.fail(s, f"kernel {s.kernel} is not among the program's kernels "
+                             f"{sorted(self.kernels) or '(none)'}")
             for t in s.args:
                 self.use(scope, t, s)
         elif isinstance(s, ir.ForLoop):

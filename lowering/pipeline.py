@@ -18,6 +18,7 @@ from lowering.fusion import Fusion
 from lowering.passes.assign_streams import assign_streams
 from lowering.passes.collective_permute import collective_permute
 from lowering.passes.lower_communication import lower_communication
+from lowering.passes.lower_normalization import is_normalization, lower_normalization
 from lowering.passes.lower_reduce_scatter import lower_reduce_scatter
 from lowering.patterns import is_reduce_scatter
 
@@ -38,6 +39,20 @@ def lower(fusion: Fusion, world_size: int, number_of_streams: int = 2, rank: int
         from hostir.errors import LoweringError
 
         raise LoweringError(f"unknown schedule {schedule!r}: expected one of {SCHEDULES}")
+    if isinstance(fusion, Fusion) and not any(
+            op.kind in ("matmul", "layer_norm", "rms_norm") for op in fusion.ops):
+        from hostir.errors import LoweringError
+
+        raise LoweringError(
+            f"fusion ops {[op.kind for op in fusion.ops]}: no lowering for them; expected a "
+            "sharded matmul (AllGather+GEMM or GEMM+ReduceScatter) or a normalization "
+            "(layer_norm / rms_norm with pointwise add and cast)")
+    if isinstance(fusion, Fusion) and is_normalization(fusion):
+        # One device, one generated kernel on the current stream: no streams to assign.
+        program = lower_normalization(fusion)
+        verify(program)
+        dump("lowering", f"// after pass lower_normalization\n{print_program(program)}", rank)
+        return program
     if isinstance(fusion, Fusion) and is_reduce_scatter(fusion):
         first = ("lower_reduce_scatter", lambda _: lower_reduce_scatter(fusion, world_size))
     else:

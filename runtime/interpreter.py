@@ -109,12 +109,28 @@ class Interpreter:
     """A verified program bound to a device backend and a communicator; call it with the
     program's inputs (local shards), get its outputs."""
 
-    def __init__(self, program: ir.Program, backend, communicator=None, kernels=None):
+    def __init__(self, program: ir.Program, backend, communicator=None, kernels=None,
+                 matmul: str = "cublas"):
+        """``kernels``: launch functions by kernel name, overriding the program's own
+        ``KernelDef``s (compiled on first use, or in ``prepare``). ``matmul``: what runs
+        ``Matmul`` statements: ``cublas``, ``codegen`` (the generated split-K kernel) or
+        ``auto`` (the faster of the two per shape, measured in ``prepare``)."""
+        from runtime.kernels import MatmulChoice
+
         verify(program)
         self.program = program
         self.backend = backend
         self.comm = communicator
-        self.kernels = kernels or {}
+        self.kernels = dict(kernels or {})
+        self.kernel_defs = {k.name: k for k in program.kernels}
+        self.matmul = MatmulChoice(matmul)
+        if matmul == "codegen":  # refuse now, not at the first Matmul after a collective
+            for s in ir.walk(program.body):
+                if isinstance(s, ir.Matmul) and (backend.name != "cuda"
+                                                 or s.a.dtype not in ("float16", "bfloat16")):
+                    raise ExecutionError(
+                        f"`{format_statement(s)}`: --matmul codegen runs fp16/bf16 matmuls on "
+                        f"CUDA, got {s.a.dtype} on the {backend.name} backend")
         self.params = {
             "numberOfStreams": program.number_of_streams,
             "rank": communicator.rank if communicator is not None else 0,
@@ -140,9 +156,30 @@ class Interpreter:
         """Do every lazy set-up now, not inside the first timed call: the ranks agree on
         the inputs, worker streams and their events are created, NCCL connects its peers,
         cuBLAS creates its handles and workspaces, transports reserve their buffers. It
-        runs the program once on ``args`` and waits for the device."""
+        runs the program once on ``args`` and waits for the device. Generated kernels
+        are compiled (or found in the kernel cache) and loaded; with ``matmul="auto"``
+        cuBLAS and the generated matmul are timed on each Matmul shape."""
+        for name in self.kernel_defs:
+            self.kernel(name)
+        if self.backend.name == "cuda" and args:
+            from runtime.kernels import matmul_shapes
+
+            self.matmul.measure(matmul_shapes(self.program), args[0].dtype, self.backend.device)
         self(*args)
         self.backend.synchronize()
+
+    def kernel(self, name: str):
+        """The launch function of kernel ``name`` (compiled and loaded on first use)."""
+        launch = self.kernels.get(name)
+        if launch is None:
+            defn = self.kernel_defs.get(name)
+            if defn is None:
+                raise ExecutionError(f"kernel {name!r} is not registered with this "
+                                     f"interpreter nor defined by the program")
+            from runtime.kernels import launcher
+
+            launch = self.kernels[name] = launcher(defn, self.backend.device)
+        return launch
 
     def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
         if self._agreed:
@@ -241,20 +278,15 @@ def _wait(it: Interpreter, s: ir.Wait, f: _Frame) -> None:
 def _matmul(it: Interpreter, s: ir.Matmul, f: _Frame) -> None:
     a, b, out = f.env[s.a.name], f.env[s.b.name], f.env[s.out.name]
     if a.is_contiguous() and out.is_contiguous():
-        # One GEMM over all batch rows instead of a batched call.
-        torch.mm(a.reshape(-1, a.shape[-1]), b, out=out.view(-1, out.shape[-1]))
+        # One GEMM over all batch rows instead of a batched call; cuBLAS or generated.
+        it.matmul.run(a.reshape(-1, a.shape[-1]), b, out.view(-1, out.shape[-1]))
     else:
         torch.matmul(a, b, out=out)
 
 
 def _launch_kernel(it: Interpreter, s: ir.LaunchKernel, f: _Frame) -> None:
-    launch = it.kernels.get(s.kernel)
-    if launch is None:
-        raise ExecutionError(
-            f"kernel {s.kernel!r} is not registered with this interpreter; expected one of "
-            f"{sorted(it.kernels) or 'none'}"
-        )
-    launch([f.env[t.name] for t in s.args], s.grid, s.block, s.smem, s.scalars, f.current)
+    it.kernel(s.kernel)([f.env[t.name] for t in s.args], s.grid, s.block, s.smem, s.scalars,
+                        f.current)
 
 
 def _for_loop(it: Interpreter, s: ir.ForLoop, f: _Frame) -> None:

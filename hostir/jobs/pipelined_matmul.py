@@ -51,6 +51,9 @@ def add_arguments(p) -> None:
     p.add_argument("--autotune", action="store_true",
                    help="with --bench: store each shape's fastest correct schedule, which "
                         "--schedule auto then uses")
+    p.add_argument("--matmul", default="cublas", choices=["cublas", "codegen", "auto"],
+                   help="what runs the GEMMs: cuBLAS (torch), the generated split-K kernel, "
+                        "or per shape the faster of the two, timed before the first iteration")
     p.add_argument("--graph", action="store_true",
                    help="capture the program into a CUDA graph once and time its replays")
     p.add_argument("--iters", type=int, default=10, help="timed iterations")
@@ -158,8 +161,11 @@ def main(args) -> int:
     session = Session(args.device, args.comm)
     program = build(args, session.world_size, session.rank)
     dump("host_ir", print_program(program), session.rank)
-    run_program = session.interpreter(program)
+    from runtime.interpreter import Interpreter
+
+    run_program = Interpreter(program, session.backend, session.comm, matmul=args.matmul)
     _, b, shard = random_inputs(args, session, args.seed)
+    run_program.prepare(shard, b)  # lazy set-up (and --matmul auto's timing) outside the timing
     if args.graph:
         from runtime.graph import capture
 
@@ -196,7 +202,8 @@ def main(args) -> int:
         median = statistics.median(times)
         print(
             f"pipelined_matmul M={args.m} K={args.k} N={args.n} dtype={args.dtype} "
-            f"stages={args.stages} streams={args.streams} schedule={args.schedule}"
+            f"stages={args.stages} streams={args.streams} schedule={args.schedule} "
+            f"matmul={args.matmul}"
             f"{' graph' if args.graph else ''} world={session.world_size} "
             f"device={session.device.type} comm={session.comm.name}: {median:.3f} ms/iter "
             f"(median of {len(times)}), {status}",

@@ -722,3 +722,64 @@ def render_normalization(spec: NormalizationSpec) -> str:
 def nvrtc_options(arch: str = "sm_90") -> tuple[str, ...]:
     """Compile options the kernel is written for (fast math stays off: rsqrtf is enough)."""
     return (f"-arch={arch}", "-std=c++17", "--ptxas-options=-v")
+
+
+# --------------------------------------------------------------------------- text form
+
+def _ops_to_text(ops) -> str:
+    """``add:float16:b0|cast:float16`` — the ops of a prologue or epilogue as one string."""
+    parts = []
+    for op in ops:
+        parts.append(f"add:{op.dtype}:{op.name}" if isinstance(op, AddBroadcast)
+                     else f"cast:{op.dtype}")
+    return "|".join(parts)
+
+
+def _ops_from_text(text: str, where: str) -> tuple:
+    ops = []
+    for part in filter(None, text.split("|")):
+        fields = part.split(":")
+        if fields[0] == "add" and len(fields) == 3:
+            ops.append(AddBroadcast(fields[1], fields[2]))
+        elif fields[0] == "cast" and len(fields) == 2:
+            ops.append(Cast(fields[1]))
+        else:
+            raise LoweringError(f"{where}: cannot read op {part!r}: expected add:<dtype>:<name> "
+                                "or cast:<dtype>")
+    return tuple(ops)
+
+
+def spec_params(spec: NormalizationSpec) -> tuple[tuple[str, object], ...]:
+    """The spec as plain (key, value) pairs: the parameters of a host program's
+    ``KernelDef`` (``generator=normalization``). ``spec_from_params`` reverses it."""
+    n = spec.norm
+    params = [("rows", spec.rows), ("hidden", spec.hidden),
+              ("norm", "layer_norm" if isinstance(n, LayerNorm) else "rms_norm"),
+              ("eps", float(n.eps)), ("weight", n.weight), ("weight_dtype", n.weight_dtype)]
+    if isinstance(n, LayerNorm):
+        params += [("bias", n.bias), ("bias_dtype", n.bias_dtype)]
+    params += [("input_dtype", spec.input_dtype), ("output_dtype", spec.output_dtype),
+               ("prologue", _ops_to_text(spec.prologue)),
+               ("epilogue", _ops_to_text(spec.epilogue)), ("alignment", spec.alignment)]
+    for key in ("threads_per_row", "batch", "rows_per_block"):
+        if getattr(spec, key) is not None:
+            params.append((key, getattr(spec, key)))
+    return tuple(params)
+
+
+def spec_from_params(params) -> NormalizationSpec:
+    p = dict(params)
+    try:
+        if p["norm"] == "layer_norm":
+            norm = LayerNorm(p["eps"], p["weight"], p["bias"], p["weight_dtype"], p["bias_dtype"])
+        elif p["norm"] == "rms_norm":
+            norm = RmsNorm(p["eps"], p["weight"], p["weight_dtype"])
+        else:
+            raise LoweringError(f"normalization kernel: norm {p['norm']!r} is not layer_norm "
+                                "or rms_norm")
+        return NormalizationSpec(
+            p["rows"], p["hidden"], norm, p["input_dtype"], p["output_dtype"],
+            _ops_from_text(p["prologue"], "prologue"), _ops_from_text(p["epilogue"], "epilogue"),
+            p["alignment"], p.get("threads_per_row"), p.get("batch"), p.get("rows_per_block"))
+    except KeyError as e:
+        raise LoweringError(f"normalization kernel: parameter {e.args[0]!r} is missing") from None

@@ -68,10 +68,16 @@ def programs(draw) -> ir.Program:
                                          reduce_op=draw(st.sampled_from(ir.REDUCE_OPS))))
     loop.append(ir.Wait(h))
     loop += [ir.Select(c_i, c, 0, idx.name), ir.Matmul(c_i, g_i, b)]
+    kernels = ()
     if draw(st.booleans()):
+        kernels = (ir.KernelDef("epilogue", "pointwise", (
+            ("scale", draw(st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False))),
+            ("bias", draw(st.booleans())), ("dtype", dtype), ("tile", draw(st.integers(-9, 9))),
+            ("expr", draw(st.text(alphabet="ab +*:|.", max_size=8))))),)
         loop.append(ir.LaunchKernel("epilogue", (c_i,), (draw(st.integers(1, 9)), 1, 1),
                                     (128, 1, 1), draw(st.integers(0, 4096)),
                                     tuple(draw(st.lists(st.integers(-5, 5), max_size=2)))))
     loop += [ir.SetCurrentStream(user), ir.Synchronize(worker)]
     body.append(ir.ForLoop(idx, 0, stages, tuple(loop)))
-    return ir.Program((a, b), tuple(outputs), tuple(body), draw(st.integers(1, 4)))
+    return ir.Program((a, b), tuple(outputs), tuple(body), draw(st.integers(1, 4)),
+                      kernels=kernels)

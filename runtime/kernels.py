@@ -1,0 +1,141 @@
+"""Generated kernels behind ``LaunchKernel``, and the implementation behind ``Matmul``.
+
+A program's ``KernelDef`` names a generator and its parameters; ``launcher`` renders the
+source again, compiles it through the kernel cache (``runtime.jit``: NVRTC, memory and
+disk) and returns a function that launches it with the statement's tensors, grid, block,
+shared memory and int scalars on a given stream.
+
+``MatmulChoice`` decides, per (M, N, K, dtype), whether a ``Matmul`` statement runs on
+cuBLAS (torch) or on the generated split-K kernel (``runtime.matmul``): ``cublas`` and
+``codegen`` force one; ``auto`` uses what ``measure`` found faster for that shape, timed
+in ``Interpreter.prepare`` (never inside a program, where timing would block the host),
+and cuBLAS for shapes not measured.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+import torch
+
+from hostir import ir
+from hostir.errors import ExecutionError, InputMismatchError
+from hostir.options import dump
+
+
+def _normalization(defn: ir.KernelDef, device: torch.device):
+    from lowering.kernels.normalization import spec_from_params
+    from runtime.normalization import _kernel
+
+    spec = spec_from_params(defn.params)
+    kernel = _kernel(spec, device.index or 0)
+
+    def launch(tensors, grid, block, smem, scalars, stream):
+        for name, t in zip(spec.parameter_names(), tensors):
+            if t.data_ptr() % spec.alignment:
+                raise InputMismatchError(
+                    f"kernel {defn.name}: tensor {name} is aligned to less than the "
+                    f"{spec.alignment} bytes the kernel was generated for")
+        args = tuple(np.uint64(t.data_ptr()) for t in tensors)
+        args += tuple(np.int32(v) for v in scalars)
+        kernel.launch(grid, block, args, smem, stream)
+
+    return launch
+
+
+GENERATORS = {"normalization": _normalization}
+
+
+def launcher(defn: ir.KernelDef, device: torch.device):
+    """Compile (or find in the cache) and load ``defn``; returns its launch function."""
+    if device.type != "cuda":
+        raise ExecutionError(f"kernel {defn.name}: generated kernels run on CUDA devices only")
+    make = GENERATORS.get(defn.generator)
+    if make is None:
+        raise ExecutionError(f"kernel {defn.name}: unknown generator {defn.generator!r}; "
+                             f"expected one of {sorted(GENERATORS)}")
+    return make(defn, device)
+
+
+class MatmulChoice:
+    """cuBLAS or the generated kernel, per shape (see the module docstring)."""
+
+    MODES = ("cublas", "codegen", "auto")
+
+    def __init__(self, mode: str = "cublas"):
+        if mode not in self.MODES:
+            raise ExecutionError(f"matmul implementation {mode!r}: expected one of {self.MODES}")
+        self.mode = mode
+        self.measured: dict[tuple, str] = {}
+
+    def use_codegen(self, a: torch.Tensor, b: torch.Tensor) -> bool:
+        if self.mode == "cublas" or not a.is_cuda or a.dtype not in (torch.float16, torch.bfloat16):
+            if self.mode == "codegen" and not (a.is_cuda and a.dtype in (torch.float16, torch.bfloat16)):
+                raise ExecutionError(f"--matmul codegen: the generated matmul takes fp16/bf16 "
+                                     f"CUDA tensors, got {a.dtype} on {a.device}")
+            return False
+        if self.mode == "codegen":
+            return True
+        return self.measured.get(_key(a, b)) == "codegen"
+
+    def run(self, a2: torch.Tensor, b: torch.Tensor, out2: torch.Tensor) -> None:
+        if self.use_codegen(a2, b):
+            from runtime.matmul import matmul
+
+            matmul(a2, b, layout="NN", out=out2)
+        else:
+            torch.mm(a2, b, out=out2)
+
+    def measure(self, shapes, dtype: torch.dtype, device: torch.device, reps: int = 5) -> None:
+        """Time cuBLAS and the generated kernel on fresh random operands of each shape
+        (M, N, K) and remember the faster (``auto``). Synchronizes: call it from prepare."""
+        if self.mode != "auto" or device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+            return
+        from runtime.matmul import matmul
+
+        for m, n, k in sorted(set(shapes)):
+            a = torch.randn(m, k, device=device, dtype=dtype)
+            b = torch.randn(k, n, device=device, dtype=dtype)
+            out = torch.empty(m, n, device=device, dtype=dtype)
+            times = {}
+            for name, fn in (("cublas", lambda: torch.mm(a, b, out=out)),
+                             ("codegen", lambda: matmul(a, b, layout="NN", out=out))):
+                try:
+                    times[name] = _time(fn, reps)
+                except Exception as e:  # noqa: BLE001 - a shape the generator refuses
+                    dump("autotune", f"matmul {m}x{n}x{k}: {name} unavailable ({e})")
+            best = min(times, key=times.get) if times else "cublas"
+            self.measured[(m, n, k, dtype)] = best
+            dump("autotune", f"matmul {m}x{n}x{k} {dtype}: "
+                             + ", ".join(f"{k_} {v:.1f} us" for k_, v in times.items())
+                             + f" -> {best}")
+
+
+def _key(a: torch.Tensor, b: torch.Tensor) -> tuple:
+    return (a.shape[0], b.shape[1], a.shape[1], a.dtype)
+
+
+def _time(fn, reps: int) -> float:
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(times)
+
+
+def matmul_shapes(program: ir.Program):
+    """(M, N, K) of every Matmul statement, with batch axes folded into M."""
+    for s in ir.walk(program.body):
+        if isinstance(s, ir.Matmul):
+            a = s.a.local_shape
+            m = 1
+            for n in a[:-1]:
+                m *= n
+            yield (m, s.b.local_shape[1], a[-1])
