@@ -179,7 +179,7 @@ class _Plan:
 
     # column: x [m, k] sequence-sharded -> y [T, n]
     def column_forward(self, x, w):
-        S, D, m = self.S, self.D, self.m // self.S
+        S, m = self.S, self.m // self.S
         y, g = self.fwd(x.view(S, 1, m, self.k), w)
         return y.view(-1, self.n), g.view(-1, self.k)
 

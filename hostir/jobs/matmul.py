@@ -21,7 +21,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 SHAPES = ((1024, 2048, 50304), (8192, 8192, 8192), (4096, 4096, 8192),

@@ -9,7 +9,6 @@ the operation on the host.
 
 from __future__ import annotations
 
-import torch
 import torch.distributed as dist
 
 from hostir.errors import CommunicationError

@@ -1,7 +1,6 @@
 """NVRTC compile and the kernel cache, without a GPU."""
 
 import multiprocessing as mp
-import os
 
 import pytest
 

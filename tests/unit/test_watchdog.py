@@ -1,6 +1,5 @@
 """The watchdog and the input agreement, without MPI or a GPU: fake communicators."""
 
-import threading
 import time
 
 import pytest
@@ -81,7 +80,7 @@ def test_agreement_names_the_rank_with_other_shapes():
 def test_agreement_carries_a_peer_refusal_to_every_rank():
     p = _program()
     shard, b = torch.randn(2, 1, 4, 4), torch.randn(4, 4)
-    peer = (f"input T1: expected dtype float32, got torch.float64", "float32[2, 1, 4, 4], float64[4, 4]")
+    peer = ("input T1: expected dtype float32, got torch.float64", "float32[2, 1, 4, 4], float64[4, 4]")
     with pytest.raises(InputMismatchError, match="rank 0: rank 1 refused its inputs: input T1: "
                                                  "expected dtype float32, got torch.float64"):
         agree_on_inputs(p, (shard, b), torch.device("cpu"), _FakeComm(0, [peer]))
