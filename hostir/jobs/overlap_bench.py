@@ -74,26 +74,39 @@ def _max():
 
 
 def _async_tp(session, shard_rows_contig, b):
-    """torch's fused AllGather+GEMM over symmetric memory, or None with the reason."""
+    """torch's fused AllGather+GEMM over symmetric memory, or None with the reason.
+
+    The set-up may fail (an older torch); then every rank skips it, by agreement: one
+    rank running a collective the others skip would hang them. A failure while it runs
+    is not caught: the job's excepthook aborts every rank instead."""
+    from mpi4py import MPI
+
+    run, reason = None, None
     try:
+        import warnings
+
         import torch.distributed as dist
-        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+        import torch.distributed._symmetric_memory as symm_mem
 
         from runtime.session import init_torch_distributed_from_mpi
 
         init_torch_distributed_from_mpi("nccl")
         name = dist.group.WORLD.group_name
-        enable_symm_mem_for_group(name)
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):
+            with warnings.catch_warnings():  # deprecated (and needless) in newer torch
+                warnings.simplefilter("ignore")
+                symm_mem.enable_symm_mem_for_group(name)
         op = torch.ops.symm_mem.fused_all_gather_matmul
 
         def run():
             op(shard_rows_contig, [b], gather_dim=0, group_name=name)
-
-        run()
-        torch.cuda.synchronize()
-        return run, None
     except Exception as e:  # noqa: BLE001 - reported in the results, not fatal
-        return None, f"{type(e).__name__}: {e}"
+        run, reason = None, f"{type(e).__name__}: {e}"
+    if not MPI.COMM_WORLD.allreduce(int(run is not None), op=MPI.MIN):
+        return None, reason or "skipped: async-TP could not be set up on another rank"
+    run()
+    torch.cuda.synchronize()
+    return run, None
 
 
 def _variants():

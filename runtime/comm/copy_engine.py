@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from hostir.errors import CommunicationError
+from hostir.options import options
 
 
 class CopyEngineCommunicator:
@@ -62,13 +63,16 @@ class CopyEngineCommunicator:
         self.reserve(inp.numel() * inp.element_size())
         s = stream if stream is not None else torch.cuda.current_stream()
         h = self._handle
+        # A device barrier that waits past HOSTIR_COMM_TIMEOUT traps (a device error the
+        # process cannot survive) instead of spinning forever on a peer that is gone.
+        timeout_ms = int(options().comm_timeout_s * 1000)
         with torch.cuda.stream(s):
-            h.barrier(channel=0)
+            h.barrier(channel=0, timeout_ms=timeout_ms)
             if send_peer == self.rank:
                 out.copy_(inp)
             else:
                 h.get_buffer(send_peer, tuple(inp.shape), inp.dtype, 0).copy_(inp)
-            h.barrier(channel=0)
+            h.barrier(channel=0, timeout_ms=timeout_ms)
             if send_peer != self.rank:
                 out.copy_(h.get_buffer(self.rank, tuple(out.shape), out.dtype, 0))
         return self.base._posted("copy-engine SendRecv", s, inp)
