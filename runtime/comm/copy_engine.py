@@ -38,6 +38,7 @@ class CopyEngineCommunicator:
         self.group_name = dist.group.WORLD.group_name
         self._buffer = None
         self._handle = None
+        self._retired: list = []
 
     def __getattr__(self, name):  # allgather, reduce_scatter, ... go to the wrapped NCCL
         return getattr(self.base, name)
@@ -49,7 +50,13 @@ class CopyEngineCommunicator:
 
         if self._buffer is not None and self._buffer.numel() >= nbytes:
             return
-        size = max(nbytes, 1 << 20)
+        # At least double, so growth happens a few times at most; and keep the buffers
+        # it replaces: SendRecvs already issued (their copy-out, a peer's write) may still
+        # be queued on the device and must not find their memory freed or reused.
+        old = 0 if self._buffer is None else self._buffer.numel()
+        size = max(nbytes, 2 * old, 1 << 20)
+        if self._buffer is not None:
+            self._retired.append((self._buffer, self._handle))
         self._buffer = symm_mem.empty(size, dtype=torch.uint8, device=torch.cuda.current_device())
         self._handle = symm_mem.rendezvous(self._buffer, self.group_name)
 
