@@ -11,6 +11,10 @@ class HostIrError(Exception):
     """Base of every error hostir raises on purpose."""
 
 
+class OptionsError(HostIrError, ValueError):
+    """A HOSTIR_* environment variable (or a flag) with a value hostir does not accept."""
+
+
 class LoweringError(HostIrError, ValueError):
     """A definition that the lowering cannot turn into a host program."""
 

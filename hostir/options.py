@@ -19,6 +19,8 @@ import os
 import sys
 from pathlib import Path
 
+from hostir.errors import OptionsError
+
 DUMP_OPTIONS = frozenset(
     {"host_ir", "lowering", "cuda_kernel", "launch_params", "ptxas", "autotune"}
 )
@@ -32,7 +34,7 @@ def _parse_list(var: str, allowed: frozenset[str], environ) -> frozenset[str]:
     names = frozenset(x.strip() for x in raw.split(",") if x.strip())
     unknown = names - allowed
     if unknown:
-        raise ValueError(
+        raise OptionsError(
             f"{var}: unknown option(s) {sorted(unknown)}; expected some of {sorted(allowed)}"
         )
     return names
@@ -67,8 +69,19 @@ class Options:
             enabled=_parse_list("HOSTIR_ENABLE", ENABLE_OPTIONS, environ),
             disabled=_parse_list("HOSTIR_DISABLE", DISABLE_OPTIONS, environ),
             cache_dir=Path(cache).expanduser() if cache else DEFAULT_CACHE_DIR,
-            comm_timeout_s=float(environ.get("HOSTIR_COMM_TIMEOUT", "300")),
+            comm_timeout_s=_seconds(environ.get("HOSTIR_COMM_TIMEOUT", "300")),
         )
+
+
+def _seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0:
+        raise OptionsError(f"HOSTIR_COMM_TIMEOUT: expected seconds >= 0 (0 waits forever), "
+                           f"got {raw!r}")
+    return value
 
 
 _OPTIONS: Options | None = None

@@ -66,6 +66,8 @@ def format_stream(s: ir.StreamRef) -> str:
     if isinstance(s, ir.StreamValue):
         return f"Stream {s.name}"
     idx = s.index
+    if isinstance(idx, ir.Var):  # `Stream k` would read back as a named stream value
+        return f"Stream ({idx.name})"
     return f"Stream {format_expr(idx)}"
 
 

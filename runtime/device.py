@@ -43,6 +43,9 @@ class CpuBackend:
     def wait_stream(self, waiter, waited) -> None:
         pass
 
+    def join_all(self, user, others=()) -> None:
+        pass
+
     def allocate(self, shape, dtype: str) -> torch.Tensor:
         return torch.empty(tuple(shape), dtype=DTYPES[dtype])
 
@@ -56,8 +59,7 @@ class CudaBackend:
     name = "cuda"
 
     def __init__(self, device: torch.device | int | str | None = None):
-        if not torch.cuda.is_available():
-            raise ExecutionError("CudaBackend: CUDA is not available on this machine")
+        require_cuda("CudaBackend")
         self.device = torch.device("cuda", torch.cuda.current_device() if device is None
                                    else torch.device(device).index or 0)
         self._pool: list[torch.cuda.Stream] = []
@@ -91,8 +93,21 @@ class CudaBackend:
     def allocate(self, shape, dtype: str) -> torch.Tensor:
         return torch.empty(tuple(shape), dtype=DTYPES[dtype], device=self.device)
 
+    def join_all(self, user: torch.cuda.Stream, others=()) -> None:
+        """Order ``user`` after every worker (and ``others``): after a failed program, so
+        that memory freed on the user's stream is not reused while a worker still uses it."""
+        for s in [*self._pool, *others]:
+            self.wait_stream(user, s)
+
     def synchronize(self) -> None:
         torch.cuda.synchronize(self.device)
+
+
+def require_cuda(what: str) -> None:
+    """Refuse, with one clear line, to run CUDA work where no GPU is visible."""
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        raise ExecutionError(f"{what}: no CUDA device is visible (torch {torch.__version__}, "
+                             f"CUDA build: {torch.version.cuda or 'no'}); use --device cpu")
 
 
 def make_backend(device: str = "auto"):

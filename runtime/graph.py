@@ -19,13 +19,20 @@ from hostir.errors import ExecutionError
 
 
 class GraphedProgram:
-    def __init__(self, graph: torch.cuda.CUDAGraph, inputs, outputs):
+    def __init__(self, graph: torch.cuda.CUDAGraph, inputs, outputs, watchdog=None):
         self.graph = graph
         self.inputs = inputs
         self.outputs = outputs
+        self.watchdog = watchdog
 
     def __call__(self):
         self.graph.replay()
+        if self.watchdog is not None:
+            # The collectives inside a graph were not registered when captured: watch the
+            # replay as a whole, so a peer that fails during it cannot hang this rank.
+            done = torch.cuda.Event()
+            done.record()
+            self.watchdog.watch("a CUDA-graph replay of a host program", done.query)
         return self.outputs
 
 
@@ -45,4 +52,5 @@ def capture(interpreter, *args, warmup: int = 1) -> GraphedProgram:
     # thread_local: a watchdog thread may query events while this thread captures.
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         outputs = interpreter(*args)
-    return GraphedProgram(graph, list(args), outputs)
+    return GraphedProgram(graph, list(args), outputs,
+                          getattr(interpreter.comm, "watchdog", None))

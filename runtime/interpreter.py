@@ -37,6 +37,16 @@ class _Frame:
         self.user = current
 
 
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8}
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 def check_inputs(program: ir.Program, args, device: torch.device) -> None:
     """Refuse inputs that do not match the program's signature, before any collective."""
     if len(args) != len(program.inputs):
@@ -161,6 +171,14 @@ class Interpreter:
         cuBLAS and the generated matmul are timed on each Matmul shape."""
         for name in self.kernel_defs:
             self.kernel(name)
+        reserve = getattr(self.comm, "reserve", None)
+        if reserve is not None:  # a transport's buffers: set up (a host collective) now
+            nbytes = [_numel(s.input.local_shape) * _ITEMSIZE[s.input.dtype]
+                      for s in ir.walk(self.program.body)
+                      if isinstance(s, ir.Communication)
+                      and s.type is ir.CommunicationType.SendRecv]
+            if nbytes:
+                reserve(max(nbytes))
         if self.backend.name == "cuda" and args:
             from runtime.kernels import matmul_shapes
 
@@ -192,6 +210,13 @@ class Interpreter:
         frame = _Frame(env, self.backend.current_stream())
         try:
             self._body(self.program.body, frame)
+        except BaseException:
+            # A program that failed half-way never reached its joins: order the user's
+            # stream after every worker (and the communicator's stream) before the
+            # environment's tensors go back to the allocator on the user's stream.
+            comm_stream = getattr(self.comm, "stream", None)
+            self.backend.join_all(frame.user, [comm_stream] if comm_stream is not None else [])
+            raise
         finally:
             # Also after an error: the caller gets its own stream back.
             self.backend.set_current_stream(frame.user)

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import collections
 import datetime
 import os
 import socket
@@ -16,7 +17,7 @@ import torch
 from hostir import ir
 from hostir.options import options
 from runtime.comm.base import make_communicator
-from runtime.device import make_backend
+from runtime.device import make_backend, require_cuda
 from runtime.interpreter import Interpreter
 
 
@@ -61,6 +62,8 @@ class Session:
         install_excepthook()  # an uncaught error on one rank ends every rank
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device.startswith("cuda"):
+            require_cuda(f"--device {device}")
         if device == "cuda":
             ngpu = torch.cuda.device_count()
             device = f"cuda:{local_rank() % ngpu}"
@@ -73,14 +76,22 @@ class Session:
         self.rank = self.comm.rank
         self.world_size = self.comm.world_size
         self.device = self.backend.device
-        self._interpreters: dict[int, Interpreter] = {}
+        self._interpreters: collections.OrderedDict = collections.OrderedDict()
 
-    def interpreter(self, program: ir.Program, kernels=None) -> Interpreter:
-        key = id(program)
+    # Interpreters kept for reuse: each holds its program's kernels and choices; older
+    # ones are dropped so a process that lowers many programs does not keep them all.
+    CACHED_INTERPRETERS = 16
+
+    def interpreter(self, program: ir.Program, kernels=None, matmul: str = "cublas") -> Interpreter:
+        """The interpreter of ``program`` on this rank (built once, then reused)."""
+        key = (id(program), matmul)
         it = self._interpreters.get(key)
-        if it is None or it.program is not program:
-            it = Interpreter(program, self.backend, self.comm, kernels)
+        if it is None or it.program is not program or kernels:
+            it = Interpreter(program, self.backend, self.comm, kernels, matmul=matmul)
             self._interpreters[key] = it
+        self._interpreters.move_to_end(key)
+        while len(self._interpreters) > self.CACHED_INTERPRETERS:
+            self._interpreters.popitem(last=False)
         return it
 
     def barrier(self) -> None:

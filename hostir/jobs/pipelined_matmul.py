@@ -86,6 +86,10 @@ def resolve_schedule(args) -> None:
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        from runtime.device import require_cuda
+
+        require_cuda(f"--device {device}")
     world = MPI.COMM_WORLD.Get_size()
     pick = choose(args.m, args.k, args.n, world, "cuda" if device.startswith("cuda") else "cpu",
                   args.dtype)

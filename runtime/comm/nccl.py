@@ -56,6 +56,9 @@ class NcclCommunicator:
 
         cupy.cuda.Device(device).use()
         self.comm = nccl.NcclCommunicator(world_size, unique_id, rank)
+        # The communicator's own stream: see _stream.
+        self.stream = torch.cuda.Stream(torch.device("cuda", device))
+        self._ready = torch.cuda.Event()
         from runtime.watchdog import Watchdog
 
         self.watchdog = Watchdog(rank, "NCCL", on_timeout=[self.abort])
@@ -93,9 +96,17 @@ class NcclCommunicator:
         except KeyError:
             raise CommunicationError(f"NCCL has no type for {t.dtype}") from None
 
-    @staticmethod
-    def _stream(stream) -> torch.cuda.Stream:
-        return stream if stream is not None else torch.cuda.current_stream()
+    def _stream(self, stream) -> torch.cuda.Stream:
+        """The communicator's own stream, ordered after ``stream`` (where the data was
+        produced) by an event. Posting every collective of this communicator on one
+        stream keeps them in the order they were posted, whichever worker stream posted
+        them: NCCL matches collectives by order on every rank, and two collectives of one
+        communicator must not run concurrently. ``Wait`` orders the consumer after it."""
+        caller = stream if stream is not None else torch.cuda.current_stream()
+        if caller != self.stream:
+            self._ready.record(caller)
+            self.stream.wait_event(self._ready)
+        return self.stream
 
     def _check(self, *ts: torch.Tensor) -> None:
         self.watchdog.raise_if_failed()

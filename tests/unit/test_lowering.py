@@ -12,12 +12,17 @@ def test_structure_of_the_pipelined_program():
     p = lower(allgather_matmul(256, 32, 16, stages=4, world_size=2, dtype="bfloat16"), 2, 3)
     assert p.number_of_streams == 3
     assert isinstance(p.body[0], ir.GetCurrentStream)
-    loop = p.body[-1]
+    waits, loop = p.body[-2], p.body[-1]
+    # each of the 3 workers waits on the user's stream once, before the stages
+    assert isinstance(waits, ir.ForLoop) and (waits.start, waits.stop) == (0, 3)
+    assert [type(s).__name__ for s in waits.body] == ["SetCurrentStream", "Synchronize"]
     assert isinstance(loop, ir.ForLoop) and (loop.start, loop.stop) == (0, 4)
     kinds = [type(s).__name__ for s in loop.body]
-    assert kinds == ["SetCurrentStream", "Synchronize", "Select", "Select", "Communication",
+    assert kinds == ["SetCurrentStream", "Select", "Select", "Communication",
                      "Wait", "Select", "Matmul", "SetCurrentStream", "Synchronize"]
-    comm = loop.body[4]
+    assert not any(isinstance(s, ir.Synchronize) and isinstance(s.stream, ir.StreamValue)
+                   for s in loop.body), "a stage must not wait on the user's stream"
+    comm = loop.body[3]
     assert comm.type is ir.CommunicationType.Allgather and comm.team == (0, 1)
     assert comm.input.local_shape == (1, 32, 32) and comm.output.local_shape == (2, 32, 32)
     assert p.outputs[0].shape == (4, 2, 32, 16)

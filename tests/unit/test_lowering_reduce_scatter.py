@@ -22,9 +22,11 @@ GOLDEN = """\
   T3 = select(T1, axis=0, index=0)
   T4 = ALLOCATE(bfloat16[2, 32, 8])
   T2 = ALLOCATE(bfloat16[2, 16, 8])
+  FOR k in range(0, 2):
+    SetCurrentStream to Stream (k)
+    Synchronize Stream s0
   FOR i in range(0, 2):
     SetCurrentStream to Stream (i % numberOfStreams)
-    Synchronize Stream s0
     T5 = select(T0, axis=0, index=i)
     T6 = select(T5, axis=1, index=0)
     T7 = select(T4, axis=0, index=i)
@@ -50,9 +52,9 @@ def test_structure_of_the_pipelined_program():
     loop = p.body[-1]
     assert isinstance(loop, ir.ForLoop) and (loop.start, loop.stop) == (0, 4)
     kinds = [type(s).__name__ for s in loop.body]
-    assert kinds == ["SetCurrentStream", "Synchronize", "Select", "Select", "Select", "Matmul",
+    assert kinds == ["SetCurrentStream", "Select", "Select", "Select", "Matmul",
                      "Select", "Communication", "Wait", "SetCurrentStream", "Synchronize"]
-    mm, comm = loop.body[5], loop.body[7]
+    mm, comm = loop.body[4], loop.body[6]
     # the partial GEMM of a stage: M/S rows, this rank's K/D, all N
     assert mm.a.local_shape == (64, 16) and mm.b.local_shape == (16, 16)
     assert comm.type is ir.CommunicationType.ReduceScatter and comm.reduce_op == "sum"

@@ -18,9 +18,11 @@ GOLDEN = """\
   GetCurrentStream into Stream s0
   T3 = ALLOCATE(bfloat16[2, 2, 16, 32])
   T2 = ALLOCATE(bfloat16[2, 2, 16, 8])
+  FOR k in range(0, 2):
+    SetCurrentStream to Stream (k)
+    Synchronize Stream s0
   FOR i in range(0, 2):
     SetCurrentStream to Stream (i % numberOfStreams)
-    Synchronize Stream s0
     T4 = select(T0, axis=0, index=i)
     T5 = select(T3, axis=0, index=i)
     C0 = Communication(Allgather, team=[0, 1], in=T4, out=T5)
@@ -65,16 +67,16 @@ def test_round_trip_of_generated_programs(p):
     "mutate,line,message",
     [
         (lambda t: t.replace("%HostIr {", "HostIr {"), 1, "first line"),
-        (lambda t: t.replace("} // %HostIr", "}"), 21, "last line"),
-        (lambda t: t.replace("index=i)", "index=j)", 1), 13, "j"),
-        (lambda t: t.replace("Wait C0", "Wait T5"), 16, "expected a communication"),
-        (lambda t: t.replace("Allgather", "Allscatter"), 15, "unknown communication"),
+        (lambda t: t.replace("} // %HostIr", "}"), 23, "last line"),
+        (lambda t: t.replace("index=i)", "index=j)", 1), 15, "j"),
+        (lambda t: t.replace("Wait C0", "Wait T5"), 18, "expected a communication"),
+        (lambda t: t.replace("Allgather", "Allscatter"), 17, "unknown communication"),
         (lambda t: t.replace("bfloat16[32, 8]", "bfloat17[32, 8]"), 5, "unknown dtype"),
-        (lambda t: t.replace("T6 = matmul(T5, T1)", "T6 = matmul(T5, T1"), 18, "expected ')'"),
-        (lambda t: t.replace("    Wait C0", "   Wait C0"), 16, "indentation"),
-        (lambda t: t.replace("T6 = matmul(T5, T1)", "T6 = matmul(T5, T1) $"), 18, "unexpected character"),
-        (lambda t: t.replace("T5 = select(T3, axis=0", "T5 = select(T3, axis=7"), 14, "axis 7"),
-        (lambda t: t.replace("T4 = select", "T3 = select"), 13, "already defined"),
+        (lambda t: t.replace("T6 = matmul(T5, T1)", "T6 = matmul(T5, T1"), 20, "expected ')'"),
+        (lambda t: t.replace("    Wait C0", "   Wait C0"), 18, "indentation"),
+        (lambda t: t.replace("T6 = matmul(T5, T1)", "T6 = matmul(T5, T1) $"), 20, "unexpected character"),
+        (lambda t: t.replace("T5 = select(T3, axis=0", "T5 = select(T3, axis=7"), 16, "axis 7"),
+        (lambda t: t.replace("T4 = select", "T3 = select"), 15, "already defined"),
     ],
 )
 def test_parse_errors_name_line_and_column(mutate, line, message):
@@ -90,4 +92,15 @@ def test_parse_error_column_points_at_the_token():
     text = GOLDEN.replace("Wait C0", "Wait C9")
     with pytest.raises(ParseError) as e:
         parse(text)
-    assert (e.value.line, e.value.column) == (16, 10)
+    assert (e.value.line, e.value.column) == (18, 10)
+
+
+def test_a_pool_stream_indexed_by_a_bare_name_round_trips():
+    from hostir import ir
+
+    p = lowered()
+    text = print_program(p)
+    assert "SetCurrentStream to Stream (k)" in text   # not `Stream k`, a named stream
+    q = parse(text)
+    assert q.body == p.body and print_program(q) == text
+    assert isinstance(q.body[3].body[0].stream, ir.PoolStream)

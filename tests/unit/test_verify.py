@@ -10,7 +10,8 @@ from .programs import lowered
 
 
 def loop_of(p):
-    return next(s for s in p.body if isinstance(s, ir.ForLoop))
+    """The stage loop (the last FOR; the first one makes the workers wait on s0)."""
+    return [s for s in p.body if isinstance(s, ir.ForLoop)][-1]
 
 
 def with_loop_body(p, body):
