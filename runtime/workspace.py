@@ -40,6 +40,7 @@ class ZeroedArena:
         self._sems = torch.zeros(0, dtype=torch.int32, device=device)
         self._partials = torch.empty(0, dtype=torch.float32, device=device)
         self.grows = 0  # how many times the semaphores were (re)zeroed: tests read it
+        self._retired: list[torch.Tensor] = []
 
     def semaphores(self, count: int) -> torch.Tensor:
         """`count` int32 semaphores, zero now and expected zero again after the kernel.
@@ -49,8 +50,10 @@ class ZeroedArena:
         """
         if count > self._sems.numel():
             size = -(-count // _SEM_GRANULE) * _SEM_GRANULE
-            # The old buffer may still be read by queued kernels of this stream; torch's
-            # allocator keeps it until those kernels are done (same stream).
+            # The old buffer may still be read by queued kernels of this stream (torch's
+            # allocator orders that) and by CUDA graphs captured with its address, which
+            # replay later: it is kept, never freed nor handed out again.
+            self._retired.append(self._sems)
             self._sems = torch.zeros(size, dtype=torch.int32, device=self.device)
             self.grows += 1
         return self._sems[:count]
@@ -59,6 +62,7 @@ class ZeroedArena:
         """fp32 scratch of at least `numel` elements, contents undefined."""
         if numel > self._partials.numel():
             size = -(-numel // _PARTIAL_GRANULE) * _PARTIAL_GRANULE
+            self._retired.append(self._partials)  # as above: captured graphs hold it
             self._partials = torch.empty(size, dtype=torch.float32, device=self.device)
         return self._partials[:numel]
 
