@@ -196,7 +196,8 @@ def bench(args) -> int:
         ref = a[rows].double() @ b.double()
 
         def allgather():
-            session.comm.allgather(gathered, mine, torch.cuda.current_stream())
+            stream = torch.cuda.current_stream()
+            session.comm.allgather(gathered, mine, stream).wait(stream)  # ordered before the GEMM
 
         def gemm():
             torch.mm(a, b, out=c)
