@@ -22,10 +22,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 10
 # The statements the rank under test executes, in order (2 stages): 0 GetCurrentStream,
-# 1-2 ALLOCATE, 3 FOR, then stage 0 at 4-13 and stage 1 at 14-23; 16 is stage 1's first
-# select (before its Allgather), 21 is stage 1's matmul (after two collectives).
-MATMUL_OF_STAGE_1 = 21
-SELECT_OF_STAGE_1 = 16
+# 1-2 ALLOCATE, 3 FOR k (4-7: each of the 2 workers waits on the user's stream once),
+# 8 FOR i, then stage 0 at 9-17 and stage 1 at 18-26; 19 is stage 1's first select (before
+# its Allgather), 24 is stage 1's matmul (after two collectives).
+MATMUL_OF_STAGE_1 = 24
+SELECT_OF_STAGE_1 = 19
 
 pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mpirun")
 
