@@ -63,3 +63,24 @@ def test_the_user_stream_ends_after_everything(schedule):
     end = backend.user.last()
     for n in nodes(comm.stream, *backend.pool, prefix=""):
         assert n is end or depends(end, n), f"{n.label} is not joined into the user's stream"
+
+
+@pytest.mark.parametrize("stages,streams", [(2, 2), (4, 2), (4, 3)])
+def test_reduce_scatter_stages_overlap(stages, streams):
+    from lowering.patterns import matmul_reduce_scatter
+
+    world = 2
+    p = lower(matmul_reduce_scatter(16 * stages * world, 8, 4, stages, world), world, streams)
+    backend, comm = ModelBackend(), ModelComm(0, world)
+    it = Interpreter(p, backend, comm)
+    it.matmul = ModelMatmul(backend)
+    it._agreed = True
+    it(*(torch.zeros(t.local_shape) for t in p.inputs))
+    rss = nodes(comm.stream, prefix="RS")
+    mms = nodes(*backend.pool, prefix="MM")
+    assert len(rss) == len(mms) == stages
+    for i in range(stages):
+        assert depends(rss[i], mms[i]), "a stage's ReduceScatter waits for its partial GEMM"
+        for j in range(max(0, i - streams + 1), i):
+            assert not depends(mms[i], rss[j]), \
+                f"stage {i}'s GEMM waits for stage {j}'s ReduceScatter: serialized"
