@@ -21,11 +21,11 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
+
+from hostir.jobs.results import commit
 
 HIDDEN = (768, 1024, 1280, 1536, 1600, 2048, 2560, 4096, 5140, 12288, 16384, 20480)
 TOLERANCE = 1e-2
@@ -246,15 +246,6 @@ def _arch() -> str:
 # --------------------------------------------------------------------------- report
 
 
-def _commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             check=True, cwd=Path(__file__).resolve().parents[2])
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("HOSTIR_COMMIT", "unknown")
-
-
 def report(results, sweeps, args) -> None:
     import torch
 
@@ -263,7 +254,7 @@ def report(results, sweeps, args) -> None:
     doc = {
         "device": device,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": _commit(),
+        "commit": commit(),
         "rows": args.rows,
         "dtype": "float16",
         "method": "CUDA-graph replay of back-to-back launches, input sets rotated, median",

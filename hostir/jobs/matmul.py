@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from hostir.jobs.results import commit
+
 SHAPES = ((1024, 2048, 50304), (8192, 8192, 8192), (4096, 4096, 8192),
           (16384, 8192, 4096), (256, 4096, 16384))
 L2_BYTES = 60 * 2**20
@@ -39,14 +41,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", default=None, help="result JSON path")
     parser.add_argument("--no-compile-probe", action="store_true",
                         help="skip the cold/warm compile measurement in fresh processes")
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True, cwd=Path(__file__).resolve().parents[2]).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("HOSTIR_COMMIT", "unknown")
 
 
 def _inputs(M, N, K, layout, sets, torch):
@@ -187,7 +181,7 @@ def bench(args) -> dict:
         del inputs, a, b, ref, out
         torch.cuda.empty_cache()
     doc = {"device": device, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-           "commit": _commit(), "layout": args.layout, "sm_count": sm_count(),
+           "commit": commit(), "layout": args.layout, "sm_count": sm_count(),
            "nvrtc": ".".join(map(str, jit.nvrtc_version())), "torch": torch.__version__,
            "results": results}
     if not args.no_compile_probe:

@@ -16,23 +16,14 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import time
 
 import torch
 
+from hostir.jobs.results import commit
+
 SHAPES = [(8192, 8192, 8192), (16384, 8192, 8192), (32768, 8192, 4096),
           (4096, 8192, 28672), (32768, 32768, 8192)]
-
-
-def _commit() -> str:
-    if os.environ.get("HOSTIR_COMMIT"):
-        return os.environ["HOSTIR_COMMIT"]
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True,
-                                       stderr=subprocess.DEVNULL).strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 class Timer:
@@ -279,7 +270,7 @@ def _write(args, device, world, first_call, results) -> str:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     with open(path + ".tmp", "w") as f:
         json.dump({"device": device, "date": datetime.date.today().isoformat(),
-                   "commit": _commit(), "world_size": world, "first_iteration": first_call,
+                   "commit": commit(), "world_size": world, "first_iteration": first_call,
                    "method": "median over samples of the slowest rank; each sample times "
                              "back-to-back iterations (5, or 2 when the GEMM takes over 5 ms) "
                              "between CUDA events after a synchronize and a barrier; host_us "

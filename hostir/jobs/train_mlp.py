@@ -23,12 +23,12 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import time
 
 import torch
 import torch.nn.functional as F
 
+from hostir.jobs.results import commit
 from hostir.nn import ColumnParallelLinear, RowParallelLinear, shard_sequence
 from runtime.device import DTYPES
 
@@ -414,14 +414,6 @@ def bench(args) -> dict:
             "variants": variants, "best": best, "default": default}
 
 
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-    except Exception:  # noqa: BLE001 - not a checkout
-        return os.environ.get("HOSTIR_COMMIT", "unknown")
-
-
 def main(args) -> int:
     if args.bench:
         r = bench(args)  # on the CPU only a smoke test of the benchmark itself
@@ -436,7 +428,7 @@ def main(args) -> int:
                       "ours_config": r["best"], "ours_default_ms": (r["default"] or {}).get("ms"),
                       "variants": r["variants"], "check_vs_plain_rel_err": r["check"]}
             doc = {"device": f"{r['world']}x {gpu}",
-                   "date": datetime.date.today().isoformat(), "commit": _commit(),
+                   "date": datetime.date.today().isoformat(), "commit": commit(),
                    "note": "forward+backward of x + down(gelu(up(x))); ours_ms is the best "
                            "variant listed; ideal_ms is the step's six GEMMs alone; medians, "
                            "slowest rank",
