@@ -14,8 +14,6 @@ and cuBLAS for shapes not measured.
 
 from __future__ import annotations
 
-import statistics
-
 import numpy as np
 import torch
 
@@ -92,6 +90,7 @@ class MatmulChoice:
         (M, N, K) and remember the faster (``auto``). Synchronizes: call it from prepare."""
         if self.mode != "auto" or device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
             return
+        from runtime.autotune import time_us
         from runtime.matmul import matmul
 
         for m, n, k in sorted(set(shapes)):
@@ -102,7 +101,7 @@ class MatmulChoice:
             for name, fn in (("cublas", lambda: torch.mm(a, b, out=out)),
                              ("codegen", lambda: matmul(a, b, layout="NN", out=out))):
                 try:
-                    times[name] = _time(fn, reps)
+                    times[name] = time_us(fn, warmup=1, reps=reps)
                 except Exception as e:  # noqa: BLE001 - a shape the generator refuses
                     dump("autotune", f"matmul {m}x{n}x{k}: {name} unavailable ({e})")
             best = min(times, key=times.get) if times else "cublas"
@@ -114,20 +113,6 @@ class MatmulChoice:
 
 def _key(a: torch.Tensor, b: torch.Tensor) -> tuple:
     return (a.shape[0], b.shape[1], a.shape[1], a.dtype)
-
-
-def _time(fn, reps: int) -> float:
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
 
 
 def matmul_shapes(program: ir.Program):

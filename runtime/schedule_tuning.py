@@ -12,13 +12,12 @@ writing at once leave a whole file.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 
 import torch
 
 from hostir.options import dump, options
 from lowering.schedule import Schedule, choose_schedule
+from runtime.jit import write_atomically
 
 FILE = "pipelined_matmul_schedules.json"
 
@@ -48,12 +47,7 @@ def store(m, k, n, world_size, device, dtype, schedule: Schedule, us: float) -> 
     data = load()
     data[_key(m, k, n, world_size, _device_name(device), dtype)] = {
         **schedule.__dict__, "us": us}
-    path = _path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".schedules.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    write_atomically(_path(), json.dumps(data, indent=1, sort_keys=True).encode())
 
 
 def choose(m, k, n, world_size, device, dtype) -> Schedule:

@@ -17,10 +17,12 @@ import json
 import os
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
 from hostir.jobs.results import commit
+from runtime.jit import write_atomically
 
 SHAPES = [(8192, 8192, 8192), (16384, 8192, 8192), (32768, 8192, 4096),
           (4096, 8192, 28672), (32768, 32768, 8192)]
@@ -267,16 +269,14 @@ def bench(args) -> int:
 def _write(args, device, world, first_call, results) -> str:
     path = args.out or os.path.join(
         "benchmarks", "results", f"pipelined_matmul_{device.replace(' ', '_')}.json")
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path + ".tmp", "w") as f:
-        json.dump({"device": device, "date": datetime.date.today().isoformat(),
-                   "commit": commit(), "world_size": world, "first_iteration": first_call,
-                   "method": "median over samples of the slowest rank; each sample times "
-                             "back-to-back iterations (5, or 2 when the GEMM takes over 5 ms) "
-                             "between CUDA events after a synchronize and a barrier; host_us "
-                             "is the host time to issue one iteration",
-                   "results": results}, f, indent=1)
-    os.replace(path + ".tmp", path)
+    record = {"device": device, "date": datetime.date.today().isoformat(), "commit": commit(),
+              "world_size": world, "first_iteration": first_call,
+              "method": "median over samples of the slowest rank; each sample times "
+                        "back-to-back iterations (5, or 2 when the GEMM takes over 5 ms) "
+                        "between CUDA events after a synchronize and a barrier; host_us "
+                        "is the host time to issue one iteration",
+              "results": results}
+    write_atomically(Path(path), json.dumps(record, indent=1).encode())
     return path
 
 
