@@ -18,7 +18,7 @@ from lowering.fusion import Fusion
 from lowering.passes.assign_streams import assign_streams
 from lowering.passes.collective_permute import collective_permute
 from lowering.passes.lower_communication import lower_communication
-from lowering.passes.lower_normalization import is_normalization, lower_normalization
+from lowering.passes.lower_normalization import NORM_OPS, is_normalization, lower_normalization
 from lowering.passes.lower_reduce_scatter import lower_reduce_scatter
 from lowering.patterns import is_reduce_scatter
 
@@ -40,7 +40,7 @@ def lower(fusion: Fusion, world_size: int, number_of_streams: int = 2, rank: int
 
         raise LoweringError(f"unknown schedule {schedule!r}: expected one of {SCHEDULES}")
     if isinstance(fusion, Fusion) and not any(
-            op.kind in ("matmul", "layer_norm", "rms_norm") for op in fusion.ops):
+            op.kind == "matmul" or op.kind in NORM_OPS for op in fusion.ops):
         from hostir.errors import LoweringError
 
         raise LoweringError(

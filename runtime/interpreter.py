@@ -15,6 +15,8 @@ out memory that a worker stream still uses. Errors name the statement being exec
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from hostir import ir
@@ -23,7 +25,7 @@ from hostir.options import options
 from hostir.printer import format_statement
 from hostir.verify import verify
 from runtime.comm.base import check_team
-from runtime.device import DTYPE_NAMES
+from runtime.device import DTYPE_NAMES, DTYPES
 
 
 class _Frame:
@@ -35,16 +37,6 @@ class _Frame:
         self.env = env
         self.current = current
         self.user = current
-
-
-_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int32": 4, "int64": 8}
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def check_inputs(program: ir.Program, args, device: torch.device) -> None:
@@ -173,7 +165,7 @@ class Interpreter:
             self.kernel(name)
         reserve = getattr(self.comm, "reserve", None)
         if reserve is not None:  # a transport's buffers: set up (a host collective) now
-            nbytes = [_numel(s.input.local_shape) * _ITEMSIZE[s.input.dtype]
+            nbytes = [math.prod(s.input.local_shape) * DTYPES[s.input.dtype].itemsize
                       for s in ir.walk(self.program.body)
                       if isinstance(s, ir.Communication)
                       and s.type is ir.CommunicationType.SendRecv]

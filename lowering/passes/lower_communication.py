@@ -111,8 +111,8 @@ def _check_matmul(op: Op, fusion: Fusion, world_size: int):
     return a, b, c, stages, mesh
 
 
-def lower_communication(fusion: Fusion, world_size: int) -> ir.Program:
-    """The stage loop of collectives and matmuls, all on the current stream."""
+def check_single_matmul(fusion: Fusion, world_size: int) -> None:
+    """What both sharded-matmul passes need first: a fusion of one matmul, a world size."""
     if not isinstance(fusion, Fusion):
         raise LoweringError(f"expected a Fusion, got {type(fusion).__name__}")
     if not isinstance(world_size, int) or world_size < 1:
@@ -122,6 +122,11 @@ def lower_communication(fusion: Fusion, world_size: int) -> ir.Program:
         raise LoweringError(
             f"fusion ops {kinds}: this pass lowers one sharded matmul; expected ['matmul']"
         )
+
+
+def lower_communication(fusion: Fusion, world_size: int) -> ir.Program:
+    """The stage loop of collectives and matmuls, all on the current stream."""
+    check_single_matmul(fusion, world_size)
     a, b, c, stages, mesh = _check_matmul(fusion.ops[0], fusion, world_size)
     names = _Names(fusion._count)
     A, B = _to_ir(a), _to_ir(b)

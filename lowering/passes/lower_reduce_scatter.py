@@ -31,7 +31,9 @@ from __future__ import annotations
 from hostir import ir
 from hostir.errors import LoweringError
 from lowering.fusion import Fusion, TensorView
-from lowering.passes.lower_communication import _check_mesh, _Names, _to_ir
+from lowering.passes.lower_communication import (
+    _check_mesh, _Names, _to_ir, check_single_matmul,
+)
 
 P = ir.ParallelType
 
@@ -131,13 +133,7 @@ def lower_reduce_scatter(fusion: Fusion, world_size: int) -> ir.Program:
     >>> p.outputs[0].shape            # [S, M/(S*D), N]: this rank's rows of C
     (2, 16, 16)
     """
-    if not isinstance(fusion, Fusion):
-        raise LoweringError(f"expected a Fusion, got {type(fusion).__name__}")
-    if not isinstance(world_size, int) or world_size < 1:
-        raise LoweringError(f"world size must be a positive int, got {world_size!r}")
-    if len(fusion.ops) != 1 or fusion.ops[0].kind != "matmul":
-        kinds = [op.kind for op in fusion.ops]
-        raise LoweringError(f"fusion ops {kinds}: this pass lowers one sharded matmul; expected ['matmul']")
+    check_single_matmul(fusion, world_size)
     a, b, c, stages, m, mesh = _check(fusion, world_size)
     names = _Names(fusion._count)
     A, B = _to_ir(a), _to_ir(b)
