@@ -125,14 +125,7 @@ class Interpreter:
         self.comm = communicator
         self.kernels = dict(kernels or {})
         self.kernel_defs = {k.name: k for k in program.kernels}
-        self.matmul = MatmulChoice(matmul)
-        if matmul == "codegen":  # refuse now, not at the first Matmul after a collective
-            for s in ir.walk(program.body):
-                if isinstance(s, ir.Matmul) and (backend.name != "cuda"
-                                                 or s.a.dtype not in ("float16", "bfloat16")):
-                    raise ExecutionError(
-                        f"`{format_statement(s)}`: --matmul codegen runs fp16/bf16 matmuls on "
-                        f"CUDA, got {s.a.dtype} on the {backend.name} backend")
+        self.matmul = MatmulChoice(matmul, program, backend.name)
         self.params = {
             "numberOfStreams": program.number_of_streams,
             "rank": communicator.rank if communicator is not None else 0,

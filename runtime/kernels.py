@@ -20,6 +20,7 @@ import torch
 from hostir import ir
 from hostir.errors import ExecutionError, InputMismatchError
 from hostir.options import dump
+from hostir.printer import format_statement
 
 
 def _normalization(defn: ir.KernelDef, device: torch.device):
@@ -61,21 +62,27 @@ class MatmulChoice:
 
     MODES = ("cublas", "codegen", "auto")
 
-    def __init__(self, mode: str = "cublas"):
+    def __init__(self, mode: str = "cublas", program: ir.Program | None = None,
+                 backend_name: str = "cuda"):
+        """``program``: refuse now, before anything runs, a ``codegen`` choice its matmuls
+        cannot take (not after the first collective, where a refusal on one rank hangs
+        the others)."""
         if mode not in self.MODES:
             raise ExecutionError(f"matmul implementation {mode!r}: expected one of {self.MODES}")
         self.mode = mode
         self.measured: dict[tuple, str] = {}
+        if mode == "codegen" and program is not None:
+            for s in ir.walk(program.body):
+                if isinstance(s, ir.Matmul) and (backend_name != "cuda"
+                                                 or s.a.dtype not in ("float16", "bfloat16")):
+                    raise ExecutionError(
+                        f"`{format_statement(s)}`: --matmul codegen runs fp16/bf16 matmuls on "
+                        f"CUDA, got {s.a.dtype} on the {backend_name} backend")
 
     def use_codegen(self, a: torch.Tensor, b: torch.Tensor) -> bool:
         if self.mode == "cublas" or not a.is_cuda or a.dtype not in (torch.float16, torch.bfloat16):
-            if self.mode == "codegen" and not (a.is_cuda and a.dtype in (torch.float16, torch.bfloat16)):
-                raise ExecutionError(f"--matmul codegen: the generated matmul takes fp16/bf16 "
-                                     f"CUDA tensors, got {a.dtype} on {a.device}")
             return False
-        if self.mode == "codegen":
-            return True
-        return self.measured.get(_key(a, b)) == "codegen"
+        return self.mode == "codegen" or self.measured.get(_key(a, b)) == "codegen"
 
     def run(self, a2: torch.Tensor, b: torch.Tensor, out2: torch.Tensor) -> None:
         if self.use_codegen(a2, b):
