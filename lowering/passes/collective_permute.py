@@ -58,14 +58,12 @@ def collective_permute(program: ir.Program, number_of_streams: int = 2) -> ir.Pr
     i, j = loop.index, ir.IndexVar("j")
     peer = ir.BinOp("%", ir.BinOp("+", rank, ir.Var(j.name)), world)
     back = ir.BinOp("%", ir.BinOp("-", rank, ir.Var(j.name)), world)
-    sel = lambda src, index: ir.select_type(next(names), src, 0)  # noqa: E731
-    a_i = sel(a, i)
-    mine = sel(a_i, 0)
-    g_i = sel(gathered, i)
-    c_i = sel(out, i)
-    c_mine = sel(c_i, rank)
-    g_peer = sel(g_i, peer)
-    c_peer = sel(c_i, peer)
+    # The tensors each select defines (axis 0 dropped); the indices go on the Select below.
+    row = lambda src: ir.select_type(next(names), src, 0)  # noqa: E731
+    a_i = row(a)
+    mine = row(a_i)
+    g_i, c_i = row(gathered), row(out)
+    c_mine, g_peer, c_peer = row(c_i), row(g_i), row(c_i)
     handle = ir.CommHandle("C0")
     comm = ir.PoolStream(COMM)
     compute = ir.PoolStream(COMPUTE)
@@ -102,7 +100,7 @@ def collective_permute(program: ir.Program, number_of_streams: int = 2) -> ir.Pr
         ir.Synchronize(compute),
         ir.Synchronize(comm),
     )
-    return dataclasses.replace(program, body=body, number_of_streams=max(number_of_streams, 1),
+    return dataclasses.replace(program, body=body, number_of_streams=number_of_streams,
                                provenance="collective_permute")
 
 
