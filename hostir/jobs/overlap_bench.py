@@ -243,13 +243,10 @@ def bench(args) -> int:
             "shape": f"{m}x{k}x{n}", "allgather_us": ag_us, "gemm_us": gemm_us,
             "ideal_us": ideal, "sequential_us": seq_us, "async_tp_us": atp_us,
             "async_tp_error": atp_err,
-            "ours_us": best["us"] if best else None,
-            "stages": best["stages"] if best else None,
-            "streams": best["streams"] if best else None,
-            "transport": best["transport"] if best else None,
-            "schedule": best["schedule"] if best else None,
-            "graph": best["graph"] if best else None,
-            "ours_host_us": best["host_us"] if best else None,
+            **{name: best[key] if best else None for name, key in (
+                ("ours_us", "us"), ("stages", "stages"), ("streams", "streams"),
+                ("transport", "transport"), ("schedule", "schedule"), ("graph", "graph"),
+                ("ours_host_us", "host_us"))},
             "heuristic": h.key(), "heuristic_us": heur[0]["us"] if heur else None,
             "variants": variants,
         }

@@ -165,9 +165,7 @@ def main(args) -> int:
     session = Session(args.device, args.comm)
     program = build(args, session.world_size, session.rank)
     dump("host_ir", print_program(program), session.rank)
-    from runtime.interpreter import Interpreter
-
-    run_program = Interpreter(program, session.backend, session.comm, matmul=args.matmul)
+    run_program = session.interpreter(program, matmul=args.matmul)
     _, b, shard = random_inputs(args, session, args.seed)
     run_program.prepare(shard, b)  # lazy set-up (and --matmul auto's timing) outside the timing
     if args.graph:
