@@ -14,16 +14,16 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export HOSTIR_CACHE_DIR="${HOSTIR_CACHE_DIR:-$(mktemp -d)}"
 PYTEST=(-q -p no:cacheprovider --color=no)
 
+echo "== multigpu, 2 ranks (skips without 2 GPUs)"
+timeout 900 mpirun -np 2 "$PY" -m pytest "${PYTEST[@]}" --with-mpi tests/multigpu
 echo "== unit + gpu (single process)"
 "$PY" -m pytest "${PYTEST[@]}" tests/unit tests/gpu
 for np in 2 4; do
   echo "== mpi, $np ranks"
   timeout 900 mpirun -np "$np" "$PY" -m pytest "${PYTEST[@]}" --with-mpi tests/mpi
 done
-echo "== faults: one mpirun job per fault, launched by a plain pytest (2 and 4 CPU ranks)"
-"$PY" -m pytest "${PYTEST[@]}" tests/faults
-echo "== multigpu, 2 ranks"
-timeout 900 mpirun -np 2 "$PY" -m pytest "${PYTEST[@]}" --with-mpi tests/multigpu
 echo "== the main job, 2 CPU ranks"
 timeout 300 mpirun -np 2 "$PY" -m hostir.run pipelined_matmul --device cpu --check --dtype bfloat16 --stages 2
+echo "== faults: one mpirun job per fault, launched by a plain pytest (2 and 4 CPU ranks)"
+"$PY" -m pytest "${PYTEST[@]}" tests/faults
 echo "all tests passed"
