@@ -13,9 +13,11 @@ synchronize and a barrier, timed with CUDA events on the user's stream.
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import json
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -29,8 +31,14 @@ SHAPES = [(8192, 8192, 8192), (16384, 8192, 8192), (32768, 8192, 4096),
 
 
 class Timer:
-    """Per-iteration time of the slowest rank: ``reps`` back-to-back iterations between two
-    CUDA events, after a device synchronize and a barrier; the median of ``samples``."""
+    """Per-iteration time of the slowest rank, for several candidates measured side by side.
+
+    A sample runs ``reps`` back-to-back iterations of one candidate between two CUDA
+    events, after a device synchronize and a barrier. Samples are interleaved: round r
+    takes one sample of every candidate in turn, so that clocks, temperature and power,
+    which drift over seconds of sustained GEMMs on these parts, weigh on every candidate
+    alike (timing candidates one after another favoured the first ones: the GEMM alone,
+    the yardstick, ran on a cooler chip than the programs compared with it)."""
 
     def __init__(self, session, samples: int, warmup: int, reps: int = 5):
         from mpi4py import MPI
@@ -39,25 +47,51 @@ class Timer:
         self.session = session
         self.samples, self.warmup, self.reps = samples, warmup, reps
 
-    def __call__(self, fn) -> tuple[float, float]:
-        """(median GPU µs per iteration, slowest rank; median host µs to issue one)."""
-        for _ in range(self.warmup):
-            fn()
+    def sample(self, fn) -> tuple[float, float]:
         torch.cuda.synchronize()
-        gpu, host = [], []
-        for _ in range(self.samples):
-            torch.cuda.synchronize()
-            self.mpi.Barrier()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            t0 = time.perf_counter()
-            for _ in range(self.reps):
+        self.mpi.Barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        t0 = time.perf_counter()
+        for _ in range(self.reps):
+            fn()
+        host = (time.perf_counter() - t0) * 1e6 / self.reps
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) * 1e3 / self.reps, host
+
+    def side_by_side(self, fns: dict) -> dict:
+        """{name: (median GPU µs per iteration of the slowest rank, median host µs)}."""
+        for fn in fns.values():
+            for _ in range(self.warmup):
                 fn()
-            host.append((time.perf_counter() - t0) * 1e6 / self.reps)
-            end.record()
-            end.synchronize()
-            gpu.append(start.elapsed_time(end) * 1e3 / self.reps)
-        return self.mpi.allreduce(statistics.median(gpu), op=_max()), statistics.median(host)
+        torch.cuda.synchronize()
+        gpu = {name: [] for name in fns}
+        host = {name: [] for name in fns}
+        for _ in range(self.samples):
+            for name, fn in fns.items():
+                g, h = self.sample(fn)
+                gpu[name].append(g)
+                host[name].append(h)
+        return {name: (self.mpi.allreduce(statistics.median(gpu[name]), op=_max()),
+                       statistics.median(host[name])) for name in fns}
+
+    def __call__(self, fn) -> tuple[float, float]:
+        """One candidate alone: (median GPU µs, slowest rank; median host µs)."""
+        return self.side_by_side({"_": fn})["_"]
+
+
+def _name(v: dict) -> str:
+    return (f"{v['schedule']}/S{v['stages']}/streams{v['streams']}/{v['transport']}"
+            + ("/graph" if v["graph"] else ""))
+
+
+def progress(message: str) -> None:
+    """Where the bench is, on stderr (rank 0), so that a cut-off run shows its last step."""
+    from mpi4py import MPI
+
+    if MPI.COMM_WORLD.rank == 0:
+        print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def _max():
@@ -172,6 +206,7 @@ def bench(args) -> int:
     session = Session("cuda", "nccl")
     d, r = session.world_size, session.rank
     timer = Timer(session, args.iters, args.warmup)
+    faulthandler.dump_traceback_later(args.shape_timeout, exit=True)
     first_call = _first_iteration(session, args)
     shapes = SHAPES if not args.shapes else [tuple(int(x) for x in s.split("x"))
                                                for s in args.shapes.split(",")]
@@ -179,6 +214,10 @@ def bench(args) -> int:
     results = []
     for m, k, n in shapes:
         t_shape = time.perf_counter()
+        # A shape that hangs (a run once produced nothing for one in 200 s) must say
+        # where: past the limit, every thread's stack goes to stderr and the rank exits,
+        # which ends the MPI job.
+        faulthandler.dump_traceback_later(args.shape_timeout, exit=True)
         g = torch.Generator(device="cuda").manual_seed(1234)
         a = torch.randn(m, k, device="cuda", generator=g, dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", generator=g, dtype=torch.bfloat16)
@@ -199,16 +238,27 @@ def bench(args) -> int:
             allgather()
             torch.mm(gathered, b, out=c)
 
-        ag_us, _ = timer(allgather)
-        gemm_us, _ = timer(gemm)
-        timer.reps = 5 if gemm_us < 5000 else 2  # long iterations need fewer repeats
-        seq_us, _ = timer(sequential)
+        def gemm_chunks():  # the unchunked GEMM's work as the ring's D row blocks
+            for blk in range(d):
+                rows_ = slice(blk * (m // d), (blk + 1) * (m // d))
+                torch.mm(a[rows_], b, out=c[rows_])
+
+        # A first estimate of the GEMM sets the repeats (long iterations need fewer); then
+        # every candidate is built and checked, and all are timed side by side.
+        progress(f"{m}x{k}x{n}: gemm estimate")
+        timer.reps = 5
+        timer.reps = 5 if timer(gemm)[0] < 5000 else 2
+        progress(f"{m}x{k}x{n}: async-TP set-up")
         atp_run, atp_err = _async_tp(session, mine, b)
-        atp_us = timer(atp_run)[0] if atp_run else None
-        variants = []
+        fns = {"allgather": allgather, "gemm": gemm, "sequential": sequential,
+               "gemm_chunks": gemm_chunks}
+        if atp_run:
+            fns["async_tp"] = atp_run
+        variants, keep = [], []
         for v in _variants():
             if m % (v["stages"] * d):
                 continue
+            progress(f"{m}x{k}x{n}: build and check {_name(v)}")
             sess = session if v["transport"] == "nccl" else _copy_engine_session()
             p = lower(allgather_matmul(m, k, n, v["stages"], d, "bfloat16"), d, v["streams"], r,
                       schedule=v["schedule"])
@@ -223,9 +273,18 @@ def bench(args) -> int:
                 (out,) = run(shard, b)
             err = float((out.reshape(m, n)[rows].double() - ref).norm() / ref.norm())
             ok = MPI.COMM_WORLD.allreduce(int(err < 1e-2), op=MPI.MIN)
-            us, host_us = timer(step)
-            variants.append({**v, "us": us, "host_us": host_us, "rel_err": err, "ok": bool(ok)})
-            del out, step
+            variants.append({**v, "rel_err": err, "ok": bool(ok)})
+            keep.append(step)
+            fns[_name(v)] = step
+            del out
+        progress(f"{m}x{k}x{n}: timing {len(fns)} candidates side by side")
+        times = timer.side_by_side(fns)
+        del keep, fns
+        ag_us, gemm_us, seq_us = (times[x][0] for x in ("allgather", "gemm", "sequential"))
+        atp_us = times["async_tp"][0] if atp_run else None
+        chunks_us = times["gemm_chunks"][0]
+        for v in variants:
+            v["us"], v["host_us"] = times[_name(v)]
         good = [v for v in variants if v["ok"]]
         best = min(good, key=lambda v: v["us"]) if good else None
         h = choose_schedule(m, k, n, d, "cuda")
@@ -242,6 +301,7 @@ def bench(args) -> int:
         row = {
             "shape": f"{m}x{k}x{n}", "allgather_us": ag_us, "gemm_us": gemm_us,
             "ideal_us": ideal, "sequential_us": seq_us, "async_tp_us": atp_us,
+            "gemm_in_world_size_row_blocks_us": chunks_us,
             "async_tp_error": atp_err,
             **{name: best[key] if best else None for name, key in (
                 ("ours_us", "us"), ("stages", "stages"), ("streams", "streams"),
@@ -255,8 +315,7 @@ def bench(args) -> int:
         if r == 0:
             print(json.dumps({k_: v for k_, v in row.items() if k_ != "variants"}), flush=True)
             _write(args, device, d, first_call, results)  # a cut-off run keeps what it measured
-        del a, b, c, gathered, mine
-        torch.cuda.empty_cache()
+    faulthandler.cancel_dump_traceback_later()
     if r == 0:
         _table(results)
         print(f"wrote {_write(args, device, d, first_call, results)}")
@@ -270,7 +329,8 @@ def _write(args, device, world, first_call, results) -> str:
               "world_size": world, "first_iteration": first_call,
               "method": "median over samples of the slowest rank; each sample times "
                         "back-to-back iterations (5, or 2 when the GEMM takes over 5 ms) "
-                        "between CUDA events after a synchronize and a barrier; host_us "
+                        "between CUDA events after a synchronize and a barrier; samples "
+                        "of all candidates of a shape interleaved (round robin); host_us "
                         "is the host time to issue one iteration",
               "results": results}
     write_atomically(Path(path), json.dumps(record, indent=1).encode())

@@ -75,6 +75,9 @@ def add_arguments(p) -> None:
     p.add_argument("--shapes", default=None,
                    help="with --bench: comma-separated MxKxN list instead of the default shapes")
     p.add_argument("--out", default=None, help="with --bench: the results JSON path")
+    p.add_argument("--shape-timeout", type=float, default=180.0,
+                   help="with --bench: seconds one shape may take before every rank dumps "
+                        "its stacks and the job ends")
 
 
 def resolve_schedule(args) -> None:

@@ -39,6 +39,7 @@ class CopyEngineCommunicator:
         self._buffer = None
         self._handle = None
         self._retired: list = []
+        self._views: dict = {}  # (rank, shape, dtype) -> view of a symmetric buffer
 
     def __getattr__(self, name):  # allgather, reduce_scatter, ... go to the wrapped NCCL
         return getattr(self.base, name)
@@ -59,6 +60,16 @@ class CopyEngineCommunicator:
             self._retired.append((self._buffer, self._handle))
         self._buffer = symm_mem.empty(size, dtype=torch.uint8, device=torch.cuda.current_device())
         self._handle = symm_mem.rendezvous(self._buffer, self.group_name)
+        self._views.clear()
+
+    def _view(self, rank: int, shape: tuple, dtype) -> torch.Tensor:
+        """The start of ``rank``'s symmetric buffer as a tensor; made once per (rank,
+        shape, dtype) and buffer, since making one costs host time every SendRecv."""
+        key = (rank, shape, dtype)
+        view = self._views.get(key)
+        if view is None:
+            view = self._views[key] = self._handle.get_buffer(rank, shape, dtype, 0)
+        return view
 
     def sendrecv(self, out, inp, send_peer: int, recv_peer: int, stream=None):
         if not (inp.is_contiguous() and out.is_contiguous()):
@@ -78,8 +89,8 @@ class CopyEngineCommunicator:
             if send_peer == self.rank:
                 out.copy_(inp)
             else:
-                h.get_buffer(send_peer, tuple(inp.shape), inp.dtype, 0).copy_(inp)
+                self._view(send_peer, tuple(inp.shape), inp.dtype).copy_(inp)
             h.barrier(channel=0, timeout_ms=timeout_ms)
             if send_peer != self.rank:
-                out.copy_(h.get_buffer(self.rank, tuple(out.shape), out.dtype, 0))
+                out.copy_(self._view(self.rank, tuple(out.shape), out.dtype))
         return self.base._posted("copy-engine SendRecv", s, inp)
