@@ -136,6 +136,9 @@ class Interpreter:
                 if communicator is None:
                     raise ExecutionError(f"{format_statement(s)}: the program communicates but no communicator was given")
                 check_team(communicator, s.team)
+        self._direct = self._direct_sendrecv_roots(communicator)
+        # root name -> (tensor, handle, {(peer, offset): peer's view}), kept across calls
+        self._symmetric: dict[str, tuple] = {}
         # The first call checks that every rank passes the same inputs (off with
         # HOSTIR_DISABLE=input_agreement, and needless on one rank).
         self._agreed = (communicator is None or communicator.world_size == 1
@@ -146,6 +149,47 @@ class Interpreter:
         fault = fault_injection.from_environ()
         if fault is not None:  # tests only: the plain statement loop otherwise
             fault_injection.instrument(self, fault)
+
+    def _direct_sendrecv_roots(self, communicator) -> dict[str, str]:
+        """SendRecv outputs whose buffer the sender can write directly: {output: root}.
+
+        With a transport that offers symmetric tensors (the copy engine), a SendRecv whose
+        output is a view (a chain of Selects) of a program-allocated tensor that is not a
+        program output gets that tensor allocated once in symmetric memory, at the same
+        place on every rank. The program is the same on every rank (SPMD), so the peer's
+        receive buffer is this rank's output expression evaluated with ``rank`` bound to
+        the peer: the sender writes there over the peer mapping and the receiver reads
+        its data in place, with no staging buffer and no local copy. Off with
+        HOSTIR_DISABLE=direct_sendrecv."""
+        if getattr(communicator, "symmetric_tensor", None) is None or \
+                options().disable("direct_sendrecv"):
+            return {}
+        self._defining_select = {s.out.name: s for s in ir.walk(self.program.body)
+                                 if isinstance(s, ir.Select)}
+        allocated = {s.out.name for s in ir.walk(self.program.body) if isinstance(s, ir.Allocate)}
+        outputs = {t.name for t in self.program.outputs}
+        roots = {}
+        for s in ir.walk(self.program.body):
+            if isinstance(s, ir.Communication) and s.type is ir.CommunicationType.SendRecv:
+                root = s.output.name
+                while root in self._defining_select:
+                    root = self._defining_select[root].input.name
+                if root in allocated and root not in outputs:
+                    roots[s.output.name] = root
+        return roots
+
+    def peer_view(self, name: str, root: torch.Tensor, env: dict, peer: int) -> torch.Tensor:
+        """Tensor ``name`` as rank ``peer`` sees it, as a view of this rank's ``root``:
+        the Selects that define it, evaluated with ``rank`` bound to ``peer``."""
+        chain = []
+        while name in self._defining_select:
+            chain.append(self._defining_select[name])
+            name = chain[-1].input.name
+        env = {**env, "rank": peer}
+        view = root
+        for s in reversed(chain):
+            view = view.select(s.axis, ir.evaluate(s.index, env))
+        return view
 
     def prepare(self, *args: torch.Tensor) -> None:
         """Do every lazy set-up now, not inside the first timed call: the ranks agree on
@@ -161,7 +205,8 @@ class Interpreter:
             nbytes = [math.prod(s.input.local_shape) * DTYPES[s.input.dtype].itemsize
                       for s in ir.walk(self.program.body)
                       if isinstance(s, ir.Communication)
-                      and s.type is ir.CommunicationType.SendRecv]
+                      and s.type is ir.CommunicationType.SendRecv
+                      and s.output.name not in self._direct]  # those need no staging
             if nbytes:
                 reserve(max(nbytes))
         if self.backend.name == "cuda" and args:
@@ -256,6 +301,18 @@ def _synchronize(it: Interpreter, s: ir.Synchronize, f: _Frame) -> None:
 
 
 def _allocate(it: Interpreter, s: ir.Allocate, f: _Frame) -> None:
+    if s.out.name in it._direct.values():
+        # Allocated once (a host collective: every rank runs the same program, in the same
+        # order) and reused by every call: the peers write into it directly. Reuse is safe
+        # because a peer writes only after the SendRecv's first barrier, which this rank
+        # reaches only after its previous call's GEMMs (the workers wait on the user's
+        # stream, which joined them).
+        entry = it._symmetric.get(s.out.name)
+        if entry is None:
+            entry = it._symmetric[s.out.name] = (*it.comm.symmetric_tensor(
+                s.out.local_shape, DTYPES[s.out.dtype]), {})  # + the peers' views made
+        f.env[s.out.name] = entry[0]
+        return
     f.env[s.out.name] = it.backend.allocate(s.out.local_shape, s.out.dtype)
 
 
@@ -276,8 +333,19 @@ def _communication(it: Interpreter, s: ir.Communication, f: _Frame) -> None:
     elif t is T.Broadcast:
         work = c.broadcast(out, inp, s.root, f.current)
     else:
-        work = c.sendrecv(out, inp, ir.evaluate(s.send_peer, f.env) % c.world_size,
-                          ir.evaluate(s.recv_peer, f.env) % c.world_size, f.current)
+        send_peer = ir.evaluate(s.send_peer, f.env) % c.world_size
+        recv_peer = ir.evaluate(s.recv_peer, f.env) % c.world_size
+        root = it._direct.get(s.output.name)
+        if root is not None:
+            tensor, handle, views = it._symmetric[root]
+            offset = it.peer_view(s.output.name, tensor, f.env, send_peer).storage_offset()
+            dst = views.get((send_peer, offset))
+            if dst is None:
+                dst = views[(send_peer, offset)] = c.remote_view(handle, send_peer, inp.shape,
+                                                                 inp.dtype, offset)
+            work = c.sendrecv_direct(out, inp, send_peer, recv_peer, f.current, handle, dst)
+        else:
+            work = c.sendrecv(out, inp, send_peer, recv_peer, f.current)
     f.env[s.handle.name] = work
 
 

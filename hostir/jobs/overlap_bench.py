@@ -83,7 +83,22 @@ class Timer:
 
 def _name(v: dict) -> str:
     return (f"{v['schedule']}/S{v['stages']}/streams{v['streams']}/{v['transport']}"
-            + ("/graph" if v["graph"] else ""))
+            + ("/graph" if v["graph"] else "") + ("/staged" if v.get("staged") else ""))
+
+
+def _staged_interpreter(sess, program):
+    """An interpreter whose SendRecvs go through the transport's staging buffer."""
+    import dataclasses
+
+    from hostir.options import options, set_options
+    from runtime.interpreter import Interpreter
+
+    saved = options()
+    set_options(dataclasses.replace(saved, disabled=saved.disabled | {"direct_sendrecv"}))
+    try:
+        return Interpreter(program, sess.backend, sess.comm)
+    finally:
+        set_options(saved)
 
 
 def progress(message: str) -> None:
@@ -140,11 +155,14 @@ def _variants():
     """The schedules timed per shape: the per-stage Allgather pipeline (the naive form),
     and the local-first ring over NCCL and over the copy engine, eager and as a CUDA
     graph."""
-    V = lambda sched, s, t, g=False: dict(schedule=sched, stages=s, streams=2,  # noqa: E731
-                                           transport=t, graph=g)
+    V = lambda sched, s, t, g=False, staged=False: dict(  # noqa: E731
+        schedule=sched, stages=s, streams=2, transport=t, graph=g, staged=staged)
     out = [V("pipelined", 1, "nccl"), V("pipelined", 4, "nccl"), V("ring", 1, "nccl"),
            V("ring", 1, "copy_engine"), V("ring", 2, "copy_engine"), V("ring", 4, "copy_engine"),
-           V("ring", 1, "copy_engine", True), V("ring", 2, "copy_engine", True)]
+           V("ring", 1, "copy_engine", True), V("ring", 2, "copy_engine", True),
+           # the copy engine through a staging buffer and a local copy-out (the way
+           # before SendRecvs wrote into the peer's gathered buffer): what direct saves
+           V("ring", 2, "copy_engine", staged=True)]
     only = os.environ.get("HOSTIR_BENCH_ONLY")  # e.g. "ring" to time one schedule
     return [v for v in out if not only or v["schedule"] == only]
 
@@ -262,7 +280,7 @@ def bench(args) -> int:
             sess = session if v["transport"] == "nccl" else _copy_engine_session()
             p = lower(allgather_matmul(m, k, n, v["stages"], d, "bfloat16"), d, v["streams"], r,
                       schedule=v["schedule"])
-            run = sess.interpreter(p)
+            run = _staged_interpreter(sess, p) if v["staged"] else sess.interpreter(p)
             shard = shard_rows(a, v["stages"], d, r)
             if v["graph"]:
                 graphed = capture(run, shard, b)
@@ -285,7 +303,7 @@ def bench(args) -> int:
         chunks_us = times["gemm_chunks"][0]
         for v in variants:
             v["us"], v["host_us"] = times[_name(v)]
-        good = [v for v in variants if v["ok"]]
+        good = [v for v in variants if v["ok"] and not v["staged"]]  # staged: a reference
         best = min(good, key=lambda v: v["us"]) if good else None
         h = choose_schedule(m, k, n, d, "cuda")
         heur = [v for v in good if not v["graph"] and (v["schedule"], v["stages"], v["transport"])

@@ -10,7 +10,15 @@ SendRecv, on the current stream:
     out <- my buffer                         # local copy, copy engine too
 
 The barriers are the symmetric memory's device-side barrier (one tiny kernel each); the
-host never blocks. Every other collective goes to the wrapped communicator (NCCL).
+host never blocks.
+
+When the receive buffer itself lives in symmetric memory (the interpreter allocates a
+program's gathered buffer there, see ``Interpreter._direct_sendrecv_roots``), the sender
+writes straight into the peer's receive buffer and the local copy-out disappears:
+
+    barrier                                  # the peer is done with its last use of it
+    peer's out <- in                         # the copy engine, over the peer mapping
+    barrier                                  # my out is filled Every other collective goes to the wrapped communicator (NCCL).
 Needs ``torch.distributed`` initialized with NCCL (made from MPI when it is not).
 """
 
@@ -70,6 +78,38 @@ class CopyEngineCommunicator:
         if view is None:
             view = self._views[key] = self._handle.get_buffer(rank, shape, dtype, 0)
         return view
+
+    def symmetric_tensor(self, shape: tuple, dtype: torch.dtype):
+        """A tensor in symmetric memory (a host collective: every rank calls it with the
+        same shape, in the same order) and its handle, for ``sendrecv_direct``."""
+        import torch.distributed._symmetric_memory as symm_mem
+
+        tensor = symm_mem.empty(tuple(shape), dtype=dtype, device=torch.cuda.current_device())
+        return tensor, symm_mem.rendezvous(tensor, self.group_name)
+
+    @staticmethod
+    def remote_view(handle, peer: int, shape: tuple, dtype: torch.dtype, offset: int):
+        """``peer``'s copy of the symmetric tensor of ``handle``, from element ``offset``,
+        as a tensor this rank can write (the caller keeps it: making one costs host time)."""
+        return handle.get_buffer(peer, tuple(shape), dtype, offset)
+
+    def sendrecv_direct(self, out, inp, send_peer: int, recv_peer: int, stream, handle, dst):
+        """SendRecv into symmetric memory: ``inp`` goes to ``dst`` (``remote_view`` of
+        ``send_peer``'s receive buffer); ``out``, a view of this rank's copy of the same
+        symmetric tensor, is filled by ``recv_peer`` meanwhile."""
+        if not (inp.is_contiguous() and out.is_contiguous()):
+            raise CommunicationError("copy-engine SendRecv needs contiguous tensors")
+        if inp.numel() != out.numel() or inp.dtype != out.dtype:
+            raise CommunicationError(
+                f"copy-engine SendRecv sends as much as it receives: in {list(inp.shape)} "
+                f"{inp.dtype}, out {list(out.shape)} {out.dtype}")
+        s = stream if stream is not None else torch.cuda.current_stream()
+        timeout_ms = int(options().comm_timeout_s * 1000)
+        with torch.cuda.stream(s):
+            handle.barrier(channel=0, timeout_ms=timeout_ms)
+            (out if send_peer == self.rank else dst).copy_(inp)
+            handle.barrier(channel=0, timeout_ms=timeout_ms)
+        return self.base._posted("copy-engine SendRecv", s, inp)
 
     def sendrecv(self, out, inp, send_peer: int, recv_peer: int, stream=None):
         if not (inp.is_contiguous() and out.is_contiguous()):
