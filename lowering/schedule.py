@@ -8,11 +8,14 @@ The rule, from the figures in benchmarks/results/pipelined_matmul_*.json (2 x H2
   at or above allgather-then-GEMM (NCCL kernels take SMs; every stage pays for it).
 * Stages: a ring step moves (M/D)·K elements while the GEMM before it does
   2·(M/D)·K·N flops; with ~350 GB/s of peer copy and ~700 TFLOP/s of bf16 GEMM the GEMM
-  takes about N/2000 times as long as the copy, so one stage hides the transfer at every
-  benchmark shape. Measured on 2 x H200 (2026-11-22), one stage was fastest (within 2%)
-  up to 8192 rows a rank, and four stages were 3-4% faster from 16384 rows a rank
-  (32768x8192x4096, 32768x32768x8192): with long transfers, smaller ones interleave
-  better with the GEMMs that wait on them.
+  takes about N/2000 times as long as the copy, so even one stage hides the transfer at
+  every benchmark shape. What stages buy is shorter dependency chains: each GEMM waits
+  only for its own, smaller transfer. Measured on 2 x H200 (2026-11-22, all candidates
+  timed side by side, SendRecvs writing straight into the peer's buffer), the best count
+  gave stages of about 2048 rows a rank: 8192 rows a rank -> S=4 (1.015 of the GEMM
+  alone; S=1 1.060), 4096 -> S=2 (0.984; S=1 1.019), 16384 -> S=4 (1.011; S=1 1.119),
+  2048 -> S=1 (1.020; S=2 1.028). Hence stages = rows a rank / 2048, a power of two,
+  at most 4 (each stage costs host time: ~150 µs of issue per stage, eager).
 * On one rank, or on CPU ranks, the plain pipelined program (nothing to hide).
 
 An autotuned choice, when one was stored for the same device, world size, shape and
@@ -40,7 +43,9 @@ def choose_schedule(m: int, k: int, n: int, world_size: int, device: str) -> Sch
     if device != "cuda" or world_size == 1:
         stages = 2 if m % (2 * world_size) == 0 else 1
         return Schedule("pipelined", stages, 2, "nccl" if device == "cuda" else "mpi")
-    stages = 4 if m // world_size >= 16384 else 1
+    stages = 1
+    while stages < 4 and (m // world_size) // (2 * stages) >= 2048:
+        stages *= 2
     while stages > 1 and m % (stages * world_size):
         stages //= 2
     return Schedule("ring", stages, 2, "copy_engine")

@@ -30,6 +30,14 @@ SHAPES = [(8192, 8192, 8192), (16384, 8192, 8192), (32768, 8192, 4096),
           (4096, 8192, 28672), (32768, 32768, 8192)]
 
 
+# The staged copy-engine path (the reference the direct path is compared with) hung at
+# 32768x32768x8192 in three runs, in a device barrier after its staging buffer grew to
+# 1 GiB (benchmarks/results/raw/pipelined_matmul_32768x32768x8192_*.log); the direct
+# path, the default, ran there. Until that is understood, the reference skips messages
+# above this size.
+STAGED_MAX_BYTES = 512 << 20
+
+
 class Timer:
     """Per-iteration time of the slowest rank, for several candidates measured side by side.
 
@@ -275,6 +283,8 @@ def bench(args) -> int:
         variants, keep = [], []
         for v in _variants():
             if m % (v["stages"] * d):
+                continue
+            if v["staged"] and (m // (v["stages"] * d)) * k * 2 > STAGED_MAX_BYTES:
                 continue
             progress(f"{m}x{k}x{n}: build and check {_name(v)}")
             sess = session if v["transport"] == "nccl" else _copy_engine_session()
