@@ -43,9 +43,17 @@ def add_arguments(p) -> None:
     p.add_argument("--streams", type=int, default=2)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
-    p.add_argument("--comm", default="auto", choices=["auto", "torch", "nccl", "mpi"],
-                   help="auto: the torch.distributed group if initialized (torchrun), else "
-                        "NCCL (GPU) / MPI (CPU); torch: init a group (from torchrun's env or MPI)")
+    p.add_argument("--comm", default="auto",
+                   choices=["auto", "torch", "nccl", "mpi", "copy_engine"],
+                   help="auto: the copy engine where it can run (CUDA, >= 2 ranks on one "
+                        "node, torch symmetric memory), else the torch.distributed group if "
+                        "initialized (torchrun), else NCCL (GPU) / MPI (CPU); torch: init a "
+                        "group (from torchrun's env or MPI); copy_engine: SendRecv by peer "
+                        "writes (no SMs), other collectives NCCL")
+    p.add_argument("--schedule", default="auto", choices=["auto", "pipelined", "ring"],
+                   help="pipelined: one collective a stage; ring: SendRecv beside the GEMMs "
+                        "(AllGather+GEMM local rows first, GEMM+ReduceScatter local rows "
+                        "last); auto: ring over the copy engine, else pipelined")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bench", action="store_true", help="time a step: ours vs plain vs ideal")
     p.add_argument("--iters", type=int, default=10)
@@ -173,7 +181,8 @@ def train(args) -> list[float]:
     dt = DTYPES[args.dtype]
     w1, w2 = initial_weights(args)
     block = MLPBlock.from_weights(w1, w2, dt, device, stages=args.stages,
-                                  streams=args.streams, comm=args.comm)
+                                  streams=args.streams, comm=args.comm,
+                                  schedule=args.schedule)
     opt = torch.optim.SGD(block.parameters(), lr=args.lr)
     losses = []
     for step in range(args.steps):

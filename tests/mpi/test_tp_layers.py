@@ -94,16 +94,18 @@ def _reference(x, lin, grad, bias=None):
     return y.detach(), x.grad, w.grad, (b.grad if b is not None else None)
 
 
+@pytest.mark.parametrize("schedule", ["pipelined", "ring"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("stages", [1, 2, 4])
-def test_column_parallel_linear(world, comm, stages, dtype):
+def test_column_parallel_linear(world, comm, stages, dtype, schedule):
     rank, d = world
     t, i, o = 4 * stages * d, 24, 8 * d
     x, lin, grad = _data(t, i, o, dtype, seed=stages)
     with torch.no_grad():
         bias = torch.randn(o).to(lin.weight.dtype)
         lin.bias = torch.nn.Parameter(bias.clone())
-    layer = ColumnParallelLinear.from_linear(lin, stages=stages, streams=2, comm=comm)
+    layer = ColumnParallelLinear.from_linear(lin, stages=stages, streams=2, comm=comm,
+                                             schedule=schedule)
     assert layer.weight.shape == (i, o // d) and layer.bias.shape == (o // d,)
     x_local = shard_sequence(x, stages, d, rank).requires_grad_()
     y = layer(x_local)
@@ -118,13 +120,15 @@ def test_column_parallel_linear(world, comm, stages, dtype):
     assert _err(layer.bias.grad, rdb[cols]) < tol
 
 
+@pytest.mark.parametrize("schedule", ["pipelined", "ring"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("stages", [1, 2, 4])
-def test_row_parallel_linear(world, comm, stages, dtype):
+def test_row_parallel_linear(world, comm, stages, dtype, schedule):
     rank, d = world
     t, i, o = 4 * stages * d, 8 * d, 20
     x, lin, grad = _data(t, i, o, dtype, seed=10 + stages)
-    layer = RowParallelLinear.from_linear(lin, stages=stages, streams=3, comm=comm)
+    layer = RowParallelLinear.from_linear(lin, stages=stages, streams=3, comm=comm,
+                                          schedule=schedule)
     k, cols = i // d, slice(rank * (i // d), (rank + 1) * (i // d))
     assert layer.weight.shape == (k, o)
     x_local = x[:, cols].contiguous().requires_grad_()
@@ -169,6 +173,48 @@ def test_programs_are_built_once_per_shape(world, comm):
     assert len(tp._PLANS) == before + 2
 
 
+def test_ring_layers_send_and_receive_only(world, comm):
+    """With schedule=ring every program of both layers moves data by SendRecv alone, and
+    the AllGather side's gathered input (saved for the weight gradient) holds every
+    rank's rows, this rank's included (the ring never writes them there itself)."""
+    from hostir import nn as tp
+
+    rank, d = world
+    t, h = 4 * d, 8 * d
+    up = ColumnParallelLinear(h, 2 * h, stages=1, comm=comm, schedule="ring")
+    down = RowParallelLinear(2 * h, h, stages=1, comm=comm, schedule="ring")
+    x = torch.randn(t // d, h)
+    down(up(x)).sum().backward()
+    for layer, kind in ((up, "column"), (down, "row")):
+        plan = tp._plan(kind, layer, x if kind == "column" else torch.empty(t, 2 * h // d))
+        assert plan.schedule == "ring"
+        for run in (plan.fwd, plan.bwd):
+            kinds = {s.type for s in ir.walk(run.program.body) if isinstance(s, ir.Communication)}
+            assert kinds == {ir.CommunicationType.SendRecv}, (kind, kinds)
+    _, gathered = tp._plan("column", up, x).column_forward(x, up.weight.detach())
+    from mpi4py import MPI
+
+    every = MPI.COMM_WORLD.allgather(x)
+    torch.testing.assert_close(gathered.reshape(t, h), torch.cat(every), rtol=0, atol=0)
+
+
+def test_unknown_schedule_or_comm_is_refused(world, comm):
+    with pytest.raises(ValueError, match="schedule='circle': expected one of auto, pipelined, ring"):
+        ColumnParallelLinear(8, 8 * world[1], comm=comm, schedule="circle")
+    with pytest.raises(ValueError, match="comm='smoke': expected one of auto, torch, nccl, mpi, copy_engine"):
+        RowParallelLinear(8 * world[1], 8, comm="smoke")
+
+
+def test_auto_is_the_previous_default_on_cpu(world, comm):
+    from hostir import nn as tp
+
+    rank, d = world
+    assert not tp.copy_engine_available(torch.device("cpu"), d)
+    kind, schedule = tp._resolve(torch.device("cpu"), None, "auto", "auto")
+    assert schedule == "pipelined" and kind in ("torch", "mpi")
+    assert tp._resolve(torch.device("cpu"), None, comm, "ring") == (comm, "ring")
+
+
 def test_refuses_tokens_that_do_not_divide(world, comm):
     from hostir.errors import LoweringError
 
@@ -183,14 +229,15 @@ def test_refuses_tokens_that_do_not_divide(world, comm):
 # ----------------------------------------------------------------- the example loop
 
 
+@pytest.mark.parametrize("schedule", ["pipelined", "ring"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_training_loss_matches_the_reference_at_every_step(world, comm, dtype):
+def test_training_loss_matches_the_reference_at_every_step(world, comm, dtype, schedule):
     from hostir.jobs import train_mlp
 
     rank, d = world
     args = train_mlp.parse([f"--hidden={8 * d}", "--ffn-mult=2", f"--tokens={8 * d}",
                             "--steps=12", "--stages=2", f"--dtype={dtype}", f"--comm={comm}",
-                            "--device=cpu", "--lr=0.2"])
+                            "--device=cpu", "--lr=0.2", f"--schedule={schedule}"])
     losses = train_mlp.train(args)
     ref = train_mlp.train_reference(args)
     assert len(losses) == len(ref) == 12
