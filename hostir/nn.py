@@ -33,7 +33,9 @@ Programs (built once per shape, dtype, device and communicator, then cached):
   AllGather+GEMM ``dx = gather(dy) @ W^T`` and ``dW = x^T @ gather(dy)``.
 
 The backward programs read ``W^T``; the IR's matmul takes contiguous operands, so it is
-one transposed copy of the local weight per backward.
+one transposed copy of the local weight per backward. With ``schedule="ring"`` the
+AllGather+GEMM program never writes this rank's own rows into the gathered input (it
+multiplies them from the shard), so the layer copies them there for the weight gradient.
 
 Schedules (``schedule=``): ``pipelined`` runs one collective a stage (an Allgather
 before, a ReduceScatter after, each stage's GEMM) on round-robin worker streams; ``ring``

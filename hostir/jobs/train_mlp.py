@@ -10,10 +10,16 @@ the loss of each step (summed over all ranks' tokens).
     torchrun --nproc-per-node 2 -m hostir.run train_mlp --comm torch
     launch_scripts/train_mlp.sh 2 --bench            # GPUs: ours vs plain collectives vs ideal
 
-``--bench`` (GPUs) times one forward+backward step at ``--hidden`` 8192, ``--tokens``
-16384, bf16: the hostir layers, the same layers written with plain ``torch.distributed``
-collectives (gather, then GEMM; GEMM, then reduce-scatter: no overlap), and the step's
-six GEMMs alone (ideal); it writes ``benchmarks/results/tp_mlp_<device>.json``.
+``--bench`` (GPUs) times one forward+backward step (bf16; the figures in
+``benchmarks/results`` are at ``--hidden 8192 --tokens 16384``): the hostir layers in
+several variants (the default first: the ring schedules over the copy engine; then rings
+at more stages, over NCCL, and the per-stage pipelines), the same layers written with
+plain ``torch.distributed`` collectives (gather, then GEMM; GEMM, then reduce-scatter: no
+overlap), and the step's six GEMMs alone (ideal). Before timing it checks the pipelined
+and the ring layers against the plain ones (relative errors in the JSON); it writes
+``<--out>/tp_mlp_<device>.json``.
+
+    mpirun -np 2 python -m hostir.run train_mlp --bench --hidden 8192 --tokens 16384
 """
 
 from __future__ import annotations
