@@ -155,7 +155,7 @@ def _resolve(device: torch.device, process_group, comm: str, schedule: str) -> t
         # The ring over the copy engine where it can run: it was the fastest AllGather+GEMM
         # measured (no SMs taken from the GEMM, first transfer hidden). Elsewhere the
         # previous default, so CPU ranks and multi-node jobs run as before.
-        if copy_engine_available(device, _world(process_group, comm)[1]):
+        if device.type == "cuda" and copy_engine_available(device, _world(process_group, comm)[1]):
             kind = "copy_engine"
         elif _torch_group(process_group):
             kind = "torch"
