@@ -32,7 +32,8 @@ NCCL or through the copy engine (no SMs) is the communicator's choice.
 Accumulation: each ``add`` sums in the output dtype and rounds once (bf16 sums in bf16),
 which is what NCCL's ring ReduceScatter does over bf16 (it rounds after every hop); the
 order of the sum differs, so results match the pipelined program to rounding, and exactly
-for D = 2 (a + b is commutative).
+for D = 2 (a + b is commutative). (hostir's MPI transport, for CPU ranks, sums half types
+in float32 and rounds once, so there the two forms differ by bf16 rounding for D > 2.)
 
 The rows of a stage must be addressable by owner, so input A is re-typed from
 ``[Stream(S), M/S, DIDx(D), K/D]`` to ``[Stream(S), D, M/(S*D), DIDx(D), K/D]`` (without
