@@ -137,11 +137,12 @@ def copy_engine_available(device: torch.device, world_size: int) -> bool:
     local = _local_world_size()
     if local != world_size or torch.cuda.device_count() < world_size:
         return False
+    import importlib.util
+
     try:
-        import torch.distributed._symmetric_memory  # noqa: F401
+        return importlib.util.find_spec("torch.distributed._symmetric_memory") is not None
     except ImportError:
         return False
-    return True
 
 
 def _resolve(device: torch.device, process_group, comm: str, schedule: str) -> tuple[str, str]:
