@@ -468,6 +468,31 @@ class Matmul:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class Add:
+    """``out = a + b`` elementwise on the current stream, written into the existing tensor
+    ``out``; all three have the same local shape and dtype, and ``out`` may be ``a`` or
+    ``b`` (an in-place accumulate). The sum is computed and rounded in that dtype, once per
+    statement, as a NCCL ReduceScatter over bf16 rounds after every hop of its ring: the
+    ring GEMM + ReduceScatter (``lowering.passes.ring_reduce_scatter``) accumulates the
+    partial sums it receives with it."""
+
+    out: Tensor
+    a: Tensor
+    b: Tensor
+
+    def __post_init__(self):
+        where = f"add {getattr(self.out, 'name', '?')}"
+        for name in ("out", "a", "b"):
+            _need(where, getattr(self, name), Tensor, name)
+        a, b, o = self.a.local_shape, self.b.local_shape, self.out.local_shape
+        if not (a == b == o):
+            _fail(where, f"expected equal shapes, got out {list(o)}, {self.a.name} {list(a)}, "
+                         f"{self.b.name} {list(b)}")
+        if not (self.a.dtype == self.b.dtype == self.out.dtype):
+            _fail(where, f"dtypes differ: a {self.a.dtype}, b {self.b.dtype}, out {self.out.dtype}")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class LaunchKernel:
     """Launches the generated kernel ``kernel`` on the current stream with ``args``
     (tensors first, then integer scalars), grid and block in CTAs and threads, and
@@ -563,11 +588,11 @@ class KernelDef:
 
 Statement = Union[
     GetCurrentStream, SetCurrentStream, Synchronize, Allocate, Select, Communication, Wait,
-    Matmul, LaunchKernel, ForLoop,
+    Matmul, Add, LaunchKernel, ForLoop,
 ]
 STATEMENT_TYPES = (
     GetCurrentStream, SetCurrentStream, Synchronize, Allocate, Select, Communication, Wait,
-    Matmul, LaunchKernel, ForLoop,
+    Matmul, Add, LaunchKernel, ForLoop,
 )
 
 

@@ -277,7 +277,7 @@ class _Parser:
             out = ir.select_type(target, src, axis)
             self.define(line, out, at)
             return ir.Select(out, src, axis, index)
-        if op == "matmul":
+        if op in ("matmul", "add"):
             a = self.lookup(line, ir.Tensor, "tensor")
             line.take(",")
             b = self.lookup(line, ir.Tensor, "tensor")
@@ -285,8 +285,8 @@ class _Parser:
             out = self.values.get(target)
             if not isinstance(out, ir.Tensor):
                 line.i = at
-                raise line.error(f"matmul writes into an existing tensor: {target!r} is not one")
-            return ir.Matmul(out, a, b)
+                raise line.error(f"{op} writes into an existing tensor: {target!r} is not one")
+            return (ir.Matmul if op == "matmul" else ir.Add)(out, a, b)
         if op == "Communication":
             return self.communication(line, target, at)
         line.i = at + 2

@@ -9,7 +9,7 @@ checks what needs context:
   (``numberOfStreams``, ``rank``, ``worldSize``);
 - a ``Wait`` names a ``Communication`` of the same scope that was not waited yet, and
   every communication is waited in the scope that posted it;
-- a matmul writes into an existing tensor that is not an input;
+- a matmul or add writes into an existing tensor that is not an input;
 - a program that switches streams captured the user's stream first, ends on it, and
   joins (``Synchronize``) every worker stream it issued work on after that work.
 
@@ -102,7 +102,8 @@ class _Verifier:
             self.fail(comm, f"communication {name} is never waited in the scope that posts it")
 
     def statement(self, s, scope: _Scope) -> None:
-        issues_work = isinstance(s, (ir.Communication, ir.Matmul, ir.LaunchKernel, ir.Wait))
+        issues_work = isinstance(s, (ir.Communication, ir.Matmul, ir.Add, ir.LaunchKernel,
+                                     ir.Wait))
         if isinstance(s, ir.GetCurrentStream):
             if self.user_stream is not None:
                 self.fail(s, "the user's stream is captured twice")
@@ -143,11 +144,12 @@ class _Verifier:
             if s.handle.name not in scope.pending:
                 self.fail(s, f"{s.handle.name} is not a communication of this scope still in flight")
             del scope.pending[s.handle.name]
-        elif isinstance(s, ir.Matmul):
+        elif isinstance(s, (ir.Matmul, ir.Add)):
             for t in (s.a, s.b, s.out):
                 self.use(scope, t, s)
             if s.out.name in self.inputs:
-                self.fail(s, f"matmul writes into the program input {s.out.name}")
+                what = "matmul" if isinstance(s, ir.Matmul) else "add"
+                self.fail(s, f"{what} writes into the program input {s.out.name}")
         elif isinstance(s, ir.LaunchKernel):
             if s.kernel not in self.kernels:
                 self.fail(s, f"kernel {s.kernel} is not among the program's kernels "

@@ -20,6 +20,7 @@ from lowering.passes.collective_permute import collective_permute
 from lowering.passes.lower_communication import lower_communication
 from lowering.passes.lower_normalization import NORM_OPS, is_normalization, lower_normalization
 from lowering.passes.lower_reduce_scatter import lower_reduce_scatter
+from lowering.passes.ring_reduce_scatter import ring_reduce_scatter
 from lowering.patterns import is_reduce_scatter
 
 
@@ -30,10 +31,14 @@ def lower(fusion: Fusion, world_size: int, number_of_streams: int = 2, rank: int
           schedule: str = "pipelined") -> ir.Program:
     """Lower ``fusion`` for ``world_size`` ranks onto ``number_of_streams`` worker streams.
 
-    ``schedule`` (AllGather + GEMM side): ``pipelined`` gathers each stage with one
-    Allgather on round-robin streams; ``ring`` computes the local rows first and receives
-    the others by SendRecv (a collective permute) on a communication stream beside the
-    compute stream.
+    ``schedule``: ``pipelined`` runs each stage's collective (one Allgather before, or one
+    ReduceScatter after, the stage's GEMM) on round-robin worker streams. ``ring`` moves
+    data by SendRecv on a communication stream beside the compute stream: on the
+    AllGather + GEMM side the local rows are multiplied first while the others arrive (a
+    collective permute, ``collective_permute``); on the GEMM + ReduceScatter side partial
+    sums travel round the ranks and this rank's own rows are multiplied last
+    (``ring_reduce_scatter``, whose input A is re-typed to address each owner's rows: pass
+    ``a.view(program.inputs[0].local_shape)``).
     """
     if schedule not in SCHEDULES:
         from hostir.errors import LoweringError
@@ -59,6 +64,8 @@ def lower(fusion: Fusion, world_size: int, number_of_streams: int = 2, rank: int
         first = ("lower_communication", lambda _: lower_communication(fusion, world_size))
     if schedule == "ring" and first[0] == "lower_communication":
         second = ("collective_permute", lambda p: collective_permute(p, number_of_streams))
+    elif schedule == "ring":
+        second = ("ring_reduce_scatter", lambda p: ring_reduce_scatter(p, number_of_streams))
     else:
         second = ("assign_streams", lambda p: assign_streams(p, number_of_streams))
     steps = [first, second]

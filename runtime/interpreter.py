@@ -362,6 +362,11 @@ def _matmul(it: Interpreter, s: ir.Matmul, f: _Frame) -> None:
         torch.matmul(a, b, out=out)
 
 
+def _add(it: Interpreter, s: ir.Add, f: _Frame) -> None:
+    # torch's add on the current stream (CPU: at once), rounded once into out's dtype.
+    torch.add(f.env[s.a.name], f.env[s.b.name], out=f.env[s.out.name])
+
+
 def _launch_kernel(it: Interpreter, s: ir.LaunchKernel, f: _Frame) -> None:
     it.kernel(s.kernel)([f.env[t.name] for t in s.args], s.grid, s.block, s.smem, s.scalars,
                         f.current)
@@ -383,6 +388,7 @@ _RULES = {
     ir.Communication: _communication,
     ir.Wait: _wait,
     ir.Matmul: _matmul,
+    ir.Add: _add,
     ir.LaunchKernel: _launch_kernel,
     ir.ForLoop: _for_loop,
 }

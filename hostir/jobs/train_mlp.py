@@ -10,10 +10,16 @@ the loss of each step (summed over all ranks' tokens).
     torchrun --nproc-per-node 2 -m hostir.run train_mlp --comm torch
     launch_scripts/train_mlp.sh 2 --bench            # GPUs: ours vs plain collectives vs ideal
 
-``--bench`` (GPUs) times one forward+backward step at ``--hidden`` 8192, ``--tokens``
-16384, bf16: the hostir layers, the same layers written with plain ``torch.distributed``
-collectives (gather, then GEMM; GEMM, then reduce-scatter: no overlap), and the step's
-six GEMMs alone (ideal); it writes ``benchmarks/results/tp_mlp_<device>.json``.
+``--bench`` (GPUs) times one forward+backward step (bf16; the figures in
+``benchmarks/results`` are at ``--hidden 8192 --tokens 16384``): the hostir layers in
+several variants (the default first: the ring schedules over the copy engine; then rings
+at more stages, over NCCL, and the per-stage pipelines), the same layers written with
+plain ``torch.distributed`` collectives (gather, then GEMM; GEMM, then reduce-scatter: no
+overlap), and the step's six GEMMs alone (ideal). Before timing it checks the pipelined
+and the ring layers against the plain ones (relative errors in the JSON); it writes
+``<--out>/tp_mlp_<device>.json``.
+
+    mpirun -np 2 python -m hostir.run train_mlp --bench --hidden 8192 --tokens 16384
 """
 
 from __future__ import annotations
@@ -43,9 +49,17 @@ def add_arguments(p) -> None:
     p.add_argument("--streams", type=int, default=2)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
-    p.add_argument("--comm", default="auto", choices=["auto", "torch", "nccl", "mpi"],
-                   help="auto: the torch.distributed group if initialized (torchrun), else "
-                        "NCCL (GPU) / MPI (CPU); torch: init a group (from torchrun's env or MPI)")
+    p.add_argument("--comm", default="auto",
+                   choices=["auto", "torch", "nccl", "mpi", "copy_engine"],
+                   help="auto: the copy engine where it can run (CUDA, >= 2 ranks on one "
+                        "node, torch symmetric memory), else the torch.distributed group if "
+                        "initialized (torchrun), else NCCL (GPU) / MPI (CPU); torch: init a "
+                        "group (from torchrun's env or MPI); copy_engine: SendRecv by peer "
+                        "writes (no SMs), other collectives NCCL")
+    p.add_argument("--schedule", default="auto", choices=["auto", "pipelined", "ring"],
+                   help="pipelined: one collective a stage; ring: SendRecv beside the GEMMs "
+                        "(AllGather+GEMM local rows first, GEMM+ReduceScatter local rows "
+                        "last); auto: ring over the copy engine, else pipelined")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bench", action="store_true", help="time a step: ours vs plain vs ideal")
     p.add_argument("--iters", type=int, default=10)
@@ -173,7 +187,8 @@ def train(args) -> list[float]:
     dt = DTYPES[args.dtype]
     w1, w2 = initial_weights(args)
     block = MLPBlock.from_weights(w1, w2, dt, device, stages=args.stages,
-                                  streams=args.streams, comm=args.comm)
+                                  streams=args.streams, comm=args.comm,
+                                  schedule=args.schedule)
     opt = torch.optim.SGD(block.parameters(), lr=args.lr)
     losses = []
     for step in range(args.steps):
@@ -324,11 +339,13 @@ def bench(args) -> dict:
         y.backward(dy)
         return y, xi.grad
 
-    def ours_block(stages, streams, comm, overlap):
+    def ours_block(stages, streams, comm, overlap, schedule="pipelined"):
         up = ColumnParallelLinear(h, f, stages=stages, streams=streams, comm=comm,
-                                  device=device, dtype=dt, overlap_weight_grad=overlap)
+                                  device=device, dtype=dt, overlap_weight_grad=overlap,
+                                  schedule=schedule)
         down = RowParallelLinear(f, h, stages=stages, streams=streams, comm=comm,
-                                 device=device, dtype=dt, overlap_weight_grad=overlap)
+                                 device=device, dtype=dt, overlap_weight_grad=overlap,
+                                 schedule=schedule)
         with torch.no_grad():
             up.weight.copy_(w1)
             down.weight.copy_(w2)
@@ -344,16 +361,23 @@ def bench(args) -> dict:
             return y, xi.grad
         return step
 
-    # Correctness first: with stages=1 ours and plain share the token layout.
-    block = ours_block(1, 1, "torch", False)
-    y_o, dx_o = ours_step(block)()
-    for p in params:
-        p.grad = None
-    y_p, dx_p = plain_step()
-    check = {"y": _rel(y_o, y_p), "dx": _rel(dx_o, dx_p),
-             "dw1": _rel(block.up.weight.grad, params[0].grad),
-             "dw2": _rel(block.down.weight.grad, params[1].grad)}
-    del block
+    # Correctness first: with stages=1 ours and plain share the token layout. The
+    # pipelined program over the same group, and the ring over the default transport
+    # (the copy engine on GPUs; the group on the CPU).
+    ring_comm = "copy_engine" if device.type == "cuda" else "torch"
+
+    def check_against_plain(stages, streams, comm, schedule):
+        block = ours_block(stages, streams, comm, False, schedule)
+        y_o, dx_o = ours_step(block)()
+        for p in params:
+            p.grad = None
+        y_p, dx_p = plain_step()
+        return {"y": _rel(y_o, y_p), "dx": _rel(dx_o, dx_p),
+                "dw1": _rel(block.up.weight.grad, params[0].grad),
+                "dw2": _rel(block.down.weight.grad, params[1].grad)}
+
+    check = check_against_plain(1, 1, "torch", "pipelined")
+    check_ring = check_against_plain(1, 2, ring_comm, "ring")
 
     # Ideal: the step's six GEMMs alone, local shapes, back to back.
     xs = torch.randn(t, h, device=device, dtype=dt)
@@ -381,21 +405,33 @@ def bench(args) -> dict:
     dist.barrier()
     plain = _time(plain_step, args.iters, args.warmup)
     variants = []
-    configs = [(4, 2, "torch", True), (2, 2, "torch", True), (8, 2, "torch", True),
-               (4, 2, "torch", False), (4, 2, "nccl", True), (4, 3, "nccl", True)]
-    if device.type == "cpu":
-        configs = [(c[0], c[1], "torch", c[3]) for c in configs[:4]]
-    for stages, streams, comm, overlap in configs:
+    # The first variant is the layers' default transport and schedule (ring over the copy
+    # engine where it can run) at one stage; then the ring's alternatives; then the
+    # per-stage pipelines measured before (fields: stages, streams, comm, overlap, schedule).
+    configs = [(1, 2, "auto", True, "auto"), (2, 2, "copy_engine", True, "ring"),
+               (1, 2, "copy_engine", False, "ring"), (1, 2, "nccl", True, "ring"),
+               (4, 2, "torch", True, "pipelined"), (2, 2, "torch", True, "pipelined"),
+               (8, 2, "torch", True, "pipelined"), (4, 2, "torch", False, "pipelined"),
+               (4, 2, "nccl", True, "pipelined"), (4, 3, "nccl", True, "pipelined")]
+    if device.type == "cpu":  # a smoke test of the benchmark itself, over the gloo group
+        configs = [(1, 2, "auto", True, "auto"), (1, 2, "torch", True, "ring"),
+                   (2, 2, "torch", False, "ring"), (4, 2, "torch", True, "pipelined")]
+    from hostir.nn import _resolve
+
+    for stages, streams, comm, overlap, schedule in configs:
         dist.barrier()
+        kind, resolved = _resolve(device, None, comm, schedule)
+        v = {"stages": stages, "streams": streams, "comm": kind, "schedule": resolved,
+             "overlap_weight_grad": overlap}
+        if (comm, schedule) != (kind, resolved):
+            v["asked"] = f"comm={comm} schedule={schedule}"
         try:
-            block = ours_block(stages, streams, comm, overlap)
-            ms = _time(ours_step(block), args.iters, args.warmup)
-            variants.append({"stages": stages, "streams": streams, "comm": comm,
-                             "overlap_weight_grad": overlap, "ms": ms})
+            block = ours_block(stages, streams, comm, overlap, schedule)
+            v["ms"] = _time(ours_step(block), args.iters, args.warmup)
             del block
         except Exception as e:  # noqa: BLE001 - a variant that cannot run is reported, not fatal
-            variants.append({"stages": stages, "streams": streams, "comm": comm,
-                             "overlap_weight_grad": overlap, "error": f"{type(e).__name__}: {e}"})
+            v["error"] = f"{type(e).__name__}: {e}"
+        variants.append(v)
     # Every rank reports its own figures; take the slowest rank's.
     def worst(v: float) -> float:
         tt = torch.tensor([v], device=device, dtype=torch.float64)
@@ -409,7 +445,8 @@ def bench(args) -> dict:
     timed = [v for v in variants if "ms" in v]
     best = min(timed, key=lambda v: v["ms"]) if timed else None
     default = timed[0] if timed and timed[0] is variants[0] else None
-    return {"rank": rank, "world": world, "check": check, "ideal": ideal, "plain": plain,
+    return {"rank": rank, "world": world, "check": check, "check_ring": check_ring,
+            "ideal": ideal, "plain": plain,
             "compute": compute,
             "variants": variants, "best": best, "default": default}
 
@@ -426,7 +463,8 @@ def main(args) -> int:
                       "ours_ms": ours, "plain_ms": r["plain"], "ideal_ms": r["ideal"],
                       "compute_no_comm_ms": r["compute"],
                       "ours_config": r["best"], "ours_default_ms": (r["default"] or {}).get("ms"),
-                      "variants": r["variants"], "check_vs_plain_rel_err": r["check"]}
+                      "variants": r["variants"], "check_vs_plain_rel_err": r["check"],
+                      "check_ring_vs_plain_rel_err": r["check_ring"]}
             doc = {"device": f"{r['world']}x {gpu}",
                    "date": datetime.date.today().isoformat(), "commit": commit(),
                    "note": "forward+backward of x + down(gelu(up(x))); ours_ms is the best "

@@ -10,7 +10,11 @@ SendRecv, on the current stream:
     out <- my buffer                         # local copy, copy engine too
 
 The barriers are the symmetric memory's device-side barrier (one tiny kernel each); the
-host never blocks.
+host never blocks. Every other collective goes to the wrapped communicator: hostir's NCCL
+one, or a ``TorchCommunicator`` over the caller's NCCL process group (``hostir.nn`` does
+that when ``torch.distributed`` is initialized). The symmetric memory is rendezvoused over
+``group`` (default: the world group of ``torch.distributed``, initialized with NCCL from
+MPI when it is not), whose ranks must be the wrapped communicator's.
 
 When the receive buffer itself lives in symmetric memory (the interpreter allocates a
 program's gathered buffer there, see ``Interpreter._direct_sendrecv_roots``), the sender
@@ -18,8 +22,7 @@ writes straight into the peer's receive buffer and the local copy-out disappears
 
     barrier                                  # the peer is done with its last use of it
     peer's out <- in                         # the copy engine, over the peer mapping
-    barrier                                  # my out is filled Every other collective goes to the wrapped communicator (NCCL).
-Needs ``torch.distributed`` initialized with NCCL (made from MPI when it is not).
+    barrier                                  # my out is filled
 """
 
 from __future__ import annotations
@@ -33,17 +36,22 @@ from hostir.options import options
 class CopyEngineCommunicator:
     name = "copy_engine"
 
-    def __init__(self, base):
+    def __init__(self, base, group=None):
         import torch.distributed as dist
 
         from runtime.session import init_torch_distributed_from_mpi
 
-        init_torch_distributed_from_mpi("nccl")
+        if group is None:
+            init_torch_distributed_from_mpi("nccl")
+            group = dist.group.WORLD
         self.base = base
         self.rank, self.world_size = base.rank, base.world_size
-        if dist.get_rank() != self.rank or dist.get_world_size() != self.world_size:
-            raise CommunicationError("copy-engine transport: torch.distributed ranks differ from MPI's")
-        self.group_name = dist.group.WORLD.group_name
+        if dist.get_rank(group) != self.rank or dist.get_world_size(group) != self.world_size:
+            raise CommunicationError(
+                f"copy-engine transport: the torch.distributed group's rank "
+                f"{dist.get_rank(group)} of {dist.get_world_size(group)} differs from the "
+                f"wrapped {base.name} communicator's rank {self.rank} of {self.world_size}")
+        self.group_name = group.group_name
         self._buffer = None
         self._handle = None
         self._retired: list = []
@@ -109,7 +117,7 @@ class CopyEngineCommunicator:
             handle.barrier(channel=0, timeout_ms=timeout_ms)
             (out if send_peer == self.rank else dst).copy_(inp)
             handle.barrier(channel=0, timeout_ms=timeout_ms)
-        return self.base._posted("copy-engine SendRecv", s, inp)
+        return self._posted(s, inp)
 
     def sendrecv(self, out, inp, send_peer: int, recv_peer: int, stream=None):
         if not (inp.is_contiguous() and out.is_contiguous()):
@@ -133,4 +141,16 @@ class CopyEngineCommunicator:
             h.barrier(channel=0, timeout_ms=timeout_ms)
             if send_peer != self.rank:
                 out.copy_(self._view(self.rank, tuple(out.shape), out.dtype))
-        return self.base._posted("copy-engine SendRecv", s, inp)
+        return self._posted(s, inp)
+
+    def _posted(self, s, inp):
+        """The SendRecv's completion: NCCL's posted work (an event its watchdog checks),
+        or a plain event over another wrapped communicator."""
+        posted = getattr(self.base, "_posted", None)
+        if posted is not None:
+            return posted("copy-engine SendRecv", s, inp)
+        from runtime.comm.nccl import _EventWork  # no cupy needed for this
+
+        event = torch.cuda.Event()
+        event.record(s)
+        return _EventWork(s, event)

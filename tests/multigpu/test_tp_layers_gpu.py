@@ -142,3 +142,96 @@ def test_training_loss_matches_the_reference(world):
     ref = train_mlp.train_reference(args)  # one process, CPU, bf16
     for step, (a, b) in enumerate(zip(losses, ref)):
         assert abs(a - b) <= 3e-2 * abs(b), (step, a, b)
+
+
+# ------------------------------------------------ the ring schedules over the copy engine
+
+
+def test_the_default_is_the_ring_over_the_copy_engine(world):
+    """Two GPUs of one node, launched by mpirun: ``auto`` picks the copy engine and the
+    ring (see hostir.nn)."""
+    from hostir import nn as tp
+
+    rank, d, dev = world
+    assert tp.copy_engine_available(dev, d)
+    assert tp._resolve(dev, None, "auto", "auto") == ("copy_engine", "ring")
+    assert tp._resolve(dev, None, "torch", "auto") == ("torch", "pipelined")
+
+
+@pytest.mark.parametrize("comm,schedule", [("copy_engine", "ring"), ("auto", "auto"),
+                                           ("nccl", "ring")])
+@pytest.mark.parametrize("stages", [1, 2])
+def test_mlp_block_ring_bf16(world, comm, schedule, stages):
+    """x + down(gelu(up(x))) with both layers' forward and backward as rings (AllGather+GEMM
+    local rows first, GEMM+ReduceScatter local rows last), on a caller's stream that is
+    not the default one: output and every gradient against a float64 reference."""
+    import torch.nn.functional as F
+
+    from hostir.jobs.train_mlp import MLPBlock
+    from hostir.nn import sequence_rows, shard_sequence
+
+    if comm == "nccl":
+        pytest.importorskip("cupy")
+    rank, d, dev = world
+    t, h, f = 64 * stages * d, 256, 512
+    g = torch.Generator(device=dev).manual_seed(11 + stages)
+    x = torch.randn(t, h, generator=g, device=dev).bfloat16()
+    w1 = (torch.randn(f, h, generator=g, device=dev) / h ** 0.5).bfloat16()
+    w2 = (torch.randn(h, f, generator=g, device=dev) / f ** 0.5).bfloat16()
+    grad = torch.randn(t, h, generator=g, device=dev).bfloat16()
+    block = MLPBlock.from_weights(w1, w2, torch.bfloat16, dev, stages=stages, comm=comm,
+                                  schedule=schedule)
+    from hostir import nn as tp
+
+    xl = shard_sequence(x, stages, d, rank).requires_grad_()
+    rows = sequence_rows(t, stages, d, rank).to(dev)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y = block(xl)
+        y.backward(grad[rows])
+    torch.cuda.current_stream().wait_stream(side)
+    plan = tp._plan("column", block.up, xl.detach())
+    assert plan.schedule == "ring"
+    if comm != "nccl":
+        assert plan.rt.comm.name == "copy_engine"
+    xr = x.double().requires_grad_()
+    w1r, w2r = w1.double().requires_grad_(), w2.double().requires_grad_()
+    yr = xr + F.gelu(xr @ w1r.t()) @ w2r.t()
+    yr.backward(grad.double())
+    fl = f // d
+    assert _err(y, yr[rows]) < TOL
+    assert _err(xl.grad, xr.grad[rows]) < TOL
+    assert _err(block.up.weight.grad, w1r.grad[rank * fl:(rank + 1) * fl].t()) < TOL
+    assert _err(block.down.weight.grad, w2r.grad[:, rank * fl:(rank + 1) * fl].t()) < TOL
+
+
+def test_ring_reduce_scatter_program_over_the_copy_engine(world):
+    """The GEMM+ReduceScatter ring program alone, host never synchronized after the
+    first call (the copy engine's barriers are device-side)."""
+    from lowering.patterns import matmul_reduce_scatter, shard_columns, stage_rows
+    from lowering.pipeline import lower
+    from runtime.comm.copy_engine import CopyEngineCommunicator
+    from runtime.comm.torch_pg import TorchCommunicator
+    from runtime.device import CudaBackend
+    from runtime.interpreter import Interpreter
+
+    rank, d, dev = world
+    m, k, n, S = 256 * d, 128 * d, 192, 2
+    comm = CopyEngineCommunicator(TorchCommunicator())
+    p = lower(matmul_reduce_scatter(m, k, n, S, d, "bfloat16"), d, 2, schedule="ring")
+    run = Interpreter(p, CudaBackend(dev), comm)
+    g = torch.Generator(device=dev).manual_seed(3)
+    a = torch.randn(m, k, generator=g, device=dev).bfloat16()
+    b = torch.randn(k, n, generator=g, device=dev).bfloat16()
+    kd = k // d
+    a_local = shard_columns(a, d, rank).view(p.inputs[0].local_shape)
+    b_local = b[rank * kd:(rank + 1) * kd].contiguous().view(1, kd, n)
+    run(a_local, b_local)  # the first call agrees on the inputs and reserves the buffer
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        (out,) = run(a_local, b_local)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    ref = (a.double() @ b.double())[stage_rows(S, m, d, rank).to(dev)]
+    assert _err(out.reshape(-1, n), ref) < TOL

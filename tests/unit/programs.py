@@ -16,7 +16,7 @@ def lowered(m=64, k=32, n=16, stages=2, world=2, streams=2, dtype="float32") -> 
 @st.composite
 def programs(draw) -> ir.Program:
     """Random well-formed programs: allocations, selects, collectives with their waits,
-    matmuls, kernel launches and FOR loops over worker streams."""
+    matmuls, adds, kernel launches and FOR loops over worker streams."""
     d = draw(st.integers(1, 4))
     team = tuple(range(d))
     dtype = draw(st.sampled_from(["float32", "bfloat16", "float16"]))
@@ -68,6 +68,9 @@ def programs(draw) -> ir.Program:
                                          reduce_op=draw(st.sampled_from(ir.REDUCE_OPS))))
     loop.append(ir.Wait(h))
     loop += [ir.Select(c_i, c, 0, idx.name), ir.Matmul(c_i, g_i, b)]
+    if draw(st.booleans()):  # an accumulate: in place, or into another allocation
+        into = draw(st.sampled_from([c_i] + [t for t in tensors if t.shape == c_i.shape]))
+        loop.append(ir.Add(into, c_i, draw(st.sampled_from([c_i, into]))))
     kernels = ()
     if draw(st.booleans()):
         kernels = (ir.KernelDef("epilogue", "pointwise", (

@@ -10,15 +10,19 @@ from hypothesis import strategies as st
 from hostir.errors import ParseError, VerificationError
 from hostir.parser import parse
 from hostir.printer import print_program
+from lowering.patterns import matmul_reduce_scatter
+from lowering.pipeline import lower
 from tests.unit.programs import lowered, programs
 
 FUZZ = settings(max_examples=400, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 VALID = [print_program(lowered(stages=s, world=w, streams=n))
-         for s, w, n in [(1, 1, 1), (2, 2, 2), (4, 2, 3)]]
+         for s, w, n in [(1, 1, 1), (2, 2, 2), (4, 2, 3)]] + [
+    # the ring GEMM+ReduceScatter: SendRecv, add, nested FOR
+    print_program(lower(matmul_reduce_scatter(64, 16, 8, 2, 4), 4, 2, schedule="ring"))]
 # Tokens a mutation may swap in: the language's own words, and near misses.
 TOKENS = ["FOR", "in", "range", "(", ")", "[", "]", ",", "=", ":", "%", "//", "+", "-", "*",
-          "Stream", "DIDx", "ALLOCATE", "select", "matmul", "Communication", "Wait",
+          "Stream", "DIDx", "ALLOCATE", "select", "matmul", "add", "Communication", "Wait",
           "Allgather", "SendRecv", "LaunchKernel", "Synchronize", "SetCurrentStream",
           "GetCurrentStream", "into", "to", "axis", "index", "team", "in", "out", "root", "op",
           "grid", "block", "smem", "scalars", "mesh", "float32", "bfloat16", "T0", "T1", "T3",

@@ -108,6 +108,119 @@ def test_stage_rows():
     assert sorted(sum((stage_rows(4, 32, 2, r).tolist() for r in range(2)), [])) == list(range(32))
 
 
+# ---------------------------------------------------------------------------- the ring form
+
+RING_GOLDEN = """\
+%HostIr {
+  numberOfStreams = 2
+  inputs:
+    T0 : bfloat16[Stream(2), 2, 16, DIDx(2), 16] mesh=[0, 1]
+    T1 : bfloat16[DIDx(2), 16, 8] mesh=[0, 1]
+  outputs: T2
+  GetCurrentStream into Stream s0
+  T3 = select(T1, axis=0, index=0)
+  T9 = ALLOCATE(bfloat16[2, 2, 16, 8])
+  T10 = ALLOCATE(bfloat16[2, 1, 16, 8])
+  T2 = ALLOCATE(bfloat16[2, 16, 8])
+  SetCurrentStream to Stream 1
+  Synchronize Stream s0
+  SetCurrentStream to Stream 0
+  Synchronize Stream s0
+  FOR i in range(0, 2):
+    T11 = select(T0, axis=0, index=i)
+    T12 = select(T9, axis=0, index=i)
+    T13 = select(T10, axis=0, index=i)
+    T14 = select(T2, axis=0, index=i)
+    T15 = select(T11, axis=0, index=((rank - 1) % worldSize))
+    T16 = select(T15, axis=1, index=0)
+    T17 = select(T12, axis=0, index=((rank - 1) % worldSize))
+    T17 = matmul(T16, T3)
+    SetCurrentStream to Stream 1
+    Synchronize Stream 0
+    T18 = select(T12, axis=0, index=((rank - 1) % worldSize))
+    T19 = select(T13, axis=0, index=0)
+    C0 = Communication(SendRecv, team=[0, 1], in=T18, out=T19, send_peer=((rank + 1) % worldSize), recv_peer=((rank - 1) % worldSize))
+    SetCurrentStream to Stream 0
+    T20 = select(T11, axis=0, index=rank)
+    T21 = select(T20, axis=1, index=0)
+    T14 = matmul(T21, T3)
+    Wait C0
+    T14 = add(T14, T19)
+  SetCurrentStream to Stream s0
+  Synchronize Stream 0
+  Synchronize Stream 1
+} // %HostIr
+"""
+
+
+def test_golden_ring_program():
+    p = lower(matmul_reduce_scatter(64, 32, 8, stages=2, world_size=2, dtype="bfloat16"), 2, 2,
+              schedule="ring")
+    assert p.provenance == "ring_reduce_scatter"
+    assert print_program(p) == RING_GOLDEN
+    assert print_program(parse(RING_GOLDEN)) == RING_GOLDEN
+
+
+def test_structure_of_the_ring_program():
+    """Four ranks: step 1 multiplies rank - 1's rows; steps 2..3 send the partial sum on,
+    multiply the next rows while it travels, wait and add; the last step multiplies this
+    rank's rows into the output and adds the sum of every other rank."""
+    p = lower(matmul_reduce_scatter(4 * 4 * 8, 32, 16, stages=4, world_size=4), 4, 2,
+              schedule="ring")
+    a, b = p.inputs
+    assert a.shape == (4, 4, 8, 4, 8) and a.local_shape == (4, 4, 8, 1, 8)  # [S, D, m, 1, K/D]
+    assert [p_.value for p_ in a.parallel] == ["Stream", "Serial", "Serial", "DIDx", "Serial"]
+    assert b.local_shape == (1, 8, 16) and p.outputs[0].shape == (4, 8, 16)
+    stage = p.body[-4]
+    assert isinstance(stage, ir.ForLoop) and (stage.start, stage.stop) == (0, 4)
+    inner = [s for s in stage.body if isinstance(s, ir.ForLoop)]
+    assert len(inner) == 1 and (inner[0].start, inner[0].stop) == (1, 3)
+    kinds = [type(s).__name__ for s in inner[0].body]
+    assert kinds == ["SetCurrentStream", "Synchronize", "Select", "Select", "Communication",
+                     "SetCurrentStream", "Select", "Select", "Select", "Matmul", "Wait", "Add"]
+    comms = [s for s in ir.walk(p.body) if isinstance(s, ir.Communication)]
+    assert {c.type for c in comms} == {ir.CommunicationType.SendRecv}
+    assert all(c.input.local_shape == c.output.local_shape == (8, 16) for c in comms)
+    send = comms[0]
+    env = {"rank": 0, "worldSize": 4, "j": 1}
+    assert (ir.evaluate(send.send_peer, env), ir.evaluate(send.recv_peer, env)) == (1, 3)
+    last = stage.body[-1]
+    assert isinstance(last, ir.Add) and last.out.name == last.a.name
+    assert last.out.local_shape == (8, 16)  # this rank's rows of the stage, in the output
+
+
+@pytest.mark.parametrize("stages,world,streams", [(1, 1, 1), (1, 2, 1), (2, 2, 2), (4, 2, 3),
+                                                  (2, 4, 1), (2, 3, 2), (8, 8, 4)])
+def test_ring_round_trip(stages, world, streams):
+    p = lower(matmul_reduce_scatter(8 * 8 * 3, 8 * 3 * 8, 16, stages, world, "float16"), world,
+              streams, schedule="ring")
+    text = print_program(p)
+    q = parse(text)
+    assert print_program(q) == text
+    assert q.inputs == p.inputs and q.outputs == p.outputs and q.body == p.body
+
+
+def test_ring_dump_names_the_pass(capsys):
+    set_options(Options(dumps=frozenset({"lowering"})))
+    try:
+        lower(matmul_reduce_scatter(64, 8, 8, 2, 2), 2, 2, schedule="ring")
+    finally:
+        set_options(None)
+    out = capsys.readouterr().out
+    assert "// after pass lower_reduce_scatter" in out and "// after pass ring_reduce_scatter" in out
+
+
+def test_ring_pass_refuses_other_programs():
+    from lowering.passes.ring_reduce_scatter import ring_reduce_scatter
+    from lowering.patterns import allgather_matmul
+    from lowering.passes.lower_communication import lower_communication
+
+    with pytest.raises(LoweringError, match="expected the program of lower_reduce_scatter"):
+        ring_reduce_scatter(lower_communication(allgather_matmul(64, 8, 8, 2, 2), 2), 2)
+    with pytest.raises(LoweringError, match="numberOfStreams must be a positive int"):
+        ring_reduce_scatter(lower(matmul_reduce_scatter(64, 8, 8, 2, 2), 2, 2), 0)
+
+
 # ---------------------------------------------------------------------------- refusals
 
 

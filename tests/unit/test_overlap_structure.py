@@ -84,3 +84,47 @@ def test_reduce_scatter_stages_overlap(stages, streams):
         for j in range(max(0, i - streams + 1), i):
             assert not depends(mms[i], rss[j]), \
                 f"stage {i}'s GEMM waits for stage {j}'s ReduceScatter: serialized"
+
+
+def run_ring_reduce_scatter(world: int, stages: int, monkeypatch):
+    """The ring GEMM+ReduceScatter on the stream model; adds are recorded as nodes too."""
+    from hostir import ir
+    from lowering.patterns import matmul_reduce_scatter
+    from runtime import interpreter
+
+    p = lower(matmul_reduce_scatter(8 * stages * world, 4 * world, 4, stages, world), world, 2,
+              schedule="ring")
+    backend, comm = ModelBackend(), ModelComm(0, world)
+    count = iter(range(1, 10**6))
+    monkeypatch.setitem(interpreter._RULES, ir.Add,
+                        lambda it, s, f: backend.current.add(f"ADD{next(count)}"))
+    it = Interpreter(p, backend, comm)
+    it.matmul = ModelMatmul(backend)
+    it._agreed = True
+    it(*(torch.zeros(t.local_shape) for t in p.inputs))
+    return backend, comm
+
+
+@pytest.mark.parametrize("world,stages", [(2, 1), (2, 2), (3, 1), (4, 2)])
+def test_ring_reduce_scatter_transfers_overlap_the_gemms(world, stages, monkeypatch):
+    backend, comm = run_ring_reduce_scatter(world, stages, monkeypatch)
+    srs = nodes(comm.stream, prefix="SR")
+    mms = nodes(*backend.pool, prefix="MM")
+    adds = nodes(*backend.pool, prefix="ADD")
+    steps = world - 1
+    assert len(srs) == len(adds) == steps * stages and len(mms) == world * stages
+    for s in range(stages):
+        for j in range(steps):
+            sr, add = srs[s * steps + j], adds[s * steps + j]
+            sent, next_mm = mms[s * world + j], mms[s * world + j + 1]
+            assert depends(sr, sent), "a transfer waits for the partial sum it sends"
+            if j:
+                assert depends(sr, adds[s * steps + j - 1]), \
+                    "a transfer waits for the add that completed its partial sum"
+            assert not depends(next_mm, sr), \
+                "the next GEMM (the last one: this rank's rows) must not wait for the transfer"
+            assert depends(add, sr) and depends(add, next_mm), \
+                "an add waits for the received partial sum and for its own GEMM"
+    end = backend.user.last()
+    for n in nodes(comm.stream, *backend.pool, prefix=""):
+        assert n is end or depends(end, n), f"{n.label} is not joined into the user's stream"

@@ -104,3 +104,16 @@ def test_a_pool_stream_indexed_by_a_bare_name_round_trips():
     q = parse(text)
     assert q.body == p.body and print_program(q) == text
     assert isinstance(q.body[3].body[0].stream, ir.PoolStream)
+
+
+def test_add_parses_and_refuses_a_new_target():
+    from hostir import ir
+
+    text = GOLDEN.replace("    T6 = matmul(T5, T1)\n", "    T6 = matmul(T5, T1)\n    T6 = add(T6, T6)\n")
+    q = parse(text)
+    adds = [s for s in ir.walk(q.body) if isinstance(s, ir.Add)]
+    assert len(adds) == 1 and adds[0].out.name == "T6" and print_program(q) == text
+    with pytest.raises(ParseError, match="add writes into an existing tensor: 'T9' is not one"):
+        parse(text.replace("T6 = add(T6, T6)", "T9 = add(T6, T6)"))
+    with pytest.raises(ParseError, match="expected equal shapes"):
+        parse(text.replace("T6 = add(T6, T6)", "T6 = add(T6, T5)"))

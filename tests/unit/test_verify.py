@@ -122,3 +122,11 @@ def test_redefinition():
     q = dataclasses.replace(p, body=p.body[:2] + (alloc,) + p.body[2:])
     with pytest.raises(VerificationError, match="defined twice"):
         verify(q)
+
+
+def test_add_into_a_program_input_is_refused():
+    p = lowered()
+    b = p.inputs[1]
+    body = list(loop_of(p).body) + [ir.Add(b, b, b)]
+    with pytest.raises(VerificationError, match="add writes into the program input T1"):
+        verify(with_loop_body(p, body))
