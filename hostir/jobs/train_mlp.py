@@ -291,26 +291,30 @@ class _PlainRow(torch.autograd.Function):
         return full @ w.t(), x.t() @ full, None
 
 
-def _time(step, iters: int, warmup: int) -> float:
-    """Median milliseconds of ``step`` by CUDA events on the current stream (the host
-    clock on the CPU)."""
-    for _ in range(warmup):
-        step()
-    times = []
-    if not torch.cuda.is_available():
-        for _ in range(iters):
-            t0 = time.perf_counter()
+def _side_by_side(steps: dict, iters: int, warmup: int) -> dict:
+    """Median milliseconds of each step, samples interleaved round robin (CUDA events on
+    the current stream; the host clock on the CPU)."""
+    for step in steps.values():
+        for _ in range(warmup):
             step()
-            times.append((time.perf_counter() - t0) * 1e3)
-        return statistics.median(times)
+    times = {name: [] for name in steps}
+    cuda = torch.cuda.is_available()
     for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+        for name, step in steps.items():
+            if cuda:
+                torch.cuda.synchronize()
+                start, end = (torch.cuda.Event(enable_timing=True),
+                              torch.cuda.Event(enable_timing=True))
+                start.record()
+                step()
+                end.record()
+                end.synchronize()
+                times[name].append(start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                step()
+                times[name].append((time.perf_counter() - t0) * 1e3)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def _rel(a, b) -> float:
@@ -399,12 +403,6 @@ def bench(args) -> dict:
         y = xi + F.gelu(xi @ params[0]) @ params[1]
         y.backward(dy_full)
 
-    dist.barrier()
-    ideal = _time(gemms, args.iters, args.warmup)
-    compute = _time(compute_step, args.iters, args.warmup)
-    dist.barrier()
-    plain = _time(plain_step, args.iters, args.warmup)
-    variants = []
     # The first variant is the layers' default transport and schedule (ring over the copy
     # engine where it can run) at one stage; then the ring's alternatives; then the
     # per-stage pipelines measured before (fields: stages, streams, comm, overlap, schedule).
@@ -418,6 +416,11 @@ def bench(args) -> dict:
                    (2, 2, "torch", False, "ring"), (4, 2, "torch", True, "pipelined")]
     from hostir.nn import _resolve
 
+    # Every candidate is built and run once first (a variant that cannot run is
+    # reported, not fatal), then all are timed side by side: interleaved samples, so
+    # that clock and power drift over the run weigh on each alike.
+    steps = {"ideal": gemms, "compute": compute_step, "plain": plain_step}
+    variants, blocks = [], []
     for stages, streams, comm, overlap, schedule in configs:
         dist.barrier()
         kind, resolved = _resolve(device, None, comm, schedule)
@@ -427,11 +430,20 @@ def bench(args) -> dict:
             v["asked"] = f"comm={comm} schedule={schedule}"
         try:
             block = ours_block(stages, streams, comm, overlap, schedule)
-            v["ms"] = _time(ours_step(block), args.iters, args.warmup)
-            del block
+            step = ours_step(block)
+            step()
+            blocks.append(block)
+            steps[f"variant{len(variants)}"] = step
         except Exception as e:  # noqa: BLE001 - a variant that cannot run is reported, not fatal
             v["error"] = f"{type(e).__name__}: {e}"
         variants.append(v)
+    dist.barrier()
+    times = _side_by_side(steps, args.iters, args.warmup)
+    ideal, compute, plain = times["ideal"], times["compute"], times["plain"]
+    for i, v in enumerate(variants):
+        if f"variant{i}" in times:
+            v["ms"] = times[f"variant{i}"]
+    del blocks
     # Every rank reports its own figures; take the slowest rank's.
     def worst(v: float) -> float:
         tt = torch.tensor([v], device=device, dtype=torch.float64)
