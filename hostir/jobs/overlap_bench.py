@@ -167,6 +167,7 @@ def _variants():
         schedule=sched, stages=s, streams=2, transport=t, graph=g, staged=staged)
     out = [V("pipelined", 1, "nccl"), V("pipelined", 4, "nccl"), V("ring", 1, "nccl"),
            V("ring", 1, "copy_engine"), V("ring", 2, "copy_engine"), V("ring", 4, "copy_engine"),
+           V("ring", 8, "copy_engine"),
            V("ring", 1, "copy_engine", True), V("ring", 2, "copy_engine", True),
            # the copy engine through a staging buffer and a local copy-out (the way
            # before SendRecvs wrote into the peer's gathered buffer): what direct saves
@@ -282,8 +283,8 @@ def bench(args) -> int:
             fns["async_tp"] = atp_run
         variants, keep = [], []
         for v in _variants():
-            if m % (v["stages"] * d):
-                continue
+            if m % (v["stages"] * d) or (v["stages"] == 8 and m // (8 * d) < 2048):
+                continue  # 8 stages only where each keeps 2048 rows a rank
             if v["staged"] and (m // (v["stages"] * d)) * k * 2 > STAGED_MAX_BYTES:
                 continue
             progress(f"{m}x{k}x{n}: build and check {_name(v)}")
