@@ -25,7 +25,7 @@ DUMP_OPTIONS = frozenset(
     {"host_ir", "lowering", "cuda_kernel", "launch_params", "ptxas", "autotune"}
 )
 ENABLE_OPTIONS = frozenset({"check_zeroed", "autotune"})
-DISABLE_OPTIONS = frozenset({"input_agreement", "kernel_cache"})
+DISABLE_OPTIONS = frozenset({"input_agreement", "kernel_cache", "wgmma"})
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "hostir"
 
 
