@@ -42,12 +42,16 @@ TILE_CONFIGS: tuple[tuple[int, int, int, int, int, int], ...] = (
     (128, 256, 64, 2, 4, 3),  # 8 warps of 64x64, deep K-tile, one CTA per SM
 )
 
-# wgmma.mma_async tiles (sm_90a, TN only), same tuple; warps_m = 4 x warpgroups stacked
-# along M, each warpgroup issuing m64n{tile_n}k16 for its tile_m / warpgroups rows.
-WGMMA_CONFIGS: tuple[tuple[int, int, int, int, int, int], ...] = (
-    (128, 256, 64, 8, 1, 4),  # 2 warpgroups of 64x256: 128 accumulators a thread
-    (256, 128, 64, 8, 1, 4),  # 2 warpgroups of 128x128 (two m64 per k-step)
-    (128, 128, 64, 8, 1, 5),  # 2 warpgroups of 64x128, deeper ring
+# wgmma.mma_async tiles (sm_90a, TN only): the same six fields plus warp_specialized;
+# warps_m = 4 x warpgroups stacked along M, each warpgroup issuing m64n{tile_n}k16 for
+# its tile_m / warpgroups rows. Specialized ones add PRODUCER_WARPS loading warps.
+WGMMA_CONFIGS: tuple[tuple[int, int, int, int, int, int, bool], ...] = (
+    (128, 256, 64, 8, 1, 4, False),  # 2 warpgroups of 64x256: 128 accumulators a thread
+    (256, 128, 64, 8, 1, 4, False),  # 2 warpgroups of 128x128 (two m64 per k-step)
+    (128, 128, 64, 8, 1, 5, False),  # 2 warpgroups of 64x128, deeper ring
+    (128, 256, 64, 8, 1, 4, True),   # the same tiles, producer warps + mbarrier ring
+    (256, 128, 64, 8, 1, 4, True),
+    (128, 128, 64, 8, 1, 6, True),
 )
 
 # Relative MMA throughput of each tile config: its measured unsplit TFLOP/s on an H200
@@ -56,10 +60,13 @@ WGMMA_CONFIGS: tuple[tuple[int, int, int, int, int, int], ...] = (
 # hide latency worse than two 4-warp CTAs; 128x128x64 with 4 warps spills 8 bytes.
 # A config not listed gets 0.7. The autotuner measures the real thing per shape.
 # The wgmma entries are estimates (not yet measured on a GPU): wgmma issues a warpgroup's
-# 64xNx16 product from shared memory with no ldmatrix, about twice mma.sync's rate.
+# 64xNx16 product from shared memory with no ldmatrix, about twice mma.sync's rate. The
+# warp-specialized ones are put just below the plain ones until a GPU run says otherwise.
 TILE_EFFICIENCY = {
-    ("wgmma", 128, 256, 64, 8, 1, 4): 1.9, ("wgmma", 256, 128, 64, 8, 1, 4): 1.85,
-    ("wgmma", 128, 128, 64, 8, 1, 5): 1.6,
+    ("wgmma", 128, 256, 64, 8, 1, 4, False): 1.9, ("wgmma", 256, 128, 64, 8, 1, 4, False): 1.85,
+    ("wgmma", 128, 128, 64, 8, 1, 5, False): 1.6,
+    ("wgmma", 128, 256, 64, 8, 1, 4, True): 1.88, ("wgmma", 256, 128, 64, 8, 1, 4, True): 1.83,
+    ("wgmma", 128, 128, 64, 8, 1, 6, True): 1.58,
     (128, 128, 32, 2, 2, 4): 1.0, (128, 256, 64, 2, 4, 3): 0.85,
     (256, 128, 32, 4, 2, 3): 0.81, (128, 256, 32, 2, 4, 3): 0.77,
     (128, 128, 64, 2, 2, 3): 0.76, (64, 128, 64, 2, 2, 4): 0.73,
@@ -87,11 +94,12 @@ SMEM_PER_SM = 227 * 1024
 REGS_PER_SM = 65536
 
 
-def spec_for(config: tuple[int, int, int, int, int, int], **fields) -> MatmulSpec:
-    """The spec of a config tuple; a WGMMA_CONFIGS entry gets instr="wgmma"."""
-    tm, tn, tk, wm, wn, st = config
-    if config in WGMMA_CONFIGS and config not in TILE_CONFIGS:
+def spec_for(config: tuple, **fields) -> MatmulSpec:
+    """The spec of a config tuple; a WGMMA_CONFIGS entry (7 fields) gets instr="wgmma"."""
+    tm, tn, tk, wm, wn, st = config[:6]
+    if len(config) == 7:
         fields.setdefault("instr", "wgmma")
+        fields.setdefault("warp_specialized", config[6])
     return MatmulSpec(tile_m=tm, tile_n=tn, tile_k=tk, warps_m=wm, warps_n=wn, stages=st,
                       **fields)
 
@@ -124,7 +132,7 @@ def estimate_us(spec: MatmulSpec, M: int, N: int, K: int, sm_count: int) -> floa
     waves = math.ceil(t * spec.split_k / (sm_count * occ))
     config = (spec.tile_m, spec.tile_n, spec.tile_k, spec.warps_m, spec.warps_n, spec.stages)
     if spec.instr != "mma":
-        config = (spec.instr, *config)
+        config = (spec.instr, *config, spec.warp_specialized)
     eff = TILE_EFFICIENCY.get(config, 0.7)
     # `occ` CTAs share one SM, so each runs at 1/occ of its rate.
     cta_us = 2.0 * spec.tile_m * spec.tile_n * kslice / (MMA_FLOPS_PER_SM_US * eff) * occ

@@ -50,6 +50,9 @@ REDUCE_THREADS = 256
 GROUP_M = 8
 # Padding (floats) of each row of the fp32 C tile staged in shared memory for the epilogue.
 CPAD = 8
+# Warps that only load, in a warp-specialized wgmma kernel (they come after the
+# warpgroups, so that warpgroups start at warp 0 and 4 as wgmma requires).
+PRODUCER_WARPS = 2
 # Alignment (bytes) of wgmma's shared-memory operands: one 128-byte swizzle atom (8 rows).
 SWIZZLE_ALIGN = 1024
 
@@ -86,6 +89,9 @@ class MatmulSpec:
     bias: bool = False
     acc_dtype: str = "fp32"
     instr: str = "mma"  # "mma": mma.sync (sm_80+); "wgmma": wgmma.mma_async (sm_90a only)
+    # wgmma only: PRODUCER_WARPS extra warps fill the smem ring (cp.async + mbarriers)
+    # while the warpgroups only compute; no CTA-wide barrier in the mainloop.
+    warp_specialized: bool = False
 
     def __post_init__(self):
         def need(cond: bool, what: str):
@@ -114,8 +120,9 @@ class MatmulSpec:
              "split_k == 1 exactly when split_mode == 'none'")
         need(self.accumulators_per_thread <= 128,
              "warp tile too large: more than 128 fp32 accumulators per thread spill")
+        loaders = 32 * PRODUCER_WARPS if self.warp_specialized else self.threads
         for rows in (self.tile_m, self.tile_n):
-            need((rows * self.tile_k // 8) % self.threads == 0,
+            need((rows * self.tile_k // 8) % loaders == 0,
                  "tile chunks (16 bytes) must divide evenly over the CTA's threads")
         need(self.instr in INSTRS, f"instr must be one of {INSTRS}")
         if self.instr == "wgmma":
@@ -128,6 +135,8 @@ class MatmulSpec:
             need(self.tile_n % 64 == 0 and self.tile_n <= 256,
                  "wgmma: tile_n must be 64, 128, 192 or 256 (one m64nNk16 per 64 rows)")
             need(self.stages >= 3, "wgmma: stages must be >= 3 (one wgmma group in flight)")
+        else:
+            need(not self.warp_specialized, "warp_specialized needs instr 'wgmma'")
         arch = 90 if self.instr == "wgmma" else 80
         need(self.smem_bytes <= MAX_SMEM_BYTES[arch],
              f"shared memory {self.smem_bytes} B exceeds {MAX_SMEM_BYTES[arch]} B (sm_{arch})")
@@ -138,7 +147,8 @@ class MatmulSpec:
 
     @property
     def threads(self) -> int:
-        return 32 * self.warps
+        """Threads of the CTA: the compute warps, plus the producer warps if specialized."""
+        return 32 * (self.warps + (PRODUCER_WARPS if self.warp_specialized else 0))
 
     @property
     def warpgroups(self) -> int:
@@ -165,14 +175,16 @@ class MatmulSpec:
     @property
     def kernel_name(self) -> str:
         prefix = "hostir_mm" if self.instr == "mma" else f"hostir_{self.instr}"
+        ws = "_ws" if self.warp_specialized else ""
         return (f"{prefix}_{self.layout.lower()}_{self.a_dtype}_{self.out_dtype}_"
-                f"{self.tile}_w{self.warps_m}x{self.warps_n}_s{self.stages}")
+                f"{self.tile}_w{self.warps_m}x{self.warps_n}_s{self.stages}{ws}")
 
     @property
     def source_key(self) -> tuple:
         """The fields the generated source depends on (mode, split, bias are arguments)."""
         return (self.a_dtype, self.b_dtype, self.out_dtype, self.layout, self.tile_m,
-                self.tile_n, self.tile_k, self.warps_m, self.warps_n, self.stages, self.instr)
+                self.tile_n, self.tile_k, self.warps_m, self.warps_n, self.stages, self.instr,
+                self.warp_specialized)
 
     def arch(self, major: int, minor: int) -> str:
         """The NVRTC target for a device of this compute capability: wgmma needs sm_90a."""
@@ -281,14 +293,16 @@ template <int CHUNKS> __device__ __forceinline__ int swz(int row, int chunk) {
 }
 """,
     "load_stage": r"""
-// Issue the cp.async copies of one K-tile of A and B into one pipeline stage.
+// Issue the cp.async copies of one K-tile of A and B into one pipeline stage; threads
+// 0..NT-1 (`tid`) share the copies.
+template <int NT = THREADS>
 __device__ __forceinline__ void load_stage(in_t* sA, in_t* sB, const in_t* A, const in_t* B,
                                            int m0, int n0, int k0, int M, int N, int K,
                                            int lda, int ldb, int tid) {
   constexpr int KCH = BK / 8;
 #pragma unroll
-  for (int it = 0; it < BM * KCH / THREADS; ++it) {
-    int i = tid + it * THREADS;
+  for (int it = 0; it < BM * KCH / NT; ++it) {
+    int i = tid + it * NT;
     int r = i / KCH, c = i % KCH;
     int gm = m0 + r, gk = k0 + c * 8;
     bool p = gm < M && gk < K;
@@ -296,8 +310,8 @@ __device__ __forceinline__ void load_stage(in_t* sA, in_t* sB, const in_t* A, co
   }
   if constexpr (B_KMAJOR) {
 #pragma unroll
-    for (int it = 0; it < BN * KCH / THREADS; ++it) {
-      int i = tid + it * THREADS;
+    for (int it = 0; it < BN * KCH / NT; ++it) {
+      int i = tid + it * NT;
       int r = i / KCH, c = i % KCH;
       int gn = n0 + r, gk = k0 + c * 8;
       bool p = gn < N && gk < K;
@@ -306,8 +320,8 @@ __device__ __forceinline__ void load_stage(in_t* sA, in_t* sB, const in_t* A, co
   } else {
     constexpr int NCH = BN / 8;
 #pragma unroll
-    for (int it = 0; it < BK * NCH / THREADS; ++it) {
-      int i = tid + it * THREADS;
+    for (int it = 0; it < BK * NCH / NT; ++it) {
+      int i = tid + it * NT;
       int r = i / NCH, c = i % NCH;
       int gk = k0 + r, gn = n0 + c * 8;
       bool p = gk < K && gn < N;
@@ -435,6 +449,30 @@ template <int A, int B> __device__ __forceinline__ void fence_acc(float (&d)[A][
     for (int j = 0; j < B; ++j) asm volatile("" : "+f"(d[i][j]) :: "memory");
 }
 """,
+    "mbarrier": r"""
+// mbarriers of the warp-specialized ring (PTX ISA, "mbarrier"): `full[s]` completes a
+// phase when every producer thread's copies into slot s have landed (cp.async's own
+// arrive, counted in the init count: .noinc); `empty[s]` when every compute warp has
+// retired the wgmma group that read slot s. Waits are on the phase's parity.
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_cp_async(unsigned bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" :: "r"(bar), "r"(parity) : "memory");
+}
+""",
     # Rendered per tile_n by `_wgmma_instr`: @N@, @REGS@, @OPERANDS@, @IDX_*@, @TYPE@.
     "wgmma_instr": r"""
 // D[64 x @N@] += A[64 x 16] * B[@N@ x 16]^T, both operands K-major in shared memory.
@@ -523,6 +561,80 @@ WGMMA_MAINLOOP = r"""
         *reinterpret_cast<float2*>(sC + r * CLD + c) =
             make_float2(acc[mi][4 * i + 2 * h], acc[mi][4 * i + 2 * h + 1]);
       }
+"""
+
+WGMMA_WS_MAINLOOP = r"""
+  // Warp-specialized: warps 0..CONSUMER_WARPS-1 (the warpgroups) compute, the
+  // PRODUCER_WARPS after them fill the ring. No CTA-wide barrier until the epilogue.
+  __shared__ __align__(8) unsigned long long full_bar[STAGES], empty_bar[STAGES];
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(smem_addr(&full_bar[s]), PRODUCER_WARPS * 32);
+      mbar_init(smem_addr(&empty_bar[s]), CONSUMER_WARPS);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  float acc[MI][NACC];
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int j = 0; j < NACC; ++j) acc[mi][j] = 0.f;
+
+  if (warp >= CONSUMER_WARPS) {
+    // Producer: K-tile kt goes to slot kt % STAGES once the compute warps released the
+    // tile that slot held (use kt / STAGES - 1 of empty[slot]).
+    const int ptid = tid - CONSUMER_WARPS * 32;
+    for (int kt = 0; kt < nk; ++kt) {
+      const int s = kt % STAGES;
+      if (kt >= STAGES) mbar_wait(smem_addr(&empty_bar[s]), ((kt / STAGES) + 1) & 1);
+      load_stage<PRODUCER_WARPS * 32>(smem + s * STAGE_ELEMS, smem + s * STAGE_ELEMS + BM * BK,
+                                      A, B, m0, n0, (kt0 + kt) * BK, M, N, K, lda, ldb, ptid);
+      mbar_arrive_cp_async(smem_addr(&full_bar[s]));
+    }
+    cp_async_wait<0>();
+  } else {
+    const unsigned base = smem_addr(smem) + wg * WG_ROWS * BK * 2;
+    for (int kt = 0; kt < nk; ++kt) {
+      const int s = kt % STAGES;
+      mbar_wait(smem_addr(&full_bar[s]), (kt / STAGES) & 1);
+      fence_proxy_async();  // the producers' generic-proxy copies, before wgmma reads them
+      const unsigned a0 = base + s * STAGE_ELEMS * 2;
+      const unsigned b0 = smem_addr(smem + s * STAGE_ELEMS + BM * BK);
+      fence_acc(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk)
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+          wgmma_tile(acc[mi], sw128_desc(a0 + mi * 64 * BK * 2 + kk * 32),
+                     sw128_desc(b0 + kk * 32));
+      wgmma_commit();
+      wgmma_wait<1>();  // K-tile kt-1's group retired: its slot goes back to the producers
+      fence_acc(acc);
+      if (kt > 0 && lane == 0) mbar_arrive(smem_addr(&empty_bar[(kt - 1) % STAGES]));
+    }
+    wgmma_wait<0>();
+    fence_acc(acc);
+  }
+  __syncthreads();  // the ring's shared memory becomes the fp32 C tile
+
+  float* sC = reinterpret_cast<float*>(smem_base);
+  if (warp < CONSUMER_WARPS) {
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = wg * WG_ROWS + mi * 64 + wq * 16 + h * 8 + (lane >> 2);
+          const int c = i * 8 + (lane & 3) * 2;
+          *reinterpret_cast<float2*>(sC + r * CLD + c) =
+              make_float2(acc[mi][4 * i + 2 * h], acc[mi][4 * i + 2 * h + 1]);
+        }
+  }
 """
 
 # The kernel body in parts: setup, which tile and slice, mainloop + staging of the fp32
@@ -669,12 +781,15 @@ WGMMA_TYPE = {"bf16": "bf16", "fp16": "f16"}
 BODIES: dict[str, tuple[str, ...]] = {
     "mma": (MMA_SETUP, TILE_HEAD, MMA_MAINLOOP, EPILOGUE),
     "wgmma": (WGMMA_SETUP, TILE_HEAD, WGMMA_MAINLOOP, EPILOGUE),
+    "wgmma_ws": (WGMMA_SETUP, TILE_HEAD, WGMMA_WS_MAINLOOP, EPILOGUE),
 }
 SNIPPET_NAMES: dict[str, tuple[str, ...]] = {
     "mma": ("convert", "min_max", "ptx", "semaphore", "swizzle", "load_stage",
             "compute_stage", "store_out"),
     "wgmma": ("convert", "min_max", "ptx", "semaphore", "swizzle", "load_stage",
               "wgmma_ptx", "wgmma_instr", "store_out"),
+    "wgmma_ws": ("convert", "min_max", "ptx", "semaphore", "swizzle", "load_stage",
+                 "wgmma_ptx", "wgmma_instr", "mbarrier", "store_out"),
 }
 
 RENDERER = Renderer(extra=MATMUL_SNIPPETS)
@@ -687,7 +802,8 @@ def _prelude(spec: MatmulSpec) -> str:
         # Each warpgroup: WG_ROWS rows = MI stacked m64 wgmmas of the CTA's full BN.
         wg_rows = spec.tile_m // spec.warpgroups
         tiling = {"WG_ROWS": wg_rows, "MI": wg_rows // 64, "NACC": spec.tile_n // 2,
-                  "SWIZZLE_ALIGN": SWIZZLE_ALIGN}
+                  "SWIZZLE_ALIGN": SWIZZLE_ALIGN, "CONSUMER_WARPS": spec.warps,
+                  "PRODUCER_WARPS": PRODUCER_WARPS}
     else:
         tiling = {"WTM": wtm, "WTN": wtn, "MI": wtm // 16, "NI": wtn // 8}
     consts = {
@@ -757,10 +873,11 @@ def render(spec: MatmulSpec) -> KernelSource:
     """
     name = spec.kernel_name
     reduce_name = name + "_reduce"
-    body = "".join(BODIES[spec.instr])
+    kind = spec.instr + ("_ws" if spec.warp_specialized else "")
+    body = "".join(BODIES[kind])
     source = RENDERER.source(
         [], _prelude(spec),
-        *[_snippet(s, spec) for s in SNIPPET_NAMES[spec.instr]],
+        *[_snippet(s, spec) for s in SNIPPET_NAMES[kind]],
         RENDERER.kernel(name, _params(spec), body, threads=spec.threads),
         RENDERER.kernel(reduce_name, _reduce_params(), REDUCE_BODY, threads=REDUCE_THREADS))
 
