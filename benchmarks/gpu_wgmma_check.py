@@ -54,26 +54,28 @@ def _splits_for_shape(M, N, K):
 
 
 def plan(shapes, quick: bool = False) -> list[dict]:
-    """Groups of variants: one per wgmma tile config, then the heuristics' picks."""
+    """Groups of variants: one per feed of the wgmma ring (sync cp.async, warp-specialized
+    cp.async, TMA), each over every wgmma tile; then the heuristics' picks."""
     from lowering.kernels import heuristics
 
-    groups = []
+    groups = {}
     for config in heuristics.WGMMA_CONFIGS:
         base = heuristics.spec_for(config)
-        name = (f"wgmma{'_ws' if base.warp_specialized else ''}_{base.tile}_w{base.warps}"
-                f"_s{base.stages}")
-        variants = []
+        variants = groups.setdefault(f"wgmma_{base.feed}", [])
+        kernel = base.kernel_name
         # Edge checks first: a layout or descriptor bug shows here in milliseconds.
         for mode, split, out_dtype in (("none", 1, "bf16"), ("serial", 3, "fp32"),
                                        ("parallel", 4, "bf16")):
             spec = dataclasses.replace(base, split_k=split, split_mode=mode, bias=True,
                                        out_dtype=out_dtype)
-            variants.append({"label": f"edge {mode} s{split} ->{out_dtype}+bias",
+            variants.append({"label": f"{base.tile} {base.feed} edge {mode} s{split} "
+                                      f"->{out_dtype}+bias",
                              "shape": EDGE_SHAPE, "spec": dataclasses.asdict(spec),
-                             "time": False})
+                             "time": False, "kernel": kernel})
         fp16 = dataclasses.replace(base, a_dtype="fp16", b_dtype="fp16", out_dtype="fp16")
-        variants.append({"label": "edge fp16", "shape": EDGE_SHAPE,
-                         "spec": dataclasses.asdict(fp16), "time": False})
+        variants.append({"label": f"{base.tile} {base.feed} edge fp16", "shape": EDGE_SHAPE,
+                         "spec": dataclasses.asdict(fp16), "time": False,
+                         "kernel": fp16.kernel_name})
         for M, N, K in shapes:
             pairs = _splits_for_shape(M, N, K)
             if quick:
@@ -83,20 +85,22 @@ def plan(shapes, quick: bool = False) -> list[dict]:
                 ktiles = -(-K // spec.tile_k)
                 if split > 1 and ktiles // split < 4:
                     continue
-                ws = " ws" if spec.warp_specialized else ""
-                variants.append({"label": f"{spec.tile}{ws} {mode} s{split}", "shape": (M, N, K),
-                                 "spec": dataclasses.asdict(spec), "time": True})
-        groups.append({"name": name, "variants": variants})
+                variants.append({"label": f"{spec.tile} {base.feed} {mode} s{split}",
+                                 "shape": (M, N, K), "spec": dataclasses.asdict(spec),
+                                 "time": True, "kernel": kernel})
+    out = [{"name": name, "variants": v} for name, v in groups.items()]
     # What the runtime would pick without autotuning, on Hopper (wgmma) and elsewhere
     # (mma.sync, the baseline of the issue).
     heur = []
     for M, N, K in shapes:
         for label, arch in (("heuristic wgmma", "sm_90"), ("heuristic mma.sync", None)):
             spec = heuristics.choose(M, N, K, arch=arch)
-            heur.append({"label": f"{label} {spec.tile} {spec.split_mode} s{spec.split_k}",
-                         "shape": (M, N, K), "spec": dataclasses.asdict(spec), "time": True})
-    groups.append({"name": "heuristics", "variants": heur})
-    return groups
+            heur.append({"label": f"{label} {spec.tile} {spec.feed if spec.instr == 'wgmma' else ''}"
+                                  f" {spec.split_mode} s{spec.split_k}",
+                         "shape": (M, N, K), "spec": dataclasses.asdict(spec), "time": True,
+                         "kernel": spec.kernel_name})
+    out.append({"name": "heuristics", "variants": heur})
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -160,8 +164,12 @@ def worker(job_path: str, results_path: str) -> int:
             cache[key] = {"a": a, "b": b, "bias": bv, "ref": ref, "cublas_us": None}
         return cache[key]
 
+    skip = set(job.get("skip_kernels", ()))
     for idx in range(job["start"], len(job["variants"])):
         v = job["variants"][idx]
+        if v.get("kernel") in skip:
+            emit(event="done", idx=idx, status="skipped (its kernel crashed or hung earlier)")
+            continue
         if time.time() > deadline:
             emit(event="done", idx=idx, status="not run (group time limit)")
             continue
@@ -215,10 +223,12 @@ def worker(job_path: str, results_path: str) -> int:
             rec["traceback"] = traceback.format_exc()[-1500:]
             # a sticky CUDA error (illegal address...) poisons the context: stop here and
             # let the parent start a fresh worker for the rest
-            emit(**rec)
             msg = str(e).lower()
-            if "illegal" in msg or "misaligned" in msg or "unspecified launch" in msg \
-                    or "cuda error" in msg or "cudaerror" in msg:
+            sticky = any(w in msg for w in ("illegal", "misaligned", "unspecified launch",
+                                            "cuda error", "cudaerror", "cuda_error"))
+            rec["sticky"] = sticky
+            emit(**rec)
+            if sticky:
                 return 3
             continue
         emit(**rec)
@@ -238,75 +248,96 @@ def _git_commit() -> str:
         return "unknown"
 
 
-def run_group(group: dict, group_deadline: float, doc: dict, max_restarts: int = 3) -> None:
-    """Run one group's variants in worker processes; fill doc["variants"] and groups."""
+def run_group(group: dict, group_deadline: float, doc: dict, max_restarts: int = 6,
+              variant_timeout: float = 30.0) -> None:
+    """Run one group's variants in worker processes; fill doc["variants"] and groups.
+
+    A worker that dies (illegal instruction, misaligned address...) or spends more than
+    `variant_timeout` seconds in one variant (a hung kernel) is killed; that variant is
+    recorded as crashed or hung, later variants of the same kernel are skipped, and a
+    fresh worker goes on with the rest.
+    """
     variants = group["variants"]
     done: dict[int, dict] = {}
     info = {"name": group["name"], "workers": []}
     doc["groups"].append(info)
-    start = 0
-    restarts = 0
+    start, restarts, bad_kernels = 0, 0, set()
     with tempfile.TemporaryDirectory() as tmp:
         while start < len(variants):
-            job = Path(tmp, "job.json")
+            job = Path(tmp, f"job{restarts}.json")
             res = Path(tmp, f"res{restarts}.jsonl")
+            err = Path(tmp, f"err{restarts}.txt")
             job.write_text(json.dumps({"variants": variants, "start": start,
+                                       "skip_kernels": sorted(bad_kernels),
                                        "deadline": group_deadline - 3}))
             env = dict(os.environ, PYTHONPATH=f"{ROOT}:{os.environ.get('PYTHONPATH', '')}")
             t0 = time.time()
-            timeout = max(5.0, group_deadline - time.time())
-            try:
-                p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker",
-                                    str(job), "--results", str(res)], cwd=ROOT, env=env,
-                                   capture_output=True, text=True, timeout=timeout)
-                rc, tail = p.returncode, (p.stderr or "")[-1500:]
-            except subprocess.TimeoutExpired as e:
-                rc = "timeout"
-                tail = (e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or ""))[-1500:]
-            started = None
-            try:
-                lines = res.read_text().splitlines()
-            except FileNotFoundError:
-                lines = []
-            for line in lines:
-                try:
-                    r = json.loads(line)
-                except ValueError:
-                    continue
-                if r.get("event") == "device":
-                    if not doc.get("device"):
-                        doc["device"], doc["device_info"] = r["name"], r
-                elif r.get("event") == "start":
-                    started = r["idx"]
-                elif r.get("event") == "done":
-                    done[r["idx"]] = r
-                    if started == r["idx"]:
-                        started = None
+            started, started_at, n_lines = None, time.time(), 0
+            status = None
+            with open(err, "w") as ef:
+                proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()),
+                                         "--worker", str(job), "--results", str(res)],
+                                        cwd=ROOT, env=env, stdout=ef, stderr=subprocess.STDOUT)
+                while True:
+                    rc = proc.poll()
+                    try:
+                        lines = res.read_text().splitlines()
+                    except FileNotFoundError:
+                        lines = []
+                    for line in lines[n_lines:]:
+                        try:
+                            r = json.loads(line)
+                        except ValueError:
+                            break  # a half-written line: read it next time
+                        n_lines += 1
+                        if r.get("event") == "device":
+                            if not doc.get("device"):
+                                doc["device"], doc["device_info"] = r["name"], r
+                        elif r.get("event") == "start":
+                            started, started_at = r["idx"], time.time()
+                        elif r.get("event") == "done":
+                            done[r["idx"]] = r
+                            started = None
+                            if r.get("sticky"):
+                                bad_kernels.add(variants[r["idx"]].get("kernel"))
+                    if rc is not None:
+                        break
+                    now = time.time()
+                    if started is not None and now - started_at > variant_timeout:
+                        status = f"hung (killed after {variant_timeout:.0f} s)"
+                    elif now > group_deadline:
+                        status = "killed at the group's time limit"
+                    if status:
+                        proc.kill()
+                        proc.wait()
+                        rc = "killed"
+                        break
+                    time.sleep(0.2)
+            tail = err.read_text(errors="replace")[-1500:] if err.exists() else ""
             info["workers"].append({"start": start, "rc": rc, "seconds": round(time.time() - t0, 1),
-                                    "stderr_tail": tail if rc != 0 else ""})
-            if started is not None:  # died inside this variant
-                done[started] = {"idx": started, "status": f"crashed (worker rc {rc})",
-                                 "stderr_tail": tail[-800:]}
+                                    "status": status, "output_tail": tail if rc != 0 else ""})
+            if started is not None:  # died (or hung) inside this variant
+                done[started] = {"idx": started, "status": status or f"crashed (worker rc {rc})",
+                                 "output_tail": tail[-800:]}
+                bad_kernels.add(variants[started].get("kernel"))
             nxt = max(done) + 1 if done else start
             if nxt <= start and rc != 0:
-                nxt = start + 1  # died before reporting anything: skip one, try again
-                done.setdefault(start, {"idx": start, "status": f"crashed (worker rc {rc})",
-                                        "stderr_tail": tail[-800:]})
+                # died before starting a variant (import error, no GPU): count it once
+                done.setdefault(start, {"idx": start, "status": f"worker failed (rc {rc})",
+                                        "output_tail": tail[-800:]})
+                nxt = start + 1
             if rc == 0 or nxt >= len(variants):
                 break
             restarts += 1
             if restarts > max_restarts or time.time() > group_deadline - 5:
-                for i in range(nxt, len(variants)):
-                    done.setdefault(i, {"idx": i, "status": "not run (worker kept dying or "
-                                                            "out of time)"})
                 break
             start = nxt
     for i, v in enumerate(variants):
-        r = done.get(i, {"status": "not run"})
+        r = done.get(i, {"status": "not run (worker kept failing or out of time)"})
         r = {k: val for k, val in r.items() if k not in ("event", "idx")}
         doc["variants"].append({"group": group["name"], "label": v["label"],
                                 "shape": "x".join(map(str, v["shape"])),
-                                "spec": v["spec"], **r})
+                                "kernel": v.get("kernel"), "spec": v["spec"], **r})
 
 
 def summarize(doc: dict, shapes) -> None:
@@ -360,8 +391,8 @@ def table(doc: dict) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "wgmma_check.json"))
-    ap.add_argument("--budget-s", type=float, default=140.0,
-                    help="wall-clock budget for all groups (default 140 s)")
+    ap.add_argument("--budget-s", type=float, default=150.0,
+                    help="wall-clock budget for all groups (default 150 s)")
     ap.add_argument("--shapes", default=None, help="MxNxK,... (default: the issue's five)")
     ap.add_argument("--quick", action="store_true", help="fewer split variants")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)

@@ -178,6 +178,9 @@ def launch(spec: MatmulSpec, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     args = (_ptr(a), _ptr(b), _ptr(out), _ptr(bias), _ptr(ws), _ptr(sems), i32(M), i32(N),
             i32(K), i32(a.stride(0)), i32(b.stride(0)), i32(out.stride(0)),
             i32(spec.split_k), i32(MODE_CODE[spec.split_mode]))
+    if spec.tma:
+        from runtime import tma
+        args += (np.uint64(tma.tensor_maps(spec, a, b, M, N, K)),)
     loaded.main.launch(cfg.grid, cfg.block, args, cfg.smem_bytes, stream)
     if spec.split_mode == "parallel":
         rc = reduce_launch(M, N, sm_count(a.device))

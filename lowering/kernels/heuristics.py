@@ -42,17 +42,23 @@ TILE_CONFIGS: tuple[tuple[int, int, int, int, int, int], ...] = (
     (128, 256, 64, 2, 4, 3),  # 8 warps of 64x64, deep K-tile, one CTA per SM
 )
 
-# wgmma.mma_async tiles (sm_90a, TN only): the same six fields plus warp_specialized;
-# warps_m = 4 x warpgroups stacked along M, each warpgroup issuing m64n{tile_n}k16 for
-# its tile_m / warpgroups rows. Specialized ones add PRODUCER_WARPS loading warps.
-WGMMA_CONFIGS: tuple[tuple[int, int, int, int, int, int, bool], ...] = (
-    (128, 256, 64, 8, 1, 4, False),  # 2 warpgroups of 64x256: 128 accumulators a thread
-    (256, 128, 64, 8, 1, 4, False),  # 2 warpgroups of 128x128 (two m64 per k-step)
-    (128, 128, 64, 8, 1, 5, False),  # 2 warpgroups of 64x128, deeper ring
-    (128, 256, 64, 8, 1, 4, True),   # the same tiles, producer warps + mbarrier ring
-    (256, 128, 64, 8, 1, 4, True),
-    (128, 128, 64, 8, 1, 6, True),
+# wgmma.mma_async tiles (sm_90a, TN only): the same six fields plus the feed (see
+# MatmulSpec.feed): "sync" (all threads cp.async, CTA barriers), "ws" (producer warps,
+# cp.async, mbarriers), "tma" (one producer thread, TMA, mbarriers). warps_m = 4 x
+# warpgroups stacked along M, each warpgroup issuing m64n{tile_n}k16 for its rows.
+WGMMA_CONFIGS: tuple[tuple[int, int, int, int, int, int, str], ...] = (
+    (128, 256, 64, 8, 1, 4, "sync"),  # 2 warpgroups of 64x256: 128 accumulators a thread
+    (256, 128, 64, 8, 1, 4, "sync"),  # 2 warpgroups of 128x128 (two m64 per k-step)
+    (128, 128, 64, 8, 1, 5, "sync"),  # 2 warpgroups of 64x128, deeper ring
+    (128, 256, 64, 8, 1, 4, "ws"),    # the same tiles, producer warps + mbarrier ring
+    (256, 128, 64, 8, 1, 4, "ws"),
+    (128, 128, 64, 8, 1, 6, "ws"),
+    (128, 256, 64, 8, 1, 4, "tma"),   # the same tiles, filled by TMA
+    (256, 128, 64, 8, 1, 4, "tma"),
+    (128, 128, 64, 8, 1, 6, "tma"),
 )
+FEEDS = {"sync": {}, "ws": {"warp_specialized": True},
+         "tma": {"warp_specialized": True, "tma": True}}
 
 # Relative MMA throughput of each tile config: its measured unsplit TFLOP/s on an H200
 # (8192x8192x8192 bf16 TN, autotune table of benchmarks/results/matmul_NVIDIA_H200.json;
@@ -61,12 +67,15 @@ WGMMA_CONFIGS: tuple[tuple[int, int, int, int, int, int, bool], ...] = (
 # A config not listed gets 0.7. The autotuner measures the real thing per shape.
 # The wgmma entries are estimates (not yet measured on a GPU): wgmma issues a warpgroup's
 # 64xNx16 product from shared memory with no ldmatrix, about twice mma.sync's rate. The
-# warp-specialized ones are put just below the plain ones until a GPU run says otherwise.
+# warp-specialized and TMA ones are put just below the plain ones until a GPU run says
+# otherwise (they have more that can go wrong: mbarrier phases, tensor maps).
 TILE_EFFICIENCY = {
-    ("wgmma", 128, 256, 64, 8, 1, 4, False): 1.9, ("wgmma", 256, 128, 64, 8, 1, 4, False): 1.85,
-    ("wgmma", 128, 128, 64, 8, 1, 5, False): 1.6,
-    ("wgmma", 128, 256, 64, 8, 1, 4, True): 1.88, ("wgmma", 256, 128, 64, 8, 1, 4, True): 1.83,
-    ("wgmma", 128, 128, 64, 8, 1, 6, True): 1.58,
+    ("wgmma", 128, 256, 64, 8, 1, 4, "sync"): 1.9, ("wgmma", 256, 128, 64, 8, 1, 4, "sync"): 1.85,
+    ("wgmma", 128, 128, 64, 8, 1, 5, "sync"): 1.6,
+    ("wgmma", 128, 256, 64, 8, 1, 4, "ws"): 1.88, ("wgmma", 256, 128, 64, 8, 1, 4, "ws"): 1.83,
+    ("wgmma", 128, 128, 64, 8, 1, 6, "ws"): 1.58,
+    ("wgmma", 128, 256, 64, 8, 1, 4, "tma"): 1.87, ("wgmma", 256, 128, 64, 8, 1, 4, "tma"): 1.82,
+    ("wgmma", 128, 128, 64, 8, 1, 6, "tma"): 1.57,
     (128, 128, 32, 2, 2, 4): 1.0, (128, 256, 64, 2, 4, 3): 0.85,
     (256, 128, 32, 4, 2, 3): 0.81, (128, 256, 32, 2, 4, 3): 0.77,
     (128, 128, 64, 2, 2, 3): 0.76, (64, 128, 64, 2, 2, 4): 0.73,
@@ -99,7 +108,8 @@ def spec_for(config: tuple, **fields) -> MatmulSpec:
     tm, tn, tk, wm, wn, st = config[:6]
     if len(config) == 7:
         fields.setdefault("instr", "wgmma")
-        fields.setdefault("warp_specialized", config[6])
+        for name, value in FEEDS[config[6]].items():
+            fields.setdefault(name, value)
     return MatmulSpec(tile_m=tm, tile_n=tn, tile_k=tk, warps_m=wm, warps_n=wn, stages=st,
                       **fields)
 
@@ -132,7 +142,7 @@ def estimate_us(spec: MatmulSpec, M: int, N: int, K: int, sm_count: int) -> floa
     waves = math.ceil(t * spec.split_k / (sm_count * occ))
     config = (spec.tile_m, spec.tile_n, spec.tile_k, spec.warps_m, spec.warps_n, spec.stages)
     if spec.instr != "mma":
-        config = (spec.instr, *config, spec.warp_specialized)
+        config = (spec.instr, *config, spec.feed)
     eff = TILE_EFFICIENCY.get(config, 0.7)
     # `occ` CTAs share one SM, so each runs at 1/occ of its rate.
     cta_us = 2.0 * spec.tile_m * spec.tile_n * kslice / (MMA_FLOPS_PER_SM_US * eff) * occ

@@ -51,8 +51,13 @@ GROUP_M = 8
 # Padding (floats) of each row of the fp32 C tile staged in shared memory for the epilogue.
 CPAD = 8
 # Warps that only load, in a warp-specialized wgmma kernel (they come after the
-# warpgroups, so that warpgroups start at warp 0 and 4 as wgmma requires).
+# warpgroups, so that warpgroups start at warp 0 and 4 as wgmma requires): two issue the
+# cp.async copies; with TMA one thread of one warp issues two bulk tensor copies a stage.
 PRODUCER_WARPS = 2
+TMA_PRODUCER_WARPS = 1
+# Bytes of one CUtensorMap (the driver's opaque TMA descriptor); A's then B's, in global
+# memory, are the `tmaps` kernel argument of a TMA kernel.
+TENSOR_MAP_BYTES = 128
 # Alignment (bytes) of wgmma's shared-memory operands: one 128-byte swizzle atom (8 rows).
 SWIZZLE_ALIGN = 1024
 
@@ -92,6 +97,9 @@ class MatmulSpec:
     # wgmma only: PRODUCER_WARPS extra warps fill the smem ring (cp.async + mbarriers)
     # while the warpgroups only compute; no CTA-wide barrier in the mainloop.
     warp_specialized: bool = False
+    # warp-specialized wgmma only: the producer fills the ring by TMA (cp.async.bulk.tensor,
+    # 128-byte swizzle, zero fill out of bounds) from tensor maps the runtime builds.
+    tma: bool = False
 
     def __post_init__(self):
         def need(cond: bool, what: str):
@@ -120,7 +128,7 @@ class MatmulSpec:
              "split_k == 1 exactly when split_mode == 'none'")
         need(self.accumulators_per_thread <= 128,
              "warp tile too large: more than 128 fp32 accumulators per thread spill")
-        loaders = 32 * PRODUCER_WARPS if self.warp_specialized else self.threads
+        loaders = 32 * self.producer_warps if self.warp_specialized else self.threads
         for rows in (self.tile_m, self.tile_n):
             need((rows * self.tile_k // 8) % loaders == 0,
                  "tile chunks (16 bytes) must divide evenly over the CTA's threads")
@@ -137,6 +145,7 @@ class MatmulSpec:
             need(self.stages >= 3, "wgmma: stages must be >= 3 (one wgmma group in flight)")
         else:
             need(not self.warp_specialized, "warp_specialized needs instr 'wgmma'")
+        need(not self.tma or self.warp_specialized, "tma needs warp_specialized (and wgmma)")
         arch = 90 if self.instr == "wgmma" else 80
         need(self.smem_bytes <= MAX_SMEM_BYTES[arch],
              f"shared memory {self.smem_bytes} B exceeds {MAX_SMEM_BYTES[arch]} B (sm_{arch})")
@@ -148,7 +157,19 @@ class MatmulSpec:
     @property
     def threads(self) -> int:
         """Threads of the CTA: the compute warps, plus the producer warps if specialized."""
-        return 32 * (self.warps + (PRODUCER_WARPS if self.warp_specialized else 0))
+        return 32 * (self.warps + self.producer_warps)
+
+    @property
+    def producer_warps(self) -> int:
+        if not self.warp_specialized:
+            return 0
+        return TMA_PRODUCER_WARPS if self.tma else PRODUCER_WARPS
+
+    @property
+    def feed(self) -> str:
+        """How the smem ring is filled: "sync" (every thread, cp.async, CTA barriers),
+        "ws" (producer warps, cp.async + mbarriers) or "tma" (one producer thread, TMA)."""
+        return "tma" if self.tma else ("ws" if self.warp_specialized else "sync")
 
     @property
     def warpgroups(self) -> int:
@@ -175,7 +196,7 @@ class MatmulSpec:
     @property
     def kernel_name(self) -> str:
         prefix = "hostir_mm" if self.instr == "mma" else f"hostir_{self.instr}"
-        ws = "_ws" if self.warp_specialized else ""
+        ws = {"sync": "", "ws": "_ws", "tma": "_tma"}[self.feed]
         return (f"{prefix}_{self.layout.lower()}_{self.a_dtype}_{self.out_dtype}_"
                 f"{self.tile}_w{self.warps_m}x{self.warps_n}_s{self.stages}{ws}")
 
@@ -184,7 +205,7 @@ class MatmulSpec:
         """The fields the generated source depends on (mode, split, bias are arguments)."""
         return (self.a_dtype, self.b_dtype, self.out_dtype, self.layout, self.tile_m,
                 self.tile_n, self.tile_k, self.warps_m, self.warps_n, self.stages, self.instr,
-                self.warp_specialized)
+                self.warp_specialized, self.tma)
 
     def arch(self, major: int, minor: int) -> str:
         """The NVRTC target for a device of this compute capability: wgmma needs sm_90a."""
@@ -473,6 +494,22 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
       "@!done bra WAIT;\n}\n" :: "r"(bar), "r"(parity) : "memory");
 }
 """,
+    "tma": r"""
+// TMA (PTX ISA, cp.async.bulk.tensor): the producer announces a stage's bytes on its
+// full barrier, then each bulk copy completes its share of that transaction. `tmap` is
+// the generic address of a CUtensorMap in global memory.
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+               :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(unsigned dst, unsigned long long tmap, int c0,
+                                            int c1, unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n"
+      :: "r"(dst), "l"(tmap), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+""",
     # Rendered per tile_n by `_wgmma_instr`: @N@, @REGS@, @OPERANDS@, @IDX_*@, @TYPE@.
     "wgmma_instr": r"""
 // D[64 x @N@] += A[64 x 16] * B[@N@ x 16]^T, both operands K-major in shared memory.
@@ -563,14 +600,14 @@ WGMMA_MAINLOOP = r"""
       }
 """
 
-WGMMA_WS_MAINLOOP = r"""
+WS_PROLOGUE = r"""
   // Warp-specialized: warps 0..CONSUMER_WARPS-1 (the warpgroups) compute, the
   // PRODUCER_WARPS after them fill the ring. No CTA-wide barrier until the epilogue.
   __shared__ __align__(8) unsigned long long full_bar[STAGES], empty_bar[STAGES];
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
-      mbar_init(smem_addr(&full_bar[s]), PRODUCER_WARPS * 32);
+      mbar_init(smem_addr(&full_bar[s]), FULL_ARRIVALS);
       mbar_init(smem_addr(&empty_bar[s]), CONSUMER_WARPS);
     }
     mbar_fence_init();
@@ -584,6 +621,9 @@ WGMMA_WS_MAINLOOP = r"""
     for (int j = 0; j < NACC; ++j) acc[mi][j] = 0.f;
 
   if (warp >= CONSUMER_WARPS) {
+"""
+
+PRODUCER_CP_ASYNC = r"""
     // Producer: K-tile kt goes to slot kt % STAGES once the compute warps released the
     // tile that slot held (use kt / STAGES - 1 of empty[slot]).
     const int ptid = tid - CONSUMER_WARPS * 32;
@@ -595,12 +635,37 @@ WGMMA_WS_MAINLOOP = r"""
       mbar_arrive_cp_async(smem_addr(&full_bar[s]));
     }
     cp_async_wait<0>();
+"""
+
+PRODUCER_TMA = r"""
+    // Producer: one thread; K-tile kt goes to slot kt % STAGES once the compute warps
+    // released the tile that slot held. The box of A is BK x BM at (k0, m0), of B BK x BN
+    // at (k0, n0); out-of-bounds rows and the K tail arrive as zeros, and the bytes of
+    // whole boxes count towards the stage's transaction.
+    if (tid == CONSUMER_WARPS * 32) {
+      const unsigned long long tmap_a = reinterpret_cast<unsigned long long>(tmaps);
+      const unsigned long long tmap_b = tmap_a + TENSOR_MAP_BYTES;
+      for (int kt = 0; kt < nk; ++kt) {
+        const int s = kt % STAGES;
+        if (kt >= STAGES) mbar_wait(smem_addr(&empty_bar[s]), ((kt / STAGES) + 1) & 1);
+        const unsigned bar = smem_addr(&full_bar[s]);
+        mbar_expect_tx(bar, STAGE_ELEMS * 2);
+        const int k0 = (kt0 + kt) * BK;
+        tma_load_2d(smem_addr(smem + s * STAGE_ELEMS), tmap_a, k0, m0, bar);
+        tma_load_2d(smem_addr(smem + s * STAGE_ELEMS + BM * BK), tmap_b, k0, n0, bar);
+      }
+    }
+"""
+
+WS_CONSUMER = r"""
   } else {
     const unsigned base = smem_addr(smem) + wg * WG_ROWS * BK * 2;
     for (int kt = 0; kt < nk; ++kt) {
       const int s = kt % STAGES;
       mbar_wait(smem_addr(&full_bar[s]), (kt / STAGES) & 1);
-      fence_proxy_async();  // the producers' generic-proxy copies, before wgmma reads them
+      // cp.async copies are generic-proxy writes: fence them before wgmma reads them
+      // (TMA writes through the async proxy already).
+      if constexpr (!USE_TMA) fence_proxy_async();
       const unsigned a0 = base + s * STAGE_ELEMS * 2;
       const unsigned b0 = smem_addr(smem + s * STAGE_ELEMS + BM * BK);
       fence_acc(acc);
@@ -612,7 +677,7 @@ WGMMA_WS_MAINLOOP = r"""
           wgmma_tile(acc[mi], sw128_desc(a0 + mi * 64 * BK * 2 + kk * 32),
                      sw128_desc(b0 + kk * 32));
       wgmma_commit();
-      wgmma_wait<1>();  // K-tile kt-1's group retired: its slot goes back to the producers
+      wgmma_wait<1>();  // K-tile kt-1's group retired: its slot goes back to the producer
       fence_acc(acc);
       if (kt > 0 && lane == 0) mbar_arrive(smem_addr(&empty_bar[(kt - 1) % STAGES]));
     }
@@ -781,7 +846,8 @@ WGMMA_TYPE = {"bf16": "bf16", "fp16": "f16"}
 BODIES: dict[str, tuple[str, ...]] = {
     "mma": (MMA_SETUP, TILE_HEAD, MMA_MAINLOOP, EPILOGUE),
     "wgmma": (WGMMA_SETUP, TILE_HEAD, WGMMA_MAINLOOP, EPILOGUE),
-    "wgmma_ws": (WGMMA_SETUP, TILE_HEAD, WGMMA_WS_MAINLOOP, EPILOGUE),
+    "wgmma_ws": (WGMMA_SETUP, TILE_HEAD, WS_PROLOGUE, PRODUCER_CP_ASYNC, WS_CONSUMER, EPILOGUE),
+    "wgmma_tma": (WGMMA_SETUP, TILE_HEAD, WS_PROLOGUE, PRODUCER_TMA, WS_CONSUMER, EPILOGUE),
 }
 SNIPPET_NAMES: dict[str, tuple[str, ...]] = {
     "mma": ("convert", "min_max", "ptx", "semaphore", "swizzle", "load_stage",
@@ -790,6 +856,8 @@ SNIPPET_NAMES: dict[str, tuple[str, ...]] = {
               "wgmma_ptx", "wgmma_instr", "store_out"),
     "wgmma_ws": ("convert", "min_max", "ptx", "semaphore", "swizzle", "load_stage",
                  "wgmma_ptx", "wgmma_instr", "mbarrier", "store_out"),
+    "wgmma_tma": ("convert", "min_max", "ptx", "semaphore", "wgmma_ptx", "wgmma_instr",
+                  "mbarrier", "tma", "store_out"),
 }
 
 RENDERER = Renderer(extra=MATMUL_SNIPPETS)
@@ -803,7 +871,9 @@ def _prelude(spec: MatmulSpec) -> str:
         wg_rows = spec.tile_m // spec.warpgroups
         tiling = {"WG_ROWS": wg_rows, "MI": wg_rows // 64, "NACC": spec.tile_n // 2,
                   "SWIZZLE_ALIGN": SWIZZLE_ALIGN, "CONSUMER_WARPS": spec.warps,
-                  "PRODUCER_WARPS": PRODUCER_WARPS}
+                  "PRODUCER_WARPS": spec.producer_warps, "USE_TMA": spec.tma,
+                  "FULL_ARRIVALS": 1 if spec.tma else spec.producer_warps * 32,
+                  "TENSOR_MAP_BYTES": TENSOR_MAP_BYTES}
     else:
         tiling = {"WTM": wtm, "WTN": wtn, "MI": wtm // 16, "NI": wtn // 8}
     consts = {
@@ -849,7 +919,7 @@ def _params(spec: MatmulSpec) -> list[tuple[str, str]]:
             ("out_t* __restrict__", "C"), ("const out_t* __restrict__", "bias"),
             ("float*", "ws"), ("int*", "sems"), ("int", "M"), ("int", "N"), ("int", "K"),
             ("int", "lda"), ("int", "ldb"), ("int", "ldc"), ("int", "split"),
-            ("int", "mode")]
+            ("int", "mode")] + ([("const void*", "tmaps")] if spec.tma else [])
 
 
 def _reduce_params() -> list[tuple[str, str]]:
@@ -868,12 +938,13 @@ def render(spec: MatmulSpec) -> KernelSource:
 
     Matmul kernel parameters, in order: A, B, C, bias (null: none), ws (fp32 workspace,
     split-K only), sems (zeroed ints, one per output tile, serial only), M, N, K, lda,
-    ldb, ldc, split, mode (0 none, 1 serial, 2 parallel).
+    ldb, ldc, split, mode (0 none, 1 serial, 2 parallel); TMA kernels add tmaps (the
+    CUtensorMaps of A then B, TENSOR_MAP_BYTES each, in global memory).
     Reduction kernel: ws, C, bias, M, N, ldc, split.
     """
     name = spec.kernel_name
     reduce_name = name + "_reduce"
-    kind = spec.instr + ("_ws" if spec.warp_specialized else "")
+    kind = spec.instr + {"sync": "", "ws": "_ws", "tma": "_tma"}[spec.feed]
     body = "".join(BODIES[kind])
     source = RENDERER.source(
         [], _prelude(spec),

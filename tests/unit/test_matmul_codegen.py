@@ -35,6 +35,7 @@ ISSUE_SHAPES = [(1024, 2048, 50304), (8192, 8192, 8192), (4096, 4096, 8192),
     ({"instr": "wgmma", "tile_k": 64, "warps_m": 8, "warps_n": 1, "tile_n": 96}, "tile_n"),
     ({"instr": "wgmma", "tile_k": 64, "warps_m": 8, "warps_n": 1, "stages": 2}, "stages"),
     ({"warp_specialized": True}, "warp_specialized"),
+    ({"instr": "wgmma", "tile_k": 64, "warps_m": 8, "warps_n": 1, "tma": True}, "tma needs"),
 ])
 def test_spec_refuses_bad_fields_with_a_clear_error(fields, message):
     with pytest.raises(ValueError, match=message):
@@ -118,12 +119,19 @@ def test_wgmma_source_is_table_driven():
     assert "k16.f32.f16.f16" in fp16
     assert spec.source_key != heuristics.spec_for(heuristics.TILE_CONFIGS[0]).source_key
     assert spec.smem_bytes % 1024 == 0
-    ws = heuristics.spec_for(heuristics.WGMMA_CONFIGS[0][:6] + (True,))
-    assert ws.warp_specialized and ws.threads == spec.threads + 32 * 2
+    ws = heuristics.spec_for(heuristics.WGMMA_CONFIGS[0][:6] + ("ws",))
+    assert ws.warp_specialized and ws.threads == spec.threads + 32 * 2 and ws.feed == "ws"
     ws_src = render(ws).source
     assert ws.source_key != spec.source_key and ws.kernel_name.endswith("_ws")
     assert "cp.async.mbarrier.arrive.noinc" in ws_src and "mbarrier.try_wait.parity" in ws_src
     assert "mbarrier" not in src
+    tma = heuristics.spec_for(heuristics.WGMMA_CONFIGS[0][:6] + ("tma",))
+    assert tma.tma and tma.threads == spec.threads + 32 and tma.kernel_name.endswith("_tma")
+    tma_src = render(tma).source
+    assert "cp.async.bulk.tensor.2d" in tma_src and "expect_tx" in tma_src
+    assert "load_stage" not in tma_src  # no cp.async ring: the producer copies by TMA
+    assert "const void* tmaps)" in tma_src and "tmaps" not in ws_src
+    assert len({spec.source_key, ws.source_key, tma.source_key}) == 3
 
 
 def _emittable_specs(arch):
