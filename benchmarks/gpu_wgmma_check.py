@@ -71,11 +71,11 @@ def plan(shapes, quick: bool = False) -> list[dict]:
             variants.append({"label": f"{base.tile} {base.feed} edge {mode} s{split} "
                                       f"->{out_dtype}+bias",
                              "shape": EDGE_SHAPE, "spec": dataclasses.asdict(spec),
-                             "time": False, "kernel": kernel})
+                             "time": False, "kernel": f"{kernel} {mode}"})
         fp16 = dataclasses.replace(base, a_dtype="fp16", b_dtype="fp16", out_dtype="fp16")
         variants.append({"label": f"{base.tile} {base.feed} edge fp16", "shape": EDGE_SHAPE,
                          "spec": dataclasses.asdict(fp16), "time": False,
-                         "kernel": fp16.kernel_name})
+                         "kernel": f"{fp16.kernel_name} none"})
         for M, N, K in shapes:
             pairs = _splits_for_shape(M, N, K)
             if quick:
@@ -87,7 +87,7 @@ def plan(shapes, quick: bool = False) -> list[dict]:
                     continue
                 variants.append({"label": f"{spec.tile} {base.feed} {mode} s{split}",
                                  "shape": (M, N, K), "spec": dataclasses.asdict(spec),
-                                 "time": True, "kernel": kernel})
+                                 "time": True, "kernel": f"{kernel} {mode}"})
     out = [{"name": name, "variants": v} for name, v in groups.items()]
     # What the runtime would pick without autotuning, on Hopper (wgmma) and elsewhere
     # (mma.sync, the baseline of the issue).
@@ -98,7 +98,7 @@ def plan(shapes, quick: bool = False) -> list[dict]:
             heur.append({"label": f"{label} {spec.tile} {spec.feed if spec.instr == 'wgmma' else ''}"
                                   f" {spec.split_mode} s{spec.split_k}",
                          "shape": (M, N, K), "spec": dataclasses.asdict(spec), "time": True,
-                         "kernel": spec.kernel_name})
+                         "kernel": f"{spec.kernel_name} {spec.split_mode}"})
     out.append({"name": "heuristics", "variants": heur})
     return out
 
@@ -107,7 +107,34 @@ def plan(shapes, quick: bool = False) -> list[dict]:
 # The worker (CUDA): runs the variants of one group from index `start`, one JSON line per
 # event, flushed, so that the parent knows where a crash happened.
 
+def fake_worker(job_path: str, results_path: str) -> int:
+    """No GPU: exercises the parent's bookkeeping (HOSTIR_WGMMA_CHECK_FAKE=1). Variants
+    whose label contains "serial s3" crash the process, "parallel s4" hang."""
+    job = json.loads(Path(job_path).read_text())
+    with open(results_path, "a", buffering=1) as f:
+        f.write(json.dumps({"event": "device", "name": "fake", "capability": [9, 0]}) + "\n")
+        skip = set(job.get("skip_kernels", ()))
+        for idx in range(job["start"], len(job["variants"])):
+            v = job["variants"][idx]
+            if v.get("kernel") in skip:
+                f.write(json.dumps({"event": "done", "idx": idx, "status": "skipped"}) + "\n")
+                continue
+            f.write(json.dumps({"event": "start", "idx": idx}) + "\n")
+            f.flush()
+            if "tma" in v["label"] and "serial s3" in v["label"]:
+                os._exit(134)
+            if "ws" in v["label"] and "parallel s4" in v["label"] and "edge" in v["label"]:
+                time.sleep(3600)
+            rec = {"event": "done", "idx": idx, "status": "ok", "rel_err": 1e-3}
+            if v["time"]:
+                rec.update(us=100.0, tflops=1.0, cublas_us=90.0, cublas_tflops=1.1, ratio=0.9)
+            f.write(json.dumps(rec) + "\n")
+    return 0
+
+
 def worker(job_path: str, results_path: str) -> int:
+    if os.environ.get("HOSTIR_WGMMA_CHECK_FAKE"):
+        return fake_worker(job_path, results_path)
     import torch
     import torch.nn.functional as F
 
@@ -168,7 +195,8 @@ def worker(job_path: str, results_path: str) -> int:
     for idx in range(job["start"], len(job["variants"])):
         v = job["variants"][idx]
         if v.get("kernel") in skip:
-            emit(event="done", idx=idx, status="skipped (its kernel crashed or hung earlier)")
+            emit(event="done", idx=idx,
+                 status="skipped (its kernel crashed or hung earlier in this split mode)")
             continue
         if time.time() > deadline:
             emit(event="done", idx=idx, status="not run (group time limit)")
@@ -248,8 +276,9 @@ def _git_commit() -> str:
         return "unknown"
 
 
-def run_group(group: dict, group_deadline: float, doc: dict, max_restarts: int = 6,
-              variant_timeout: float = 30.0) -> None:
+def run_group(group: dict, group_deadline: float, doc: dict, max_restarts: int = 12,
+              variant_timeout: float = float(os.environ.get("HOSTIR_WGMMA_VARIANT_TIMEOUT", 30))
+              ) -> None:
     """Run one group's variants in worker processes; fill doc["variants"] and groups.
 
     A worker that dies (illegal instruction, misaligned address...) or spends more than
