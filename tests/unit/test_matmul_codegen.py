@@ -187,3 +187,38 @@ def test_every_emittable_variant_compiles(arch):
             # ptxas serializes wgmma (a wait after each) when it cannot keep them async
             assert "serialized" not in ck.log, ck.log
     print("\n".join(report))
+
+
+def test_gpu_wgmma_check_plan_and_crash_bookkeeping(tmp_path):
+    """The one-shot GPU script, without a GPU: its plan holds valid specs of every feed,
+    and a crashing or hanging variant (fake worker) costs only its kernel's split mode."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from benchmarks import gpu_wgmma_check as check
+
+    groups = check.plan(((512, 512, 4096), (4096, 4096, 1024)))
+    names = [g["name"] for g in groups]
+    assert names == ["wgmma_sync", "wgmma_ws", "wgmma_tma", "heuristics"]
+    for g in groups:
+        for v in g["variants"]:
+            MatmulSpec(**v["spec"])  # valid
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "fake.json"
+    env = dict(os.environ, HOSTIR_WGMMA_CHECK_FAKE="1", HOSTIR_WGMMA_VARIANT_TIMEOUT="1",
+               PYTHONPATH=str(root))
+    subprocess.run([sys.executable, str(root / "benchmarks" / "gpu_wgmma_check.py"),
+                    "--out", str(out), "--budget-s", "60", "--shapes", "512x512x4096"],
+                   cwd=root, env=env, check=True, capture_output=True, timeout=120)
+    doc = json.loads(out.read_text())
+    status = {v["label"]: v["status"] for v in doc["variants"]}
+    crashed = [k for k, s in status.items() if s.startswith("crashed")]
+    hung = [k for k, s in status.items() if s.startswith("hung")]
+    assert len(crashed) == 3 and all("tma edge serial" in k for k in crashed)
+    assert len(hung) == 3 and all("ws edge parallel" in k for k in hung)
+    # the same kernels' other modes still ran
+    assert status["128x256x64 tma none s1"] == "ok" and status["128x256x64 ws serial s2"] == "ok"
+    assert status["128x256x64 tma serial s2"].startswith("skipped")
+    assert doc["shapes"]["512x512x4096"]["best_ratio"] == 0.9
