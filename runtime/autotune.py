@@ -85,13 +85,14 @@ def time_us(fn, warmup: int = 3, reps: int = 10) -> float:
 def tune(p, *, device=None, candidates: list[MatmulSpec] | None = None, warmup: int = 3,
          reps: int = 10, store: bool = True) -> MatmulSpec:
     """Time every candidate for problem `p` and return (and persist) the fastest."""
-    from runtime.matmul import DTYPE_TORCH, matmul
+    from runtime.matmul import DTYPE_TORCH, matmul, tuning_arch
 
     dev = torch.device("cuda", torch.cuda.current_device() if device is None else device)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     cands = candidates or heuristics.candidates(p.M, p.N, p.K, a_dtype=p.a_dtype,
                                                 out_dtype=p.out_dtype, layout=p.layout,
-                                                bias=p.bias, sm_count=sms)
+                                                bias=p.bias, sm_count=sms,
+                                                arch=tuning_arch(dev))
     dt = DTYPE_TORCH[p.a_dtype]
     a = torch.randn(p.M, p.K, device=dev, dtype=dt)
     b = torch.randn(*((p.N, p.K) if p.layout == "TN" else (p.K, p.N)), device=dev, dtype=dt)
@@ -102,7 +103,7 @@ def tune(p, *, device=None, candidates: list[MatmulSpec] | None = None, warmup: 
         ref += bias.float()
     rows = []
     for i, spec in enumerate(cands):
-        print(f"\rautotune {p.M}x{p.N}x{p.K}: {i + 1}/{len(cands)} {spec.tile} "
+        print(f"\rautotune {p.M}x{p.N}x{p.K}: {i + 1}/{len(cands)} {spec.instr} {spec.tile} "
               f"split {spec.split_k} {spec.split_mode}        ", end="", file=sys.stderr,
               flush=True)
         try:
@@ -122,7 +123,7 @@ def tune(p, *, device=None, candidates: list[MatmulSpec] | None = None, warmup: 
     flops = 2.0 * p.M * p.N * p.K
     dump("autotune", "\n".join(
         [f"autotune {p.M}x{p.N}x{p.K} {p.a_dtype}->{p.out_dtype} {p.layout}"] +
-        [f"  {s.tile:>11} w{s.warps} st{s.stages} split {s.split_k:>2} {s.split_mode:>8}: "
+        [f"  {s.instr:>5} {s.tile:>11} w{s.warps} st{s.stages} split {s.split_k:>2} {s.split_mode:>8}: "
          f"{us:9.1f} us {flops / us / 1e6 if us != float('inf') else 0:7.1f} TFLOP/s {note}"
          for s, us, note in rows]))
     best, best_us, _ = rows[0]

@@ -105,6 +105,12 @@ def sm_count(device: torch.device | int | None = None) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def tuning_arch(device: torch.device | int | None = None) -> str | None:
+    """The arch the heuristics and the autotuner choose tiles for: the device's "sm_XY",
+    or None (mma.sync tiles only) under HOSTIR_DISABLE=wgmma."""
+    return None if options().disable("wgmma") else jit.device_arch(device)
+
+
 def choose_spec(p: Problem, mode: str = "auto", device=None) -> MatmulSpec:
     """Autotuned winner if one is stored (and mode allows), else the heuristics' choice."""
     key = (p, mode, device)
@@ -117,7 +123,7 @@ def choose_spec(p: Problem, mode: str = "auto", device=None) -> MatmulSpec:
         if spec is None:
             spec = heuristics.choose(p.M, p.N, p.K, a_dtype=p.a_dtype, out_dtype=p.out_dtype,
                                      layout=p.layout, bias=p.bias, sm_count=sm_count(device),
-                                     mode=mode)
+                                     mode=mode, arch=tuning_arch(device))
         _SPECS[key] = spec
     return spec
 
@@ -130,8 +136,8 @@ def load(spec: MatmulSpec, device_index: int | None = None) -> LoadedMatmul:
     if loaded is None:
         src = render(spec)
         major, minor = torch.cuda.get_device_capability(dev)
-        # sm_90a only adds wgmma/setmaxnreg; plain sm_XY code runs on the part.
-        ck = jit.kernel_cache().get(src.source, src.names, f"sm_{major}{minor}")
+        # mma.sync kernels compile for the plain sm_XY; wgmma ones for sm_90a.
+        ck = jit.kernel_cache().get(src.source, src.names, spec.arch(major, minor))
         fns = jit.load(ck, dev)
         loaded = LoadedMatmul(src, fns[src.kernel_name], fns[src.reduce_name])
         with _LOCK:
@@ -172,6 +178,9 @@ def launch(spec: MatmulSpec, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     args = (_ptr(a), _ptr(b), _ptr(out), _ptr(bias), _ptr(ws), _ptr(sems), i32(M), i32(N),
             i32(K), i32(a.stride(0)), i32(b.stride(0)), i32(out.stride(0)),
             i32(spec.split_k), i32(MODE_CODE[spec.split_mode]))
+    if spec.tma:
+        from runtime import tma
+        args += (np.uint64(tma.tensor_maps(spec, a, b, M, N, K)),)
     loaded.main.launch(cfg.grid, cfg.block, args, cfg.smem_bytes, stream)
     if spec.split_mode == "parallel":
         rc = reduce_launch(M, N, sm_count(a.device))

@@ -127,7 +127,7 @@ def bench(args) -> dict:
 
     from lowering.kernels.heuristics import choose
     from runtime import autotune, jit, workspace
-    from runtime.matmul import Problem, matmul, sm_count
+    from runtime.matmul import Problem, matmul, sm_count, tuning_arch
 
     device = torch.cuda.get_device_name()
     shapes = SHAPES if not args.shapes else tuple(
@@ -145,9 +145,12 @@ def bench(args) -> dict:
         bt = (lambda x, y: x @ y.t()) if args.layout == "TN" else (lambda x, y: x @ y)
         cublas_us = _time_us(bt, inputs, args.reps, torch)
         cublas_err = check(bt(a, b), ref, torch)
-        variants = {"heuristic": choose(M, N, K, layout=args.layout, sm_count=sm_count())}
+        arch = tuning_arch()
+        variants = {"heuristic": choose(M, N, K, layout=args.layout, sm_count=sm_count(),
+                                        arch=arch)}
         for mode in ("none", "serial", "parallel"):
-            variants[mode] = choose(M, N, K, layout=args.layout, sm_count=sm_count(), mode=mode)
+            variants[mode] = choose(M, N, K, layout=args.layout, sm_count=sm_count(), mode=mode,
+                                    arch=arch)
         if args.tune:
             p = Problem(M, N, K, "bf16", "bf16", args.layout, False)
             variants["tuned"] = autotune.tune(p, reps=5)
@@ -161,7 +164,7 @@ def bench(args) -> dict:
             launches = count_launches(lambda: fn(a, b), torch)
             workspace.check_all_zeroed()
             us = _time_us(fn, inputs, args.reps, torch) if err < 1e-2 else float("nan")
-            rows[label] = {"tile": spec.tile, "warps": spec.warps, "stages": spec.stages,
+            rows[label] = {"instr": spec.instr, "tile": spec.tile, "warps": spec.warps, "stages": spec.stages,
                            "split_k": spec.split_k, "mode": spec.split_mode, "rel_err": err,
                            "us": us, "tflops": flops / us / 1e6,
                            "launches": launches["kernels"], "memsets": launches["memsets"]}
@@ -171,7 +174,8 @@ def bench(args) -> dict:
         results.append({
             "shape": f"{M}x{N}x{K}", "ours_tflops": best["tflops"],
             "cublas_tflops": flops / cublas_us / 1e6, "split_k": best["split_k"],
-            "mode": best["mode"], "tile": best["tile"], "launches": best["launches"],
+            "mode": best["mode"], "instr": best["instr"], "tile": best["tile"],
+            "launches": best["launches"],
             "ratio": best["tflops"] / (flops / cublas_us / 1e6), "picked_by": best_label,
             "rel_err": best["rel_err"], "cublas_rel_err": cublas_err,
             "cublas_us": cublas_us, "input_sets": sets, "variants": rows})

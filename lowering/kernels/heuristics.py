@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from lowering.kernels.matmul import MatmulSpec, tiles
+from lowering.kernels.matmul import MatmulSpec, supports_wgmma, tiles
 
 DEFAULT_SM_COUNT = 132  # H100 / H200 SXM; the runtime passes the device's own count
 
@@ -42,12 +42,40 @@ TILE_CONFIGS: tuple[tuple[int, int, int, int, int, int], ...] = (
     (128, 256, 64, 2, 4, 3),  # 8 warps of 64x64, deep K-tile, one CTA per SM
 )
 
+# wgmma.mma_async tiles (sm_90a, TN only): the same six fields plus the feed (see
+# MatmulSpec.feed): "sync" (all threads cp.async, CTA barriers), "ws" (producer warps,
+# cp.async, mbarriers), "tma" (one producer thread, TMA, mbarriers). warps_m = 4 x
+# warpgroups stacked along M, each warpgroup issuing m64n{tile_n}k16 for its rows.
+WGMMA_CONFIGS: tuple[tuple[int, int, int, int, int, int, str], ...] = (
+    (128, 256, 64, 8, 1, 4, "sync"),  # 2 warpgroups of 64x256: 128 accumulators a thread
+    (256, 128, 64, 8, 1, 4, "sync"),  # 2 warpgroups of 128x128 (two m64 per k-step)
+    (128, 128, 64, 8, 1, 5, "sync"),  # 2 warpgroups of 64x128, deeper ring
+    (128, 256, 64, 8, 1, 4, "ws"),    # the same tiles, producer warps + mbarrier ring
+    (256, 128, 64, 8, 1, 4, "ws"),
+    (128, 128, 64, 8, 1, 6, "ws"),
+    (128, 256, 64, 8, 1, 4, "tma"),   # the same tiles, filled by TMA
+    (256, 128, 64, 8, 1, 4, "tma"),
+    (128, 128, 64, 8, 1, 6, "tma"),
+)
+FEEDS = {"sync": {}, "ws": {"warp_specialized": True},
+         "tma": {"warp_specialized": True, "tma": True}}
+
 # Relative MMA throughput of each tile config: its measured unsplit TFLOP/s on an H200
 # (8192x8192x8192 bf16 TN, autotune table of benchmarks/results/matmul_NVIDIA_H200.json;
 # 128x128x32 with 4 warps = 385 TF/s = 1.0). The 8-warp configs run one CTA per SM and
 # hide latency worse than two 4-warp CTAs; 128x128x64 with 4 warps spills 8 bytes.
 # A config not listed gets 0.7. The autotuner measures the real thing per shape.
+# The wgmma entries are estimates (not yet measured on a GPU): wgmma issues a warpgroup's
+# 64xNx16 product from shared memory with no ldmatrix, about twice mma.sync's rate. The
+# warp-specialized and TMA ones are put just below the plain ones until a GPU run says
+# otherwise (they have more that can go wrong: mbarrier phases, tensor maps).
 TILE_EFFICIENCY = {
+    ("wgmma", 128, 256, 64, 8, 1, 4, "sync"): 1.9, ("wgmma", 256, 128, 64, 8, 1, 4, "sync"): 1.85,
+    ("wgmma", 128, 128, 64, 8, 1, 5, "sync"): 1.6,
+    ("wgmma", 128, 256, 64, 8, 1, 4, "ws"): 1.88, ("wgmma", 256, 128, 64, 8, 1, 4, "ws"): 1.83,
+    ("wgmma", 128, 128, 64, 8, 1, 6, "ws"): 1.58,
+    ("wgmma", 128, 256, 64, 8, 1, 4, "tma"): 1.87, ("wgmma", 256, 128, 64, 8, 1, 4, "tma"): 1.82,
+    ("wgmma", 128, 128, 64, 8, 1, 6, "tma"): 1.57,
     (128, 128, 32, 2, 2, 4): 1.0, (128, 256, 64, 2, 4, 3): 0.85,
     (256, 128, 32, 4, 2, 3): 0.81, (128, 256, 32, 2, 4, 3): 0.77,
     (128, 128, 64, 2, 2, 3): 0.76, (64, 128, 64, 2, 2, 4): 0.73,
@@ -75,10 +103,26 @@ SMEM_PER_SM = 227 * 1024
 REGS_PER_SM = 65536
 
 
-def spec_for(config: tuple[int, int, int, int, int, int], **fields) -> MatmulSpec:
-    tm, tn, tk, wm, wn, st = config
+def spec_for(config: tuple, **fields) -> MatmulSpec:
+    """The spec of a config tuple; a WGMMA_CONFIGS entry (7 fields) gets instr="wgmma"."""
+    tm, tn, tk, wm, wn, st = config[:6]
+    if len(config) == 7:
+        fields.setdefault("instr", "wgmma")
+        for name, value in FEEDS[config[6]].items():
+            fields.setdefault(name, value)
     return MatmulSpec(tile_m=tm, tile_n=tn, tile_k=tk, warps_m=wm, warps_n=wn, stages=st,
                       **fields)
+
+
+def configs_for(arch: str | None, layout: str = "TN", *, prefer: bool = False):
+    """Tile configs usable on `arch` (None: any part, so mma.sync only).
+
+    wgmma configs come first where the part runs them (sm_90) and the layout is TN;
+    `prefer` then leaves out the mma.sync ones (the heuristics' choice on Hopper).
+    """
+    if supports_wgmma(arch) and layout == "TN":
+        return WGMMA_CONFIGS if prefer else WGMMA_CONFIGS + TILE_CONFIGS
+    return TILE_CONFIGS
 
 
 def ctas_per_sm(spec: MatmulSpec) -> int:
@@ -97,6 +141,8 @@ def estimate_us(spec: MatmulSpec, M: int, N: int, K: int, sm_count: int) -> floa
     occ = ctas_per_sm(spec)
     waves = math.ceil(t * spec.split_k / (sm_count * occ))
     config = (spec.tile_m, spec.tile_n, spec.tile_k, spec.warps_m, spec.warps_n, spec.stages)
+    if spec.instr != "mma":
+        config = (spec.instr, *config, spec.feed)
     eff = TILE_EFFICIENCY.get(config, 0.7)
     # `occ` CTAs share one SM, so each runs at 1/occ of its rate.
     cta_us = 2.0 * spec.tile_m * spec.tile_n * kslice / (MMA_FLOPS_PER_SM_US * eff) * occ
@@ -124,13 +170,15 @@ def _splits_for(K: int, tile_k: int) -> list[int]:
 
 def candidates(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str = "bf16",
                layout: str = "TN", bias: bool = False, modes=("none", "serial", "parallel"),
-               sm_count: int = DEFAULT_SM_COUNT) -> list[MatmulSpec]:
+               sm_count: int = DEFAULT_SM_COUNT, arch: str | None = None,
+               prefer_wgmma: bool = False) -> list[MatmulSpec]:
     """Every spec the autotuner may time for this problem: tiles x split factors x modes.
 
-    Split factors leave every slice at least MIN_KTILES_PER_SLICE K-tiles.
+    Split factors leave every slice at least MIN_KTILES_PER_SLICE K-tiles. `arch` (e.g.
+    "sm_90"; None: any part) adds the wgmma tiles where it runs them.
     """
     out = []
-    for config in TILE_CONFIGS:
+    for config in configs_for(arch, layout, prefer=prefer_wgmma):
         base = spec_for(config, a_dtype=a_dtype, b_dtype=a_dtype, out_dtype=out_dtype,
                         layout=layout, bias=bias)
         # A grid of many waves gains nothing from more, shorter CTAs: do not sweep splits.
@@ -147,16 +195,19 @@ def candidates(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str 
 
 def choose(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str = "bf16",
            layout: str = "TN", bias: bool = False, sm_count: int = DEFAULT_SM_COUNT,
-           mode: str = "auto") -> MatmulSpec:
+           mode: str = "auto", arch: str | None = None) -> MatmulSpec:
     """The spec with the smallest model time; `mode` restricts the split mode.
 
     Ties go to the earlier (larger) tile and the smaller split: less workspace traffic.
+    On a part that runs wgmma (`arch` "sm_90"/"sm_90a") and layout TN only wgmma tiles
+    are considered; `arch=None` (any part) keeps to mma.sync.
     """
     modes = ("none", "serial", "parallel") if mode == "auto" else (mode,)
     if mode not in ("auto", "none", "serial", "parallel"):
         raise ValueError(f"mode must be auto, none, serial or parallel; got {mode!r}")
     specs = candidates(M, N, K, a_dtype=a_dtype, out_dtype=out_dtype, layout=layout,
-                       bias=bias, modes=modes, sm_count=sm_count)
+                       bias=bias, modes=modes, sm_count=sm_count, arch=arch,
+                       prefer_wgmma=True)
     if mode == "auto":
         specs = [s for s in specs if s.split_k == 1 or not _fills(s, M, N, sm_count)]
     # The wave rule, as a hard constraint where it can be met: a grid smaller than the
@@ -165,7 +216,9 @@ def choose(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str = "b
     specs = filling or specs
     if not specs:
         # A forced split mode on a K too short to split: split in two anyway.
-        specs = [dataclasses.replace(spec_for(TILE_CONFIGS[2], a_dtype=a_dtype,
+        small = WGMMA_CONFIGS[-1] if configs_for(arch, layout, prefer=True) == WGMMA_CONFIGS \
+            else TILE_CONFIGS[2]
+        specs = [dataclasses.replace(spec_for(small, a_dtype=a_dtype,
                                               b_dtype=a_dtype, out_dtype=out_dtype,
                                               layout=layout, bias=bias),
                                      split_k=2, split_mode=mode)]
@@ -173,12 +226,17 @@ def choose(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str = "b
 
 
 def all_source_specs() -> list[MatmulSpec]:
-    """One spec per distinct generated source: what CI must be able to compile."""
+    """One spec per distinct generated source: what CI must be able to compile.
+
+    wgmma sources (TN only) compile for sm_90a; see `MatmulSpec.arch`.
+    """
     out = []
-    for config in TILE_CONFIGS:
+    for config in TILE_CONFIGS + WGMMA_CONFIGS:
         for a in ("bf16", "fp16"):
             for o in ("bf16", "fp16", "fp32"):
                 for layout in ("TN", "NN"):
+                    if config in WGMMA_CONFIGS and layout != "TN":
+                        continue
                     out.append(spec_for(config, a_dtype=a, b_dtype=a, out_dtype=o,
                                         layout=layout))
     return out

@@ -39,6 +39,7 @@ IN_DTYPES = ("bf16", "fp16")
 OUT_DTYPES = ("bf16", "fp16", "fp32")
 LAYOUTS = ("TN", "NN")
 SPLIT_MODES = ("none", "serial", "parallel")
+INSTRS = ("mma", "wgmma")
 MODE_CODE = {"none": 0, "serial": 1, "parallel": 2}
 
 # Shared memory per CTA that an sm_80 / sm_90 part can give a kernel (opt-in maximum).
@@ -49,6 +50,25 @@ REDUCE_THREADS = 256
 GROUP_M = 8
 # Padding (floats) of each row of the fp32 C tile staged in shared memory for the epilogue.
 CPAD = 8
+# Warps that only load, in a warp-specialized wgmma kernel (they come after the
+# warpgroups, so that warpgroups start at warp 0 and 4 as wgmma requires): two issue the
+# cp.async copies; with TMA one thread of one warp issues two bulk tensor copies a stage.
+PRODUCER_WARPS = 2
+TMA_PRODUCER_WARPS = 1
+# Bytes of one CUtensorMap (the driver's opaque TMA descriptor); A's then B's, in global
+# memory, are the `tmaps` kernel argument of a TMA kernel.
+TENSOR_MAP_BYTES = 128
+# Alignment (bytes) of wgmma's shared-memory operands: one 128-byte swizzle atom (8 rows).
+SWIZZLE_ALIGN = 1024
+
+
+def supports_wgmma(arch: str | None) -> bool:
+    """Whether NVRTC target / device arch `arch` ("sm_90", "sm_90a") runs wgmma.mma_async.
+
+    Only sm_90a has it (Blackwell's sm_100 dropped it for tcgen05); the runtime compiles
+    wgmma kernels for sm_90a and they run on any sm_90 part.
+    """
+    return arch in ("sm_90", "sm_90a")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -73,6 +93,13 @@ class MatmulSpec:
     split_mode: str = "none"
     bias: bool = False
     acc_dtype: str = "fp32"
+    instr: str = "mma"  # "mma": mma.sync (sm_80+); "wgmma": wgmma.mma_async (sm_90a only)
+    # wgmma only: PRODUCER_WARPS extra warps fill the smem ring (cp.async + mbarriers)
+    # while the warpgroups only compute; no CTA-wide barrier in the mainloop.
+    warp_specialized: bool = False
+    # warp-specialized wgmma only: the producer fills the ring by TMA (cp.async.bulk.tensor,
+    # 128-byte swizzle, zero fill out of bounds) from tensor maps the runtime builds.
+    tma: bool = False
 
     def __post_init__(self):
         def need(cond: bool, what: str):
@@ -101,11 +128,27 @@ class MatmulSpec:
              "split_k == 1 exactly when split_mode == 'none'")
         need(self.accumulators_per_thread <= 128,
              "warp tile too large: more than 128 fp32 accumulators per thread spill")
+        loaders = 32 * self.producer_warps if self.warp_specialized else self.threads
         for rows in (self.tile_m, self.tile_n):
-            need((rows * self.tile_k // 8) % self.threads == 0,
+            need((rows * self.tile_k // 8) % loaders == 0,
                  "tile chunks (16 bytes) must divide evenly over the CTA's threads")
-        need(self.smem_bytes <= MAX_SMEM_BYTES[80],
-             f"shared memory {self.smem_bytes} B exceeds {MAX_SMEM_BYTES[80]} B (sm_80)")
+        need(self.instr in INSTRS, f"instr must be one of {INSTRS}")
+        if self.instr == "wgmma":
+            need(self.layout == "TN", "wgmma needs layout TN (both operands K-major)")
+            need(self.tile_k == 64, "wgmma needs tile_k 64 (one 128-byte swizzle row)")
+            need(self.warps_n == 1 and self.warps_m in (4, 8),
+                 "wgmma: warps_n must be 1 and warps_m 4 or 8 (warpgroups stacked along M)")
+            need((self.tile_m // self.warpgroups) % 64 == 0 and self.tile_m % self.warpgroups == 0,
+                 "wgmma: each warpgroup's rows (tile_m / warpgroups) must be a multiple of 64")
+            need(self.tile_n % 64 == 0 and self.tile_n <= 256,
+                 "wgmma: tile_n must be 64, 128, 192 or 256 (one m64nNk16 per 64 rows)")
+            need(self.stages >= 3, "wgmma: stages must be >= 3 (one wgmma group in flight)")
+        else:
+            need(not self.warp_specialized, "warp_specialized needs instr 'wgmma'")
+        need(not self.tma or self.warp_specialized, "tma needs warp_specialized (and wgmma)")
+        arch = 90 if self.instr == "wgmma" else 80
+        need(self.smem_bytes <= MAX_SMEM_BYTES[arch],
+             f"shared memory {self.smem_bytes} B exceeds {MAX_SMEM_BYTES[arch]} B (sm_{arch})")
 
     @property
     def warps(self) -> int:
@@ -113,7 +156,25 @@ class MatmulSpec:
 
     @property
     def threads(self) -> int:
-        return 32 * self.warps
+        """Threads of the CTA: the compute warps, plus the producer warps if specialized."""
+        return 32 * (self.warps + self.producer_warps)
+
+    @property
+    def producer_warps(self) -> int:
+        if not self.warp_specialized:
+            return 0
+        return TMA_PRODUCER_WARPS if self.tma else PRODUCER_WARPS
+
+    @property
+    def feed(self) -> str:
+        """How the smem ring is filled: "sync" (every thread, cp.async, CTA barriers),
+        "ws" (producer warps, cp.async + mbarriers) or "tma" (one producer thread, TMA)."""
+        return "tma" if self.tma else ("ws" if self.warp_specialized else "sync")
+
+    @property
+    def warpgroups(self) -> int:
+        """wgmma: groups of 4 warps, each owning tile_m / warpgroups rows and all columns."""
+        return max(1, self.warps // 4)
 
     @property
     def accumulators_per_thread(self) -> int:
@@ -123,7 +184,10 @@ class MatmulSpec:
     def smem_bytes(self) -> int:
         """Dynamic shared memory: the pipeline stages, later reused for the fp32 C tile."""
         pipeline = self.stages * (self.tile_m + self.tile_n) * self.tile_k * DTYPE_BYTES[self.a_dtype]
-        return max(pipeline, self.tile_m * (self.tile_n + CPAD) * 4)
+        ctile = self.tile_m * (self.tile_n + CPAD) * 4
+        # wgmma's 128-byte swizzle repeats every 1024 bytes: the kernel rounds its base up.
+        align = SWIZZLE_ALIGN if self.instr == "wgmma" else 0
+        return max(pipeline, ctile) + align
 
     @property
     def tile(self) -> str:
@@ -131,14 +195,21 @@ class MatmulSpec:
 
     @property
     def kernel_name(self) -> str:
-        return (f"hostir_mm_{self.layout.lower()}_{self.a_dtype}_{self.out_dtype}_"
-                f"{self.tile}_w{self.warps_m}x{self.warps_n}_s{self.stages}")
+        prefix = "hostir_mm" if self.instr == "mma" else f"hostir_{self.instr}"
+        ws = {"sync": "", "ws": "_ws", "tma": "_tma"}[self.feed]
+        return (f"{prefix}_{self.layout.lower()}_{self.a_dtype}_{self.out_dtype}_"
+                f"{self.tile}_w{self.warps_m}x{self.warps_n}_s{self.stages}{ws}")
 
     @property
     def source_key(self) -> tuple:
         """The fields the generated source depends on (mode, split, bias are arguments)."""
         return (self.a_dtype, self.b_dtype, self.out_dtype, self.layout, self.tile_m,
-                self.tile_n, self.tile_k, self.warps_m, self.warps_n, self.stages)
+                self.tile_n, self.tile_k, self.warps_m, self.warps_n, self.stages, self.instr,
+                self.warp_specialized, self.tma)
+
+    def arch(self, major: int, minor: int) -> str:
+        """The NVRTC target for a device of this compute capability: wgmma needs sm_90a."""
+        return f"sm_{major}{minor}" + ("a" if self.instr == "wgmma" else "")
 
     def check_shape(self, M: int, N: int, K: int) -> None:
         """Refuse shapes the kernel cannot take, naming the axis (M, N any size >= 1)."""
@@ -243,14 +314,16 @@ template <int CHUNKS> __device__ __forceinline__ int swz(int row, int chunk) {
 }
 """,
     "load_stage": r"""
-// Issue the cp.async copies of one K-tile of A and B into one pipeline stage.
+// Issue the cp.async copies of one K-tile of A and B into one pipeline stage; threads
+// 0..NT-1 (`tid`) share the copies.
+template <int NT = THREADS>
 __device__ __forceinline__ void load_stage(in_t* sA, in_t* sB, const in_t* A, const in_t* B,
                                            int m0, int n0, int k0, int M, int N, int K,
                                            int lda, int ldb, int tid) {
   constexpr int KCH = BK / 8;
 #pragma unroll
-  for (int it = 0; it < BM * KCH / THREADS; ++it) {
-    int i = tid + it * THREADS;
+  for (int it = 0; it < BM * KCH / NT; ++it) {
+    int i = tid + it * NT;
     int r = i / KCH, c = i % KCH;
     int gm = m0 + r, gk = k0 + c * 8;
     bool p = gm < M && gk < K;
@@ -258,8 +331,8 @@ __device__ __forceinline__ void load_stage(in_t* sA, in_t* sB, const in_t* A, co
   }
   if constexpr (B_KMAJOR) {
 #pragma unroll
-    for (int it = 0; it < BN * KCH / THREADS; ++it) {
-      int i = tid + it * THREADS;
+    for (int it = 0; it < BN * KCH / NT; ++it) {
+      int i = tid + it * NT;
       int r = i / KCH, c = i % KCH;
       int gn = n0 + r, gk = k0 + c * 8;
       bool p = gn < N && gk < K;
@@ -268,8 +341,8 @@ __device__ __forceinline__ void load_stage(in_t* sA, in_t* sB, const in_t* A, co
   } else {
     constexpr int NCH = BN / 8;
 #pragma unroll
-    for (int it = 0; it < BK * NCH / THREADS; ++it) {
-      int i = tid + it * THREADS;
+    for (int it = 0; it < BK * NCH / NT; ++it) {
+      int i = tid + it * NT;
       int r = i / NCH, c = i % NCH;
       int gk = k0 + r, gn = n0 + c * 8;
       bool p = gk < K && gn < N;
@@ -362,14 +435,284 @@ __device__ __forceinline__ float4 add_partial4(const float* W, int row, int col,
   return make_float4(x[0], x[1], x[2], x[3]);
 }
 """,
+    "wgmma_ptx": r"""
+// Shared-memory matrix descriptor of a K-major operand in the 128-byte swizzle layout:
+// rows of 64 16-bit elements (128 bytes), 16-byte chunk c of row r stored at chunk
+// c ^ (r % 8) (what swz<8> does), 8-row atoms of 1024 bytes stacked along M (or N).
+// Fields (PTX ISA, "matrix descriptor"): bits 0-13 start address >> 4; 16-29 leading
+// byte offset >> 4 (unused by swizzled K-major layouts, 1 by convention); 32-45 stride
+// byte offset >> 4 (1024 bytes from one 8-row atom to the next); 49-51 base offset (0:
+// atoms start 1024-byte aligned); 62-63 swizzle mode (1 = 128-byte). A k16 step inside
+// the 128-byte row is +32 bytes on the start address: the hardware swizzles the address.
+__device__ __forceinline__ unsigned long long sw128_desc(unsigned addr) {
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) |
+         ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory");
+}
+// cp.async fills shared memory through the generic proxy; wgmma reads it through the
+// async proxy: each thread fences its landed copies before the barrier.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Keeps the compiler from moving accumulator reads or writes across wgmma fences/waits.
+template <int A, int B> __device__ __forceinline__ void fence_acc(float (&d)[A][B]) {
+#pragma unroll
+  for (int i = 0; i < A; ++i)
+#pragma unroll
+    for (int j = 0; j < B; ++j) asm volatile("" : "+f"(d[i][j]) :: "memory");
+}
+""",
+    "mbarrier": r"""
+// mbarriers of the warp-specialized ring (PTX ISA, "mbarrier"): `full[s]` completes a
+// phase when every producer thread's copies into slot s have landed (cp.async's own
+// arrive, counted in the init count: .noinc); `empty[s]` when every compute warp has
+// retired the wgmma group that read slot s. Waits are on the phase's parity.
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" :: "r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive(unsigned bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_cp_async(unsigned bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" :: "r"(bar), "r"(parity) : "memory");
+}
+""",
+    "tma": r"""
+// TMA (PTX ISA, cp.async.bulk.tensor): the producer announces a stage's bytes on its
+// full barrier, then each bulk copy completes its share of that transaction. `tmap` is
+// the generic address of a CUtensorMap in global memory.
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+               :: "r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void tma_load_2d(unsigned dst, unsigned long long tmap, int c0,
+                                            int c1, unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n"
+      :: "r"(dst), "l"(tmap), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+""",
+    # Rendered per tile_n by `_wgmma_instr`: @N@, @REGS@, @OPERANDS@, @IDX_*@, @TYPE@.
+    "wgmma_instr": r"""
+// D[64 x @N@] += A[64 x 16] * B[@N@ x 16]^T, both operands K-major in shared memory.
+// Thread t of the warpgroup holds, for each 8-column block i, d[4i..4i+3] = D[r][c],
+// D[r][c+1], D[r+8][c], D[r+8][c+1] with r = 16 * (t / 32) + (t % 32) / 4 and
+// c = 8i + 2 * (t % 4) (the mma.sync m16n8 accumulator layout, repeated).
+__device__ __forceinline__ void wgmma_tile(float (&d)[@N@ / 2], unsigned long long da,
+                                           unsigned long long db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %@IDX_SCALE@, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n@N@k16.f32.@TYPE@.@TYPE@ {@REGS@}, %@IDX_A@, %@IDX_B@, p, 1, 1, 0, 0;\n}\n"
+      : @OPERANDS@
+      : "l"(da), "l"(db), "r"(1));
+}
+""",
 }
 
-MAIN_BODY = r"""
+WGMMA_SETUP = r"""
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  // Swizzle atoms start on SWIZZLE_ALIGN-byte boundaries (smem_bytes carries the slack).
+  unsigned char* smem_base =
+      smem_raw + ((SWIZZLE_ALIGN - (smem_addr(smem_raw) & (SWIZZLE_ALIGN - 1))) & (SWIZZLE_ALIGN - 1));
+  in_t* smem = reinterpret_cast<in_t*>(smem_base);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp / 4, wq = warp % 4;  // warpgroup (WG_ROWS rows of C), warp in it
+"""
+
+WGMMA_MAINLOOP = r"""
+  float acc[MI][NACC];
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int j = 0; j < NACC; ++j) acc[mi][j] = 0.f;
+
+  // STAGES-2 K-tiles in flight ahead of the one computed, and one wgmma group in flight
+  // behind it: the slot a load overwrites at step kt held K-tile kt-2, whose wgmma group
+  // every warpgroup retired (wait_group 1 at step kt-1) before this step's barrier.
+#pragma unroll
+  for (int s = 0; s < STAGES - 2; ++s) {
+    if (s < nk)
+      load_stage(smem + s * STAGE_ELEMS, smem + s * STAGE_ELEMS + BM * BK, A, B, m0, n0,
+                 (kt0 + s) * BK, M, N, K, lda, ldb, tid);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < nk; ++kt) {
+    cp_async_wait<STAGES - 3>();
+    fence_proxy_async();
+    __syncthreads();  // K-tile kt landed for everyone; K-tile kt-2's slot is free
+    const int cs = kt % STAGES;
+    const unsigned a0 = smem_addr(smem + cs * STAGE_ELEMS) + wg * WG_ROWS * BK * 2;
+    const unsigned b0 = smem_addr(smem + cs * STAGE_ELEMS + BM * BK);
+    fence_acc(acc);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk)
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+        wgmma_tile(acc[mi], sw128_desc(a0 + mi * 64 * BK * 2 + kk * 32), sw128_desc(b0 + kk * 32));
+    wgmma_commit();
+    // The copies of K-tile kt+STAGES-2 overlap the tensor cores' work on K-tile kt.
+    const int pre = kt + STAGES - 2;
+    if (pre < nk) {
+      const int ps = pre % STAGES;
+      load_stage(smem + ps * STAGE_ELEMS, smem + ps * STAGE_ELEMS + BM * BK, A, B, m0, n0,
+                 (kt0 + pre) * BK, M, N, K, lda, ldb, tid);
+    }
+    cp_async_commit();
+    wgmma_wait<1>();
+    fence_acc(acc);
+  }
+  wgmma_wait<0>();
+  fence_acc(acc);
+  cp_async_wait<0>();
+  __syncthreads();  // the pipeline's shared memory becomes the fp32 C tile
+
+  // Registers -> shared fp32 tile (rows padded by CPAD floats), as for mma.sync.
+  float* sC = reinterpret_cast<float*>(smem_base);
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = wg * WG_ROWS + mi * 64 + wq * 16 + h * 8 + (lane >> 2);
+        const int c = i * 8 + (lane & 3) * 2;
+        *reinterpret_cast<float2*>(sC + r * CLD + c) =
+            make_float2(acc[mi][4 * i + 2 * h], acc[mi][4 * i + 2 * h + 1]);
+      }
+"""
+
+WS_PROLOGUE = r"""
+  // Warp-specialized: warps 0..CONSUMER_WARPS-1 (the warpgroups) compute, the
+  // PRODUCER_WARPS after them fill the ring. No CTA-wide barrier until the epilogue.
+  __shared__ __align__(8) unsigned long long full_bar[STAGES], empty_bar[STAGES];
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(smem_addr(&full_bar[s]), FULL_ARRIVALS);
+      mbar_init(smem_addr(&empty_bar[s]), CONSUMER_WARPS);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();
+
+  float acc[MI][NACC];
+#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int j = 0; j < NACC; ++j) acc[mi][j] = 0.f;
+
+  if (warp >= CONSUMER_WARPS) {
+"""
+
+PRODUCER_CP_ASYNC = r"""
+    // Producer: K-tile kt goes to slot kt % STAGES once the compute warps released the
+    // tile that slot held (use kt / STAGES - 1 of empty[slot]).
+    const int ptid = tid - CONSUMER_WARPS * 32;
+    for (int kt = 0; kt < nk; ++kt) {
+      const int s = kt % STAGES;
+      if (kt >= STAGES) mbar_wait(smem_addr(&empty_bar[s]), ((kt / STAGES) + 1) & 1);
+      load_stage<PRODUCER_WARPS * 32>(smem + s * STAGE_ELEMS, smem + s * STAGE_ELEMS + BM * BK,
+                                      A, B, m0, n0, (kt0 + kt) * BK, M, N, K, lda, ldb, ptid);
+      mbar_arrive_cp_async(smem_addr(&full_bar[s]));
+    }
+    cp_async_wait<0>();
+"""
+
+PRODUCER_TMA = r"""
+    // Producer: one thread; K-tile kt goes to slot kt % STAGES once the compute warps
+    // released the tile that slot held. The box of A is BK x BM at (k0, m0), of B BK x BN
+    // at (k0, n0); out-of-bounds rows and the K tail arrive as zeros, and the bytes of
+    // whole boxes count towards the stage's transaction.
+    if (tid == CONSUMER_WARPS * 32) {
+      const unsigned long long tmap_a = reinterpret_cast<unsigned long long>(tmaps);
+      const unsigned long long tmap_b = tmap_a + TENSOR_MAP_BYTES;
+      for (int kt = 0; kt < nk; ++kt) {
+        const int s = kt % STAGES;
+        if (kt >= STAGES) mbar_wait(smem_addr(&empty_bar[s]), ((kt / STAGES) + 1) & 1);
+        const unsigned bar = smem_addr(&full_bar[s]);
+        mbar_expect_tx(bar, STAGE_ELEMS * 2);
+        const int k0 = (kt0 + kt) * BK;
+        tma_load_2d(smem_addr(smem + s * STAGE_ELEMS), tmap_a, k0, m0, bar);
+        tma_load_2d(smem_addr(smem + s * STAGE_ELEMS + BM * BK), tmap_b, k0, n0, bar);
+      }
+    }
+"""
+
+WS_CONSUMER = r"""
+  } else {
+    const unsigned base = smem_addr(smem) + wg * WG_ROWS * BK * 2;
+    for (int kt = 0; kt < nk; ++kt) {
+      const int s = kt % STAGES;
+      mbar_wait(smem_addr(&full_bar[s]), (kt / STAGES) & 1);
+      // cp.async copies are generic-proxy writes: fence them before wgmma reads them
+      // (TMA writes through the async proxy already).
+      if constexpr (!USE_TMA) fence_proxy_async();
+      const unsigned a0 = base + s * STAGE_ELEMS * 2;
+      const unsigned b0 = smem_addr(smem + s * STAGE_ELEMS + BM * BK);
+      fence_acc(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk)
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+          wgmma_tile(acc[mi], sw128_desc(a0 + mi * 64 * BK * 2 + kk * 32),
+                     sw128_desc(b0 + kk * 32));
+      wgmma_commit();
+      wgmma_wait<1>();  // K-tile kt-1's group retired: its slot goes back to the producer
+      fence_acc(acc);
+      if (kt > 0 && lane == 0) mbar_arrive(smem_addr(&empty_bar[(kt - 1) % STAGES]));
+    }
+    wgmma_wait<0>();
+    fence_acc(acc);
+  }
+  __syncthreads();  // the ring's shared memory becomes the fp32 C tile
+
+  float* sC = reinterpret_cast<float*>(smem_base);
+  if (warp < CONSUMER_WARPS) {
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = wg * WG_ROWS + mi * 64 + wq * 16 + h * 8 + (lane >> 2);
+          const int c = i * 8 + (lane & 3) * 2;
+          *reinterpret_cast<float2*>(sC + r * CLD + c) =
+              make_float2(acc[mi][4 * i + 2 * h], acc[mi][4 * i + 2 * h + 1]);
+        }
+  }
+"""
+
+# The kernel body in parts: setup, which tile and slice, mainloop + staging of the fp32
+# C tile in shared memory (per instruction), then the split-K epilogue (shared).
+MMA_SETUP = r"""
   extern __shared__ __align__(128) unsigned char smem_raw[];
   in_t* smem = reinterpret_cast<in_t*>(smem_raw);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int wm = warp / WARPS_N, wn = warp % WARPS_N;
 
+"""
+
+TILE_HEAD = r"""
   // Which tile and K-slice: slices of a tile are consecutive CTAs (so a slice only ever
   // waits for a CTA launched before it), tiles are rastered in groups of GROUP_M rows.
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
@@ -386,6 +729,9 @@ MAIN_BODY = r"""
   const int kt0 = imin(slice * per_slice, ktiles);
   const int nk = imin(ktiles, kt0 + per_slice) - kt0;
 
+"""
+
+MMA_MAINLOOP = r"""
   float acc[MI][NI][4];
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi)
@@ -434,6 +780,9 @@ MAIN_BODY = r"""
             make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
       }
 
+"""
+
+EPILOGUE = r"""
   int* sem = sems + tile;
   const bool last = slice == split - 1;
   if (mode == MODE_SERIAL && slice > 0) sem_wait(sem, slice);  // includes a barrier
@@ -490,6 +839,26 @@ MMA_INSTR = {
     "bf16": "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
     "fp16": "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
 }
+# PTX type of each input dtype in wgmma.mma_async.
+WGMMA_TYPE = {"bf16": "bf16", "fp16": "f16"}
+
+# Per instruction: the kernel body's parts and the snippets it needs, in order.
+BODIES: dict[str, tuple[str, ...]] = {
+    "mma": (MMA_SETUP, TILE_HEAD, MMA_MAINLOOP, EPILOGUE),
+    "wgmma": (WGMMA_SETUP, TILE_HEAD, WGMMA_MAINLOOP, EPILOGUE),
+    "wgmma_ws": (WGMMA_SETUP, TILE_HEAD, WS_PROLOGUE, PRODUCER_CP_ASYNC, WS_CONSUMER, EPILOGUE),
+    "wgmma_tma": (WGMMA_SETUP, TILE_HEAD, WS_PROLOGUE, PRODUCER_TMA, WS_CONSUMER, EPILOGUE),
+}
+SNIPPET_NAMES: dict[str, tuple[str, ...]] = {
+    "mma": ("convert", "min_max", "ptx", "semaphore", "swizzle", "load_stage",
+            "compute_stage", "store_out"),
+    "wgmma": ("convert", "min_max", "ptx", "semaphore", "swizzle", "load_stage",
+              "wgmma_ptx", "wgmma_instr", "store_out"),
+    "wgmma_ws": ("convert", "min_max", "ptx", "semaphore", "swizzle", "load_stage",
+                 "wgmma_ptx", "wgmma_instr", "mbarrier", "store_out"),
+    "wgmma_tma": ("convert", "min_max", "ptx", "semaphore", "wgmma_ptx", "wgmma_instr",
+                  "mbarrier", "tma", "store_out"),
+}
 
 RENDERER = Renderer(extra=MATMUL_SNIPPETS)
 
@@ -497,10 +866,20 @@ RENDERER = Renderer(extra=MATMUL_SNIPPETS)
 def _prelude(spec: MatmulSpec) -> str:
     """Type aliases, the spec's constants and the dtype-specific macros."""
     wtm, wtn = spec.tile_m // spec.warps_m, spec.tile_n // spec.warps_n
+    if spec.instr == "wgmma":
+        # Each warpgroup: WG_ROWS rows = MI stacked m64 wgmmas of the CTA's full BN.
+        wg_rows = spec.tile_m // spec.warpgroups
+        tiling = {"WG_ROWS": wg_rows, "MI": wg_rows // 64, "NACC": spec.tile_n // 2,
+                  "SWIZZLE_ALIGN": SWIZZLE_ALIGN, "CONSUMER_WARPS": spec.warps,
+                  "PRODUCER_WARPS": spec.producer_warps, "USE_TMA": spec.tma,
+                  "FULL_ARRIVALS": 1 if spec.tma else spec.producer_warps * 32,
+                  "TENSOR_MAP_BYTES": TENSOR_MAP_BYTES}
+    else:
+        tiling = {"WTM": wtm, "WTN": wtn, "MI": wtm // 16, "NI": wtn // 8}
     consts = {
         "BM": spec.tile_m, "BN": spec.tile_n, "BK": spec.tile_k,
         "WARPS_M": spec.warps_m, "WARPS_N": spec.warps_n, "THREADS": spec.threads,
-        "STAGES": spec.stages, "WTM": wtm, "WTN": wtn, "MI": wtm // 16, "NI": wtn // 8,
+        "STAGES": spec.stages, **tiling,
         "STAGE_ELEMS": (spec.tile_m + spec.tile_n) * spec.tile_k, "CLD": spec.tile_n + CPAD,
         "GROUP_M": GROUP_M, "MODE_NONE": MODE_CODE["none"],
         "MODE_SERIAL": MODE_CODE["serial"], "MODE_PARALLEL": MODE_CODE["parallel"],
@@ -519,12 +898,28 @@ def _prelude(spec: MatmulSpec) -> str:
                       RENDERER.constants(consts), *macros])
 
 
+def _snippet(name: str, spec: MatmulSpec) -> str:
+    """A snippet of the table, with the wgmma instruction's operand list filled in."""
+    text = RENDERER.snippet(name)
+    if name != "wgmma_instr":
+        return text
+    n = spec.tile_n
+    regs = n // 2
+    fields = {"N": str(n), "TYPE": WGMMA_TYPE[spec.a_dtype],
+              "REGS": ", ".join(f"%{i}" for i in range(regs)),
+              "OPERANDS": ", ".join(f'"+f"(d[{i}])' for i in range(regs)),
+              "IDX_A": str(regs), "IDX_B": str(regs + 1), "IDX_SCALE": str(regs + 2)}
+    for key, value in fields.items():
+        text = text.replace(f"@{key}@", value)
+    return text
+
+
 def _params(spec: MatmulSpec) -> list[tuple[str, str]]:
     return [("const in_t* __restrict__", "A"), ("const in_t* __restrict__", "B"),
             ("out_t* __restrict__", "C"), ("const out_t* __restrict__", "bias"),
             ("float*", "ws"), ("int*", "sems"), ("int", "M"), ("int", "N"), ("int", "K"),
             ("int", "lda"), ("int", "ldb"), ("int", "ldc"), ("int", "split"),
-            ("int", "mode")]
+            ("int", "mode")] + ([("const void*", "tmaps")] if spec.tma else [])
 
 
 def _reduce_params() -> list[tuple[str, str]]:
@@ -536,22 +931,25 @@ def _reduce_params() -> list[tuple[str, str]]:
 def render(spec: MatmulSpec) -> KernelSource:
     """CUDA C++ for `spec`: the matmul kernel and its split-K reduction kernel.
 
-    The source depends only on `spec.source_key` (dtypes, layout, tile, warps, stages):
+    The source depends only on `spec.source_key` (dtypes, layout, tile, warps, stages,
+    instruction; wgmma sources compile for sm_90a only, see `MatmulSpec.arch`):
     split mode, split factor and bias are kernel arguments, so one compiled module serves
     every mode and CI can compile every variant.
 
     Matmul kernel parameters, in order: A, B, C, bias (null: none), ws (fp32 workspace,
     split-K only), sems (zeroed ints, one per output tile, serial only), M, N, K, lda,
-    ldb, ldc, split, mode (0 none, 1 serial, 2 parallel).
+    ldb, ldc, split, mode (0 none, 1 serial, 2 parallel); TMA kernels add tmaps (the
+    CUtensorMaps of A then B, TENSOR_MAP_BYTES each, in global memory).
     Reduction kernel: ws, C, bias, M, N, ldc, split.
     """
     name = spec.kernel_name
     reduce_name = name + "_reduce"
+    kind = spec.instr + {"sync": "", "ws": "_ws", "tma": "_tma"}[spec.feed]
+    body = "".join(BODIES[kind])
     source = RENDERER.source(
         [], _prelude(spec),
-        *[RENDERER.snippet(s) for s in ("convert", "min_max", "ptx", "semaphore", "swizzle",
-                                        "load_stage", "compute_stage", "store_out")],
-        RENDERER.kernel(name, _params(spec), MAIN_BODY, threads=spec.threads),
+        *[_snippet(s, spec) for s in SNIPPET_NAMES[kind]],
+        RENDERER.kernel(name, _params(spec), body, threads=spec.threads),
         RENDERER.kernel(reduce_name, _reduce_params(), REDUCE_BODY, threads=REDUCE_THREADS))
 
     return KernelSource(spec=spec, source=source, kernel_name=name, reduce_name=reduce_name,

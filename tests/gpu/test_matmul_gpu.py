@@ -4,7 +4,7 @@ serial split-K matmul with no memset, the zeroed arena stays zero, streams do no
 import pytest
 import torch
 
-from lowering.kernels.heuristics import TILE_CONFIGS, spec_for
+from lowering.kernels.heuristics import TILE_CONFIGS, WGMMA_CONFIGS, spec_for
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -54,6 +54,28 @@ def test_every_tile_config_is_correct(config):
                         out_dtype="fp16", split_k=split, split_mode=mode)
         matmul(a, b, out=out, spec=spec)
         assert _rel(out, _ref(a, b, "TN")) < 1e-2, (TILE_CONFIGS[config], mode)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="wgmma needs an sm_90 part")
+@pytest.mark.parametrize("config", range(len(WGMMA_CONFIGS)))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_every_wgmma_config_is_correct_in_every_mode(config, dtype):
+    M, N, K = 300, 520, 2048 + 40  # ragged M and N, a K tail
+    a = torch.randn(M, K, device="cuda", dtype=dtype)
+    b = torch.randn(N, K, device="cuda", dtype=dtype)
+    bias = torch.randn(N, device="cuda", dtype=torch.float32)
+    name = "bf16" if dtype == torch.bfloat16 else "fp16"
+    for mode, split in (("none", 1), ("serial", 3), ("parallel", 4)):
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.float32)
+        spec = spec_for(WGMMA_CONFIGS[config], a_dtype=name, b_dtype=name, out_dtype="fp32",
+                        split_k=split, split_mode=mode, bias=True)
+        assert spec.instr == "wgmma"
+        matmul(a, b, out=out, bias=bias, spec=spec)
+        torch.cuda.synchronize()
+        assert not out.isnan().any(), (WGMMA_CONFIGS[config], mode)
+        assert _rel(out, _ref(a, b, "TN", bias)) < 1e-2, (WGMMA_CONFIGS[config], mode)
+    workspace.check_all_zeroed()
 
 
 def test_serial_split_k_is_one_launch_without_memset():

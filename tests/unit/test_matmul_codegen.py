@@ -1,5 +1,6 @@
 """Matmul code generation without a GPU: spec checks, heuristics, deterministic source,
-and every variant the heuristics and the autotuner can emit compiles for sm_90 and sm_80."""
+and every variant the heuristics and the autotuner can emit compiles for sm_90 and sm_80
+(wgmma variants for sm_90a only, with no spills)."""
 
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,14 @@ ISSUE_SHAPES = [(1024, 2048, 50304), (8192, 8192, 8192), (4096, 4096, 8192),
     ({"split_mode": "serial"}, "split_k == 1 exactly"),
     ({"split_mode": "tree", "split_k": 2}, "split_mode"),
     ({"tile_m": 256, "tile_n": 256, "warps_m": 2, "warps_n": 2}, "accumulators"),
+    ({"instr": "tcgen05"}, "instr"),
+    ({"instr": "wgmma", "tile_k": 64, "warps_m": 8, "warps_n": 1, "layout": "NN"}, "TN"),
+    ({"instr": "wgmma", "warps_m": 8, "warps_n": 1}, "tile_k 64"),
+    ({"instr": "wgmma", "tile_k": 64}, "warpgroups"),
+    ({"instr": "wgmma", "tile_k": 64, "warps_m": 8, "warps_n": 1, "tile_n": 96}, "tile_n"),
+    ({"instr": "wgmma", "tile_k": 64, "warps_m": 8, "warps_n": 1, "stages": 2}, "stages"),
+    ({"warp_specialized": True}, "warp_specialized"),
+    ({"instr": "wgmma", "tile_k": 64, "warps_m": 8, "warps_n": 1, "tma": True}, "tma needs"),
 ])
 def test_spec_refuses_bad_fields_with_a_clear_error(fields, message):
     with pytest.raises(ValueError, match=message):
@@ -82,13 +91,59 @@ def test_forced_modes_are_honoured():
         heuristics.choose(64, 64, 64, mode="fast")
 
 
-def _emittable_specs():
-    """Every distinct source the heuristics or the autotuner can ask for."""
-    seen = {}
-    for spec in heuristics.all_source_specs():
-        seen.setdefault(spec.source_key, spec)
+def test_wgmma_on_sm90_only_and_tn_only():
     for M, N, K in ISSUE_SHAPES:
-        for spec in heuristics.candidates(M, N, K) + [heuristics.choose(M, N, K)]:
+        hopper = heuristics.choose(M, N, K, arch="sm_90")
+        assert hopper.instr == "wgmma" and hopper.arch(9, 0) == "sm_90a"
+        for arch in (None, "sm_80", "sm_86", "sm_100"):
+            assert heuristics.choose(M, N, K, arch=arch).instr == "mma"
+            assert all(s.instr == "mma" for s in heuristics.candidates(M, N, K, arch=arch))
+        assert heuristics.choose(M, N, K, arch="sm_90", layout="NN").instr == "mma"
+        # the autotuner on Hopper times both kinds
+        kinds = {s.instr for s in heuristics.candidates(M, N, K, arch="sm_90")}
+        assert kinds == {"mma", "wgmma"}
+    for mode in ("none", "serial", "parallel"):
+        spec = heuristics.choose(1024, 2048, 50304, mode=mode, arch="sm_90")
+        assert spec.instr == "wgmma" and spec.split_mode == mode
+
+
+def test_wgmma_source_is_table_driven():
+    spec = heuristics.spec_for(heuristics.WGMMA_CONFIGS[0])
+    src = render(spec).source
+    assert spec.instr == "wgmma" and "#include" not in src
+    assert f"wgmma.mma_async.sync.aligned.m64n{spec.tile_n}k16.f32.bf16.bf16" in src
+    assert "@" not in src  # every placeholder of the instruction snippet filled in
+    assert "fence.proxy.async.shared::cta" in src and "wgmma.wait_group.sync.aligned" in src
+    fp16 = render(heuristics.spec_for(heuristics.WGMMA_CONFIGS[0], a_dtype="fp16",
+                                      b_dtype="fp16")).source
+    assert "k16.f32.f16.f16" in fp16
+    assert spec.source_key != heuristics.spec_for(heuristics.TILE_CONFIGS[0]).source_key
+    assert spec.smem_bytes % 1024 == 0
+    ws = heuristics.spec_for(heuristics.WGMMA_CONFIGS[0][:6] + ("ws",))
+    assert ws.warp_specialized and ws.threads == spec.threads + 32 * 2 and ws.feed == "ws"
+    ws_src = render(ws).source
+    assert ws.source_key != spec.source_key and ws.kernel_name.endswith("_ws")
+    assert "cp.async.mbarrier.arrive.noinc" in ws_src and "mbarrier.try_wait.parity" in ws_src
+    assert "mbarrier" not in src
+    tma = heuristics.spec_for(heuristics.WGMMA_CONFIGS[0][:6] + ("tma",))
+    assert tma.tma and tma.threads == spec.threads + 32 and tma.kernel_name.endswith("_tma")
+    tma_src = render(tma).source
+    assert "cp.async.bulk.tensor.2d" in tma_src and "expect_tx" in tma_src
+    assert "load_stage" not in tma_src  # no cp.async ring: the producer copies by TMA
+    assert "const void* tmaps)" in tma_src and "tmaps" not in ws_src
+    assert len({spec.source_key, ws.source_key, tma.source_key}) == 3
+
+
+def _emittable_specs(arch):
+    """Every distinct source the heuristics or the autotuner can ask for on `arch`."""
+    seen = {}
+    wgmma_ok = arch.startswith("sm_90")
+    for spec in heuristics.all_source_specs():
+        if spec.instr == "mma" or wgmma_ok:
+            seen.setdefault(spec.source_key, spec)
+    for M, N, K in ISSUE_SHAPES:
+        for spec in (heuristics.candidates(M, N, K, arch=arch) +
+                     [heuristics.choose(M, N, K, arch=arch)]):
             seen.setdefault(spec.source_key, spec)
     return list(seen.values())
 
@@ -96,9 +151,11 @@ def _emittable_specs():
 def test_candidates_stay_within_compiled_sources():
     known = {s.source_key for s in heuristics.all_source_specs()}
     for M, N, K in ISSUE_SHAPES:
-        for spec in heuristics.candidates(M, N, K, a_dtype="fp16", out_dtype="fp32",
-                                          layout="NN", bias=True):
-            assert spec.source_key in known
+        for arch in (None, "sm_90"):
+            for layout in ("TN", "NN"):
+                for spec in heuristics.candidates(M, N, K, a_dtype="fp16", out_dtype="fp32",
+                                                  layout=layout, bias=True, arch=arch):
+                    assert spec.source_key in known
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
@@ -106,11 +163,13 @@ def test_every_emittable_variant_compiles(arch):
     pytest.importorskip("cupy")
     from runtime import jit
 
-    specs = _emittable_specs()
+    specs = _emittable_specs(arch)
+    assert any(s.instr == "wgmma" for s in specs) == (arch == "sm_90")
 
     def build(spec):
         src = render(spec)
-        return spec, src, jit.compile(src.source, src.names, arch)
+        target = spec.arch(int(arch[3]), int(arch[4]))  # wgmma: sm_90a
+        return spec, src, jit.compile(src.source, src.names, target)
 
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:
         built = list(pool.map(build, specs))  # any CompilationError fails the test
@@ -118,7 +177,48 @@ def test_every_emittable_variant_compiles(arch):
     for spec, src, ck in built:
         sym = ck.lowered[src.kernel_name]
         assert ck.registers[sym] <= 255
-        report.append(f"{arch} {src.kernel_name}: {ck.registers[sym]} regs, "
+        report.append(f"{ck.arch} {src.kernel_name}: {ck.registers[sym]} regs, "
                       f"{ck.spill_bytes.get(sym, 0)} B spills")
         assert len(ck.cubin) > 1000
+        if spec.instr == "wgmma":
+            assert ck.arch == "sm_90a"
+            assert ck.spill_bytes.get(sym, 0) == 0, report[-1]
+            assert ck.local_bytes.get(sym, 0) == 0, report[-1]
+            # ptxas serializes wgmma (a wait after each) when it cannot keep them async
+            assert "serialized" not in ck.log, ck.log
     print("\n".join(report))
+
+
+def test_gpu_wgmma_check_plan_and_crash_bookkeeping(tmp_path):
+    """The one-shot GPU script, without a GPU: its plan holds valid specs of every feed,
+    and a crashing or hanging variant (fake worker) costs only its kernel's split mode."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from benchmarks import gpu_wgmma_check as check
+
+    groups = check.plan(((512, 512, 4096), (4096, 4096, 1024)))
+    names = [g["name"] for g in groups]
+    assert names == ["wgmma_sync", "wgmma_ws", "wgmma_tma", "heuristics"]
+    for g in groups:
+        for v in g["variants"]:
+            MatmulSpec(**v["spec"])  # valid
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "fake.json"
+    env = dict(os.environ, HOSTIR_WGMMA_CHECK_FAKE="1", HOSTIR_WGMMA_VARIANT_TIMEOUT="1",
+               PYTHONPATH=str(root))
+    subprocess.run([sys.executable, str(root / "benchmarks" / "gpu_wgmma_check.py"),
+                    "--out", str(out), "--budget-s", "60", "--shapes", "512x512x4096"],
+                   cwd=root, env=env, check=True, capture_output=True, timeout=120)
+    doc = json.loads(out.read_text())
+    status = {v["label"]: v["status"] for v in doc["variants"]}
+    crashed = [k for k, s in status.items() if s.startswith("crashed")]
+    hung = [k for k, s in status.items() if s.startswith("hung")]
+    assert len(crashed) == 3 and all("tma edge serial" in k for k in crashed)
+    assert len(hung) == 3 and all("ws edge parallel" in k for k in hung)
+    # the same kernels' other modes still ran
+    assert status["128x256x64 tma none s1"] == "ok" and status["128x256x64 ws serial s2"] == "ok"
+    assert status["128x256x64 tma serial s2"].startswith("skipped")
+    assert doc["shapes"]["512x512x4096"]["best_ratio"] == 0.9
