@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The single-GPU evidence (generated kernels), on a machine with two GPUs: the matmul work
+# on GPU 0 and the normalization work on GPU 1, side by side (run from the repo root):
+#   OUT=dir HOSTIR_COMMIT=sha bash benchmarks/run_gpu_single.sh
+set -uo pipefail
+OUT="${OUT:-/tmp/hostir-evidence}"; mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export HOSTIR_CACHE_DIR="${HOSTIR_CACHE_DIR:-/tmp/hostir-cache}" HOSTIR_COMMIT="${HOSTIR_COMMIT:-}"
+(
+  export CUDA_VISIBLE_DEVICES=0
+  echo "== wgmma check"; timeout 200 python3 benchmarks/gpu_wgmma_check.py --out "$OUT/wgmma.json" \
+    > "$OUT/wgmma.log" 2>&1; echo "rc=$?"
+  echo "== matmul bench"; timeout 240 python3 -m hostir.run matmul --bench --tune \
+    --output "$OUT/matmul.json" > "$OUT/matmul.log" 2>&1; echo "rc=$?"
+) > "$OUT/gpu0.log" 2>&1 &
+(
+  export CUDA_VISIBLE_DEVICES=1
+  echo "== layer_norm bench"; timeout 240 python3 -m hostir.run layer_norm --bench --sweep \
+    --out "$OUT/layer_norm.json" > "$OUT/layer_norm.log" 2>&1; echo "rc=$?"
+  echo "== tests/gpu"; timeout 200 python3 -m pytest -q -p no:cacheprovider --color=no tests/gpu \
+    > "$OUT/gpu_tests.log" 2>&1; echo "rc=$?"
+) > "$OUT/gpu1.log" 2>&1 &
+wait
+cat "$OUT/gpu0.log" "$OUT/gpu1.log"
+tail -25 "$OUT/wgmma.log"; tail -12 "$OUT/matmul.log"; tail -16 "$OUT/layer_norm.log"
+grep -a -E "passed|failed" "$OUT/gpu_tests.log" | tail -3
