@@ -82,10 +82,25 @@ def normalize(spec: NormalizationSpec, tensors: Mapping[str, torch.Tensor], out=
     args = [tensors[n].data_ptr() for n in names[:-1]] + [out.data_ptr()]
     import numpy as np
 
+    # the persistent kernel's grid: the SMs of this device x the blocks resident on each
+    grid = plan.grid(spec.rows, sm_count(x.device))
     with torch.cuda.device(x.device):
-        kernel.launch((plan.grid(spec.rows), 1, 1), (plan.block_threads, 1, 1),
-                      tuple(np.uint64(a) for a in args) + (np.int32(spec.rows),))
+        kernel.launch((grid, 1, 1), (plan.block_threads, 1, 1),
+                      tuple(np.uint64(a) for a in args) + (np.int32(spec.rows),),
+                      plan.dynamic_shared_bytes)
     return out
+
+
+_SM_COUNTS: dict[int, int] = {}
+
+
+def sm_count(device) -> int:
+    """Multiprocessors of ``device`` (asked once per device)."""
+    index = torch.device(device).index or 0
+    n = _SM_COUNTS.get(index)
+    if n is None:
+        n = _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return n
 
 
 _KERNELS: dict[tuple[NormalizationSpec, int], object] = {}

@@ -8,10 +8,14 @@ from pathlib import Path
 
 
 def commit() -> str:
-    """The checkout's HEAD, else HOSTIR_COMMIT (a copy of the tree without .git, as on
-    the device machines), else "unknown"."""
+    """HOSTIR_COMMIT when set (a copy of the tree, as on the device machines, may carry a
+    .git that is not the commit being measured), else the checkout's HEAD, else
+    "unknown"."""
+    env = os.environ.get("HOSTIR_COMMIT")
+    if env:
+        return env
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                               check=True, cwd=Path(__file__).resolve().parents[2]).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("HOSTIR_COMMIT", "unknown")
+        return "unknown"
