@@ -326,7 +326,7 @@ def persistent_candidates(hidden: int, vector_width: int, value_bytes: int,
                     b * vector_width, vector_width, value_bytes,
                     param_bytes if cache == "registers" else 0, prefetch, cache == "shared")
                 plan = LaunchPlan(vector_width, t, b, r, est, cache, prefetch, param_bytes)
-                if est > _register_budget(t * r):
+                if est + 8 > _register_budget(t * r):  # the margin of min_blocks_per_sm
                     continue
                 if plan.dynamic_shared_bytes + plan.shared_bytes > SHARED_PER_BLOCK:
                     continue
@@ -430,7 +430,7 @@ def plan_launch(
             estimate = persistent_register_estimate(
                 b * vector_width, vector_width, value_bytes,
                 param_bytes if cache == "registers" else 0, pre, cache == "shared")
-        if estimate > _register_budget(t * r):
+        if estimate + (8 if cache != "none" else 0) > _register_budget(t * r):
             raise LoweringError(
                 f"normalization plan: {t} threads x {b * vector_width} values needs ~{estimate} "
                 f"registers a thread, over the {_register_budget(t * r)} a {t * r}-thread block may use"

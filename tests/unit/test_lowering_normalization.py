@@ -35,6 +35,21 @@ def test_reference_fusion_becomes_one_launch():
     assert [t.name for t in launch.args] == ["T0", "T1", "T2", "T3", "T4", p.outputs[0].name]
     assert launch.scalars == (64,) and launch.block[0] % 32 == 0
     assert launch.grid == (spec.plan.grid(64), 1, 1)
+    assert launch.smem == spec.plan.dynamic_shared_bytes
+
+
+def test_persistent_grid_and_staged_params_in_the_launch():
+    # 20480: the 1-D tensors do not fit the registers; they are staged in shared memory,
+    # which the LaunchKernel carries, and the grid is the resident blocks, not the rows
+    p = lower(reference_fusion(8192, 20480), 1)
+    (k,) = p.kernels
+    spec = spec_from_params(k.params)
+    launch = p.body[1]
+    assert spec.plan.persistent
+    assert launch.grid[0] == spec.plan.grid(8192) < 8192
+    assert launch.smem == spec.plan.dynamic_shared_bytes
+    text = print_program(p)
+    assert print_program(parse(text)) == text
 
 
 def test_round_trip_with_kernels():
