@@ -148,7 +148,10 @@ class LaunchPlan:
       memory, for rows whose slices do not fit the registers (see `plan_launch`).
 
     ``prefetch`` (persistent kernels): the next row's x is loaded before the current row
-    is reduced, so DRAM stays busy through the reductions and the stores.
+    is reduced, so DRAM stays busy through the reductions and the stores. Into packed
+    registers, or with ``x_staged`` into shared memory by cp.async (two buffers a row:
+    the next row's copy lands in one while the current row is read from the other),
+    which costs no registers across the row: the prefetch of the longest rows.
     """
 
     vector_width: int  # elements per global access (16 bytes when alignment allows)
@@ -159,6 +162,8 @@ class LaunchPlan:
     param_cache: str = "none"
     prefetch: bool = False
     param_bytes: int = 0  # bytes of all cached 1-D tensors for one column
+    x_staged: bool = False  # the prefetch goes through shared memory (cp.async)
+    x_bytes: int = 2  # bytes of an element of x
 
     @property
     def persistent(self) -> bool:
@@ -197,10 +202,12 @@ class LaunchPlan:
 
     @property
     def dynamic_shared_bytes(self) -> int:
-        """The staged 1-D tensors (``param_cache == "shared"``): every batch slot of a row."""
-        if self.param_cache != "shared":
-            return 0
-        return self.param_bytes * self.threads_per_row * self.batch * self.vector_width
+        """The staged 1-D tensors (``param_cache == "shared"``: every batch slot of a row),
+        then, with ``x_staged``, two buffers of x for each row of the block."""
+        slots = self.threads_per_row * self.batch * self.vector_width
+        params = self.param_bytes * slots if self.param_cache == "shared" else 0
+        x = 2 * self.rows_per_block * slots * self.x_bytes if self.x_staged else 0
+        return params + x
 
     def grid(self, rows: int, sm_count: int = DEFAULT_SM_COUNT) -> int:
         """Blocks to launch: one per group of rows for the row-wise kernel; for the
@@ -215,7 +222,8 @@ class LaunchPlan:
     def describe(self) -> str:
         kind = "rowwise" if not self.persistent else f"persistent/{self.param_cache}"
         return (f"{kind} t{self.threads_per_row} b{self.batch} v{self.vector_width} "
-                f"r{self.rows_per_block}" + (" prefetch" if self.prefetch else ""))
+                f"r{self.rows_per_block}"
+                + (" prefetch" + ("/smem" if self.x_staged else "") if self.prefetch else ""))
 
 
 def vector_width_for(hidden: int, dtype_bytes: tuple[int, ...], alignment: int) -> int:
@@ -284,7 +292,7 @@ def padding(plan: LaunchPlan, hidden: int) -> float:
 
 def persistent_register_estimate(values_per_thread: int, vector_width: int, value_bytes: int,
                                  cached_param_bytes: int, prefetch: bool,
-                                 shared: bool = False) -> int:
+                                 shared: bool = False, x_staged: bool = False) -> int:
     """Registers of one thread of the persistent kernel, fitted to ptxas (sm_90) over the
     candidate plans of the benchmark sizes: the fp32 row slice (one a value), the cached
     1-D tensors (``cached_param_bytes`` per column, packed: 16-bit values two to a
@@ -298,7 +306,9 @@ def persistent_register_estimate(values_per_thread: int, vector_width: int, valu
     narrow = (v // vector_width) * (2 if vector_width < 4 else int(prefetch and vector_width == 4))
     # staged tensors: ptxas issues the shared-memory loads early, packed, (with the
     # prefetch, for the whole row slice)
-    staged = 0 if not shared else (3 * v // 2 if prefetch else v // 2)
+    staged = 0 if not shared else (3 * v // 2 if prefetch and not x_staged else v // 2)
+    if x_staged:  # the next row waits in shared memory: only its buffer's addresses
+        return v + cached + staged + 4 + PERSISTENT_OVERHEAD
     return v + cached + (packed_x if prefetch else 0) + narrow + staged + PERSISTENT_OVERHEAD
 
 
@@ -321,11 +331,17 @@ def persistent_candidates(hidden: int, vector_width: int, value_bytes: int,
         for cache in ("registers", "shared"):
             if cache == "registers" and param_bytes == 0:
                 continue  # nothing to cache: the shared variant stages nothing either
-            for prefetch in (True, False):
+            # cp.async moves 4, 8 or 16 bytes: x_staged needs vectors of 4 bytes or more
+            modes = [(True, False), (False, False)]
+            if vector_width * value_bytes >= 4:
+                modes.insert(1, (True, True))
+            for prefetch, x_staged in modes:
                 est = persistent_register_estimate(
                     b * vector_width, vector_width, value_bytes,
-                    param_bytes if cache == "registers" else 0, prefetch, cache == "shared")
-                plan = LaunchPlan(vector_width, t, b, r, est, cache, prefetch, param_bytes)
+                    param_bytes if cache == "registers" else 0, prefetch, cache == "shared",
+                    x_staged)
+                plan = LaunchPlan(vector_width, t, b, r, est, cache, prefetch, param_bytes,
+                                  x_staged, value_bytes)
                 if est + 8 > _register_budget(t * r):  # the margin of min_blocks_per_sm
                     continue
                 if plan.dynamic_shared_bytes + plan.shared_bytes > SHARED_PER_BLOCK:
@@ -357,7 +373,9 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int) ->
     3. 1-D tensors in registers over shared memory: registers cost no instruction and no
        shared-memory bandwidth per row; shared memory is for rows whose slices do not
        fit (12288 and up at fp16 with four tensors).
-    4. Prefetch on: it is what keeps DRAM busy through the barriers of the reduction.
+    4. Prefetch on: it is what keeps DRAM busy through the barriers of the reduction;
+       into registers where they allow (no shared-memory round trip), else through
+       shared memory (cp.async, `x_staged`): 16384 at fp16.
     5. Fewer warps a row (fewer, cheaper block barriers per row; a one-warp row needs
        none), then less padding, then fewer registers (more resident warps).
     """
@@ -366,7 +384,7 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int) ->
     def key(p: LaunchPlan):
         flight = bytes_in_flight(p, value_bytes) * (2 if p.prefetch else 1)
         return (flight < IN_FLIGHT_TARGET, padding(p, hidden) > least + MAX_EXTRA_PADDING,
-                p.param_cache != "registers", not p.prefetch, p.warps_per_row,
+                p.param_cache != "registers", not p.prefetch, p.x_staged, p.warps_per_row,
                 round(padding(p, hidden), 2), p.register_estimate)
 
     return min(plans, key=key)
@@ -382,6 +400,7 @@ def plan_launch(
     param_cache: str | None = None,
     prefetch: bool | None = None,
     param_bytes: int = 0,
+    x_staged: bool | None = None,
 ) -> LaunchPlan:
     """Pick the kernel (row-wise or persistent), threads per row, the persistent batch
     and rows per block for ``hidden``.
@@ -410,9 +429,12 @@ def plan_launch(
         raise LoweringError(f"normalization plan: param_cache {param_cache!r}: expected one of "
                             f"{list(PARAM_CACHES)}")
     vectors = -(-hidden // vector_width)
-    if param_cache == "none" and prefetch:
+    if param_cache == "none" and (prefetch or x_staged):
         raise LoweringError("normalization plan: prefetch needs the persistent kernel "
                             "(param_cache registers or shared)")
+    if x_staged and (prefetch is False or vector_width * value_bytes < 4):
+        raise LoweringError("normalization plan: x_staged is a prefetch through cp.async, "
+                            "which needs prefetch and vectors of 4 bytes or more")
     if threads_per_row is not None or batch is not None:
         t = threads_per_row or _round_up(-(-vectors // batch), WARP)
         b = batch or -(-vectors // t)
@@ -424,19 +446,20 @@ def plan_launch(
         r = rows_per_block or -(-MIN_THREADS_PER_BLOCK // t)
         cache = param_cache or ("registers" if param_bytes else "shared")
         pre = bool(prefetch) if prefetch is not None else cache != "none"
+        staged_x = bool(x_staged) and pre
         if cache == "none":
             estimate = register_estimate(b * vector_width, vector_width, value_bytes)
         else:
             estimate = persistent_register_estimate(
                 b * vector_width, vector_width, value_bytes,
-                param_bytes if cache == "registers" else 0, pre, cache == "shared")
+                param_bytes if cache == "registers" else 0, pre, cache == "shared", staged_x)
         if estimate + (8 if cache != "none" else 0) > _register_budget(t * r):
             raise LoweringError(
                 f"normalization plan: {t} threads x {b * vector_width} values needs ~{estimate} "
                 f"registers a thread, over the {_register_budget(t * r)} a {t * r}-thread block may use"
             )
         plan = LaunchPlan(vector_width, t, b, r, estimate, cache, pre,
-                          param_bytes if cache != "none" else 0)
+                          param_bytes if cache != "none" else 0, staged_x, value_bytes)
         if plan.dynamic_shared_bytes + plan.shared_bytes > SHARED_PER_BLOCK:
             raise LoweringError(
                 f"normalization plan: {plan.dynamic_shared_bytes} bytes of staged 1-D tensors "
@@ -449,6 +472,8 @@ def plan_launch(
                  if param_cache is None or p.param_cache == param_cache]
         if prefetch is not None:
             plans = [p for p in plans if p.prefetch == prefetch]
+        if x_staged is not None:
+            plans = [p for p in plans if p.x_staged == x_staged]
         if not plans:
             raise LoweringError(
                 f"normalization: hidden={hidden} needs more than {MAX_THREADS_PER_BLOCK} threads x "
@@ -518,6 +543,7 @@ class NormalizationSpec:
     rows_per_block: int | None = None
     param_cache: str | None = None
     prefetch: bool | None = None
+    x_staged: bool | None = None
 
     def __post_init__(self):
         for what, n in (("rows", self.rows), ("hidden", self.hidden)):
@@ -596,6 +622,7 @@ class NormalizationSpec:
             param_cache=self.param_cache,
             prefetch=self.prefetch,
             param_bytes=sum(DTYPE_BYTES[d] for d in dtypes[1:-1]),
+            x_staged=self.x_staged,
         )
 
     @property
@@ -942,7 +969,16 @@ extern "C" __global__ void __launch_bounds__({p.block_threads}, {p.min_blocks_pe
         # x of the block's first row; in the loop, the next row's is issued before the
         # current row is reduced (prefetch), or each row's at the top of the loop.
         out.append(f"  Vec<{tx}, kVec> xr[kBatch];\n")
-        if p.prefetch:
+        if p.x_staged:
+            out.append(f"""\
+  // x through shared memory: two buffers for each row of the block, one being read
+  // while the next row's cp.async copies land in the other
+  Vec<{tx}, kVec>* s_xbuf = reinterpret_cast<Vec<{tx}, kVec>*>(staged + {self.x_offset})
+                         + row_in_block * 2 * kThreadsPerRow * kBatch;
+  int buf = 0;
+  stage_row(s_xbuf, in_x, blockIdx.x * kRowsPerBlock + row_in_block, rows, lane);
+""")
+        elif p.prefetch:
             out.append("  load_row(xr, in_x, blockIdx.x * kRowsPerBlock + row_in_block, rows, lane);\n")
         out.append("""\
   // The row loop: grid-stride, no unroll (a second row's fp32 values would double the
@@ -963,9 +999,19 @@ extern "C" __global__ void __launch_bounds__({p.block_threads}, {p.min_blocks_pe
             out.append("    int slot = lane;\n    opaque(slot);\n")
         if not p.prefetch:
             out.append("    load_row(xr, in_x, row, rows, lane);\n")
+        if p.x_staged:
+            # this thread's own copies: waiting for its group is enough, no barrier
+            out.append("""\
+    cp_async_wait_all();
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) xr[i] = s_xbuf[buf * kThreadsPerRow * kBatch + i * kThreadsPerRow + lane];
+    buf ^= 1;
+    stage_row(s_xbuf + buf * kThreadsPerRow * kBatch, in_x,
+              (group + gridDim.x) * kRowsPerBlock + row_in_block, rows, lane);
+""")
         out.append("    float v[kBatch][kVec];\n")
         self._prologue()
-        if p.prefetch:
+        if p.prefetch and not p.x_staged:
             out.append("    load_row(xr, in_x, (group + gridDim.x) * kRowsPerBlock + row_in_block, rows, lane);\n")
         self._statistics()
         self._store()
@@ -998,6 +1044,35 @@ __device__ __forceinline__ void opaque(unsigned short& r) {{ asm volatile("" : "
 #define load_row(xr, x, row, rows, lane) \\
   load_row_t<{tx}, kVec, kBatch, kThreadsPerRow, kVectors, kFullBatches>(xr, x, row, rows, lane, kHidden)
 """
+        if p.x_staged:
+            helper += f"""\
+// cp.async of one vector, global -> shared; zero-filled (nothing read) when !pred.
+template <int Bytes>
+__device__ __forceinline__ void cp_async(void* dst, const void* src, bool pred) {{
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  const int n = pred ? Bytes : 0;
+  if constexpr (Bytes == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\\n" :: "r"(d), "l"(src), "r"(n) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\\n" :: "r"(d), "l"(src), "n"(Bytes), "r"(n) : "memory");
+}}
+__device__ __forceinline__ void cp_async_wait_all() {{ asm volatile("cp.async.wait_all;\\n" ::: "memory"); }}
+// One row's x slice into this thread's slots of a shared buffer, one commit group.
+template <typename T, int kVec, int kBatch, int kThreadsPerRow, int kVectors, int kFullBatches>
+__device__ __forceinline__ void stage_row_t(Vec<T, kVec>* buf, const T* __restrict__ x,
+                                          int row, int rows, int lane, int hidden) {{
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i) {{
+    const int vec = i * kThreadsPerRow + lane;
+    const bool ok = row < rows && (i < kFullBatches || vec < kVectors);
+    const T* src = ok ? x + (size_t)row * hidden + (size_t)vec * kVec : x;
+    cp_async<sizeof(T) * kVec>(buf + i * kThreadsPerRow + lane, src, ok);
+  }}
+  asm volatile("cp.async.commit_group;\\n" ::: "memory");
+}}
+#define stage_row(buf, x, row, rows, lane) \\
+  stage_row_t<{tx}, kVec, kBatch, kThreadsPerRow, kVectors, kFullBatches>(buf, x, row, rows, lane, kHidden)
+"""
         return render.Renderer().source(["convert"], SNIPPETS["preamble"].format(), helper,
                                         "".join(self.out))
 
@@ -1009,6 +1084,12 @@ __device__ __forceinline__ void opaque(unsigned short& r) {{ asm volatile("" : "
 
     def _cache_params(self) -> None:
         p, out = self.plan, self.out
+        self.x_offset = 0
+        if p.x_staged or (p.param_cache == "shared" and self.tensors):
+            out.append("  extern __shared__ __align__(16) unsigned char staged[];\n")
+        if p.param_cache == "shared":
+            slots = p.threads_per_row * p.batch * p.vector_width
+            self.x_offset = sum(slots * DTYPE_BYTES[d] for d in self.tensors.values())
         if not self.tensors:
             return
         if p.param_cache == "registers":
@@ -1029,7 +1110,6 @@ __device__ __forceinline__ void opaque(unsigned short& r) {{ asm volatile("" : "
             return
         # shared: every slot of a row (padded ones hold 0), staged once by the whole block
         out.append("  // The 1-D tensors staged once per block; each row reads them from shared memory.\n")
-        out.append("  extern __shared__ __align__(16) unsigned char staged[];\n")
         offset = 0
         slots = p.threads_per_row * p.batch
         for name, d in self.tensors.items():
@@ -1143,7 +1223,8 @@ def spec_params(spec: NormalizationSpec) -> tuple[tuple[str, object], ...]:
     params += [("input_dtype", spec.input_dtype), ("output_dtype", spec.output_dtype),
                ("prologue", _ops_to_text(spec.prologue)),
                ("epilogue", _ops_to_text(spec.epilogue)), ("alignment", spec.alignment)]
-    for key in ("threads_per_row", "batch", "rows_per_block", "param_cache", "prefetch"):
+    for key in ("threads_per_row", "batch", "rows_per_block", "param_cache", "prefetch",
+                "x_staged"):
         if getattr(spec, key) is not None:
             params.append((key, getattr(spec, key)))
     return tuple(params)
@@ -1163,6 +1244,6 @@ def spec_from_params(params) -> NormalizationSpec:
             p["rows"], p["hidden"], norm, p["input_dtype"], p["output_dtype"],
             _ops_from_text(p["prologue"], "prologue"), _ops_from_text(p["epilogue"], "epilogue"),
             p["alignment"], p.get("threads_per_row"), p.get("batch"), p.get("rows_per_block"),
-            p.get("param_cache"), p.get("prefetch"))
+            p.get("param_cache"), p.get("prefetch"), p.get("x_staged"))
     except KeyError as e:
         raise LoweringError(f"normalization kernel: parameter {e.args[0]!r} is missing") from None
