@@ -5,8 +5,13 @@
     python -m hostir.run layer_norm --check --hidden 5140 1600
 
 For each hidden size (rows = 8192, fp16) it checks, then times, in one run:
-ours (the fused op of the nvFuser report), torch (the same math in eager ops), torch's
-``layer_norm`` alone, and a device-to-device copy. Bandwidth = the bytes the fusion must
+ours (the fused op of the nvFuser report, the heuristic's plan), the row-wise kernel
+(``param_cache="none"``, the kernel before the persistent one, its own heuristic), torch
+(the same math in eager ops), torch's ``layer_norm`` alone, and a device-to-device copy;
+then (the sweep, on by default) every candidate plan of both kernels, each checked
+against float64 before it is timed; a plan that fails is recorded with its error and
+the rest go on. Each size reports the chosen plan and the fastest swept one ("best").
+All kernels are compiled first, in parallel, into the kernel cache. Bandwidth = the bytes the fusion must
 read and write once / time, for every column. Kernels are short and a launch costs
 ~20 us on these VMs, so each is timed by replaying a CUDA graph of many launches; inputs
 rotate over several sets so that no set is reused from the 60 MB L2.
