@@ -326,7 +326,8 @@ def test_every_candidate_plan_compiles_without_spills(hidden):
     for cand in persistent_candidates(hidden, spec.plan.vector_width, 2, 8):
         s = dataclasses.replace(spec, threads_per_row=cand.threads_per_row, batch=cand.batch,
                                 rows_per_block=cand.rows_per_block,
-                                param_cache=cand.param_cache, prefetch=cand.prefetch)
+                                param_cache=cand.param_cache, prefetch=cand.prefetch,
+                                x_staged=cand.x_staged or None)
         assert s.plan == cand
         _check_compiled(s, _compile(s, "sm_90"))
 
