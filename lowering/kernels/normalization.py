@@ -1015,7 +1015,10 @@ extern "C" __global__ void __launch_bounds__({p.block_threads}, {p.min_blocks_pe
             out.append("    load_row(xr, in_x, (group + gridDim.x) * kRowsPerBlock + row_in_block, rows, lane);\n")
         self._statistics()
         self._store()
-        out.append("  }\n}\n")
+        out.append("  }\n")
+        if p.x_staged:
+            out.append("  cp_async_wait_all();  // no copy outlives the block (the last one only zero-fills)\n")
+        out.append("}\n")
         helper = f"""\
 // One row's x slice into packed registers, streaming (__ldcs: read once); slots past the
 // row or rows past the end read nothing and hold 0.

@@ -95,7 +95,7 @@ def test_bad_inputs_are_refused(bad, message):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("hidden", [768, 1600, 5140, 12288, 16384, 20480, 77])
+@pytest.mark.parametrize("hidden", [768, 1600, 5140, 16384, 20480, 77])
 def test_every_candidate_plan_matches_float64(hidden, dtype):
     """Row-wise and persistent (registers, shared, prefetch into registers or through
     shared memory) plans, on rows that are no multiple of anything, and on a grid
