@@ -13,6 +13,15 @@ are computed in two passes over those registers (exact enough for rows with a la
 mean, unlike E[x^2] - E[x]^2), each reduced by warp shuffles and, when a row spans
 several warps, one shared-memory exchange.
 
+The kernel is persistent in the launch sense too: its grid is the blocks resident on
+the device at once (SMs x blocks per SM), each block loops over groups of rows, and
+each thread loads its slice of the 1-D tensors once, before that loop, into packed
+registers (or its block stages them in shared memory when they do not fit), so the
+row loop reads only x and writes only y; the next row's x is prefetched while the
+current one is reduced. `LaunchPlan` says which variant; ``param_cache="none"`` keeps
+the earlier row-wise kernel (a block per group of rows, tensors re-read every row) for
+comparison.
+
 Example (the fusion of the nvFuser report):
     >>> spec = NormalizationSpec.reference_fusion(rows=8192, hidden=5140)
     >>> plan = spec.plan
