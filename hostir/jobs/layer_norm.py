@@ -298,7 +298,8 @@ def bench(rows: int, hidden: int, eps: float, replays: int, sweep: bool):
         "spill_bytes": compiled.spill_bytes.get(spec.kernel_name, 0),
         "us": {k: round(v, 2) for k, v in times.items()},
         "plan": {**dataclasses.asdict(plan), "describe": plan.describe(),
-                 "grid": plan.grid(rows, rn.sm_count(inputs[0][0].device))},
+                 "grid": rn.launch_grid(spec, rn._kernel(spec, inputs[0][0].device.index or 0),
+                                        inputs[0][0].device)},
         "rowwise_plan": rowwise.plan.describe(),
         "input_sets": sets,
     }

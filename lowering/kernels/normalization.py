@@ -218,15 +218,19 @@ class LaunchPlan:
         x = 2 * self.rows_per_block * slots * self.x_bytes if self.x_staged else 0
         return params + x
 
-    def grid(self, rows: int, sm_count: int = DEFAULT_SM_COUNT) -> int:
+    def grid(self, rows: int, sm_count: int = DEFAULT_SM_COUNT,
+             blocks_per_sm: int | None = None) -> int:
         """Blocks to launch: one per group of rows for the row-wise kernel; for the
         persistent one, as many as are resident at once on ``sm_count`` SMs (read from
         the device at launch; the default is for compile-time checks), never more than
-        there are groups. The kernel loops, so any grid is correct."""
+        there are groups. ``blocks_per_sm``: what the driver says of the compiled kernel
+        (runtime.normalization.resident_blocks); by default the plan's promise to ptxas.
+        The kernel loops, so any grid is correct."""
         groups = max(1, -(-rows // self.rows_per_block))
         if not self.persistent:
             return groups
-        return max(1, min(groups, sm_count * self.min_blocks_per_sm))
+        per_sm = blocks_per_sm or self.min_blocks_per_sm
+        return max(1, min(groups, sm_count * per_sm))
 
     def describe(self) -> str:
         kind = "rowwise" if not self.persistent else f"persistent/{self.param_cache}"

@@ -152,6 +152,27 @@ def test_default_plan_is_persistent_with_a_resident_grid(hidden):
     assert plan.min_blocks_per_sm * (plan.dynamic_shared_bytes + plan.shared_bytes) <= 228 * 1024
 
 
+def test_grid_follows_the_blocks_the_driver_reports():
+    plan = NormalizationSpec.reference_fusion(8192, 768).plan
+    groups = 8192 // plan.rows_per_block
+    assert plan.grid(8192, 132, blocks_per_sm=7) == min(groups, 132 * 7)
+    assert plan.grid(8192, 132, blocks_per_sm=None) == plan.grid(8192)
+
+
+def test_resident_blocks_falls_back_to_the_plan_without_a_driver():
+    import types
+
+    pytest.importorskip("cupy")
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("checks the fallback; the GPU tests cover the driver's answer")
+    from runtime import normalization as rn
+
+    plan = NormalizationSpec.reference_fusion(8192, 4096).plan
+    kernel = types.SimpleNamespace(function=types.SimpleNamespace(ptr=0), ensure_smem=lambda n: None)
+    assert rn.resident_blocks(kernel, plan) == plan.min_blocks_per_sm
+
+
 def test_rowwise_plan_keeps_one_block_per_group():
     plan = NormalizationSpec.reference_fusion(8192, 4096, param_cache="none").plan
     assert not plan.persistent and not plan.prefetch
