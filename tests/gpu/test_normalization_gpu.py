@@ -120,3 +120,12 @@ def test_every_candidate_plan_matches_float64(hidden, dtype):
         rn.normalize(spec, named, y)
         assert _rel(y, ref) < 1e-2, spec.plan
 
+
+
+@pytest.mark.parametrize("hidden", [768, 1024, 4096, 5140, 12288, 16384, 20480])
+def test_resident_blocks_keep_the_plans_promise(hidden):
+    """The driver fits at least the blocks per SM the plan promised ptxas (registers and
+    shared memory), so the persistent grid is resident at once."""
+    spec = NormalizationSpec.reference_fusion(8192, hidden)
+    kernel = rn._kernel(spec, torch.cuda.current_device())
+    assert rn.resident_blocks(kernel, spec.plan) >= spec.plan.min_blocks_per_sm
