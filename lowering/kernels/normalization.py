@@ -466,10 +466,12 @@ def plan_launch(
             estimate = persistent_register_estimate(
                 b * vector_width, vector_width, value_bytes,
                 param_bytes if cache == "registers" else 0, pre, cache == "shared", staged_x)
-        if estimate + (8 if cache != "none" else 0) > _register_budget(t * r):
+        margin = 8 if cache != "none" else 0  # the persistent kernel keeps min_blocks_per_sm's
+        if estimate + margin > _register_budget(t * r):
             raise LoweringError(
                 f"normalization plan: {t} threads x {b * vector_width} values needs ~{estimate} "
-                f"registers a thread, over the {_register_budget(t * r)} a {t * r}-thread block may use"
+                f"registers a thread (+{margin} margin), over the {_register_budget(t * r)} a "
+                f"{t * r}-thread block may use"
             )
         plan = LaunchPlan(vector_width, t, b, r, estimate, cache, pre,
                           param_bytes if cache != "none" else 0, staged_x, value_bytes)
