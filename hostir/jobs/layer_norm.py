@@ -218,7 +218,8 @@ def sweep_specs(spec):
     param_bytes = sum(DTYPE_BYTES[d] for d in spec.parameter_dtypes()[1:-1])
     plans = [dataclasses.replace(p, param_cache="none")
              for p in candidate_plans(spec.hidden, width, value_bytes)]
-    plans += persistent_candidates(spec.hidden, width, value_bytes, param_bytes)
+    plans += persistent_candidates(spec.hidden, width, value_bytes, param_bytes,
+                                   "bfloat16" in spec.parameter_dtypes())
     return [dataclasses.replace(spec, threads_per_row=p.threads_per_row, batch=p.batch,
                                 rows_per_block=p.rows_per_block, param_cache=p.param_cache,
                                 prefetch=p.prefetch if p.persistent else None,

@@ -305,7 +305,8 @@ def padding(plan: LaunchPlan, hidden: int) -> float:
 
 def persistent_register_estimate(values_per_thread: int, vector_width: int, value_bytes: int,
                                  cached_param_bytes: int, prefetch: bool,
-                                 shared: bool = False, x_staged: bool = False) -> int:
+                                 shared: bool = False, x_staged: bool = False,
+                                 bf16: bool = False) -> int:
     """Registers of one thread of the persistent kernel, fitted to ptxas (sm_90) over the
     candidate plans of the benchmark sizes: the fp32 row slice (one a value), the cached
     1-D tensors (``cached_param_bytes`` per column, packed: 16-bit values two to a
@@ -322,14 +323,17 @@ def persistent_register_estimate(values_per_thread: int, vector_width: int, valu
     staged = 0 if not shared else (3 * v // 2 if prefetch and not x_staged else v // 2)
     if x_staged:  # the next row waits in shared memory: only its buffer's addresses
         return v + cached + staged + 4 + PERSISTENT_OVERHEAD
-    return v + cached + (packed_x if prefetch else 0) + narrow + staged + PERSISTENT_OVERHEAD
+    # bf16 converts by integer shifts that ptxas schedules early: with cached tensors and
+    # the prefetch live too, half a register more a value (seen as spills without it)
+    wide = v // 2 if bf16 and cached and prefetch else 0
+    return v + cached + (packed_x if prefetch else 0) + narrow + staged + wide + PERSISTENT_OVERHEAD
 
 
 PERSISTENT_OVERHEAD = 30
 
 
 def persistent_candidates(hidden: int, vector_width: int, value_bytes: int,
-                          param_bytes: int) -> list[LaunchPlan]:
+                          param_bytes: int, bf16: bool = False) -> list[LaunchPlan]:
     """Every persistent plan (``param_cache`` registers or shared, prefetch on or off)
     that covers a row with warp-multiple threads, keeps every batch slot used by some
     thread, and fits: registers within what one block may use, shared memory within a
@@ -352,7 +356,7 @@ def persistent_candidates(hidden: int, vector_width: int, value_bytes: int,
                 est = persistent_register_estimate(
                     b * vector_width, vector_width, value_bytes,
                     param_bytes if cache == "registers" else 0, prefetch, cache == "shared",
-                    x_staged)
+                    x_staged, bf16)
                 plan = LaunchPlan(vector_width, t, b, r, est, cache, prefetch, param_bytes,
                                   x_staged, value_bytes)
                 if est + 8 > _register_budget(t * r):  # the margin of min_blocks_per_sm
@@ -414,6 +418,7 @@ def plan_launch(
     prefetch: bool | None = None,
     param_bytes: int = 0,
     x_staged: bool | None = None,
+    bf16: bool = False,
 ) -> LaunchPlan:
     """Pick the kernel (row-wise or persistent), threads per row, the persistent batch
     and rows per block for ``hidden``.
@@ -465,7 +470,8 @@ def plan_launch(
         else:
             estimate = persistent_register_estimate(
                 b * vector_width, vector_width, value_bytes,
-                param_bytes if cache == "registers" else 0, pre, cache == "shared", staged_x)
+                param_bytes if cache == "registers" else 0, pre, cache == "shared", staged_x,
+                bf16)
         margin = 8 if cache != "none" else 0  # the persistent kernel keeps min_blocks_per_sm's
         if estimate + margin > _register_budget(t * r):
             raise LoweringError(
@@ -483,7 +489,7 @@ def plan_launch(
     if param_cache == "none":
         best = _plan_rowwise(hidden, vector_width, value_bytes)
     else:
-        plans = [p for p in persistent_candidates(hidden, vector_width, value_bytes, param_bytes)
+        plans = [p for p in persistent_candidates(hidden, vector_width, value_bytes, param_bytes, bf16)
                  if param_cache is None or p.param_cache == param_cache]
         if prefetch is not None:
             plans = [p for p in plans if p.prefetch == prefetch]
@@ -638,6 +644,7 @@ class NormalizationSpec:
             prefetch=self.prefetch,
             param_bytes=sum(DTYPE_BYTES[d] for d in dtypes[1:-1]),
             x_staged=self.x_staged,
+            bf16="bfloat16" in dtypes,
         )
 
     @property
@@ -972,7 +979,6 @@ extern "C" __global__ void __launch_bounds__({p.block_threads}, {p.min_blocks_pe
   constexpr int kRowsPerBlock = {p.rows_per_block}, kHidden = {s.hidden};
   constexpr int kVectors = {vectors};      // vectors in a row
   constexpr int kFullBatches = {vectors // p.threads_per_row};  // batch slots every thread fills
-  constexpr int kBlockThreads = {p.block_threads};
   const int lane = threadIdx.x % kThreadsPerRow;
   const int row_in_block = threadIdx.x / kThreadsPerRow;
   const int groups = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
@@ -1134,7 +1140,7 @@ __device__ __forceinline__ void stage_row_t(Vec<T, kVec>* buf, const T* __restri
             t = CUDA_TYPES[d]
             out.append(f"  Vec<{t}, kVec>* s_{name} = reinterpret_cast<Vec<{t}, kVec>*>(staged + {offset});\n")
             offset += slots * p.vector_width * DTYPE_BYTES[d]
-        out.append(f"  for (int j = threadIdx.x; j < {slots}; j += kBlockThreads) {{\n")
+        out.append(f"  for (int j = threadIdx.x; j < {slots}; j += {p.block_threads}) {{\n")
         for name, d in self.tensors.items():
             t = CUDA_TYPES[d]
             out.append(f"    s_{name}[j].raw = {{}};\n")
