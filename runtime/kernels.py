@@ -25,7 +25,7 @@ from hostir.printer import format_statement
 
 def _normalization(defn: ir.KernelDef, device: torch.device):
     from lowering.kernels.normalization import spec_from_params
-    from runtime.normalization import _kernel
+    from runtime.normalization import _kernel, launch_grid
 
     spec = spec_from_params(defn.params)
     kernel = _kernel(spec, device.index or 0)
@@ -38,6 +38,11 @@ def _normalization(defn: ir.KernelDef, device: torch.device):
                     f"{spec.alignment} bytes the kernel was generated for")
         args = tuple(np.uint64(t.data_ptr()) for t in tensors)
         args += tuple(np.int32(v) for v in scalars)
+        if spec.plan.persistent and tuple(grid) == (spec.plan.grid(scalars[0]), 1, 1):
+            # the lowering sized a persistent grid for DEFAULT_SM_COUNT SMs; any grid is
+            # correct (the kernel loops over rows); this device's SMs and the blocks of
+            # the compiled kernel each holds fill it exactly
+            grid = (launch_grid(spec, kernel, device, scalars[0]), 1, 1)
         kernel.launch(grid, block, args, smem, stream)
 
     return launch

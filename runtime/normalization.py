@@ -83,9 +83,56 @@ def normalize(spec: NormalizationSpec, tensors: Mapping[str, torch.Tensor], out=
     import numpy as np
 
     with torch.cuda.device(x.device):
-        kernel.launch((plan.grid(spec.rows), 1, 1), (plan.block_threads, 1, 1),
-                      tuple(np.uint64(a) for a in args) + (np.int32(spec.rows),))
+        grid = launch_grid(spec, kernel, x.device)
+        kernel.launch((grid, 1, 1), (plan.block_threads, 1, 1),
+                      tuple(np.uint64(a) for a in args) + (np.int32(spec.rows),),
+                      plan.dynamic_shared_bytes)
     return out
+
+
+def launch_grid(spec: NormalizationSpec, kernel, device, rows: int | None = None) -> int:
+    """Blocks to launch: the row-wise kernel's one per group of rows; the persistent
+    kernel's, the SMs of ``device`` x the blocks of this compiled kernel resident on
+    each (asked of the driver: ptxas may use fewer registers than the plan promised,
+    and then more blocks fit), never more than there are groups of rows."""
+    plan, rows = spec.plan, spec.rows if rows is None else rows
+    if not plan.persistent:
+        return plan.grid(rows)
+    return plan.grid(rows, sm_count(device), resident_blocks(kernel, plan))
+
+
+_RESIDENT: dict[tuple[int, int, int], int] = {}
+
+
+def resident_blocks(kernel, plan) -> int:
+    """Blocks of ``kernel`` (a loaded `runtime.jit.Kernel`) one SM holds at once with
+    ``plan``'s block and dynamic shared memory; the plan's own count if the driver
+    cannot say."""
+    key = (kernel.function.ptr, plan.block_threads, plan.dynamic_shared_bytes)
+    n = _RESIDENT.get(key)
+    if n is None:
+        try:
+            from cupy.cuda import driver
+
+            kernel.ensure_smem(plan.dynamic_shared_bytes)  # over 48 KiB is an opt-in
+            n = driver.occupancyMaxActiveBlocksPerMultiprocessor(
+                kernel.function.ptr, plan.block_threads, plan.dynamic_shared_bytes)
+        except Exception:  # noqa: BLE001 -- an older driver binding: the plan's count
+            n = 0
+        n = _RESIDENT[key] = n if n and n > 0 else plan.min_blocks_per_sm
+    return n
+
+
+_SM_COUNTS: dict[int, int] = {}
+
+
+def sm_count(device) -> int:
+    """Multiprocessors of ``device`` (asked once per device)."""
+    index = torch.device(device).index or 0
+    n = _SM_COUNTS.get(index)
+    if n is None:
+        n = _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return n
 
 
 _KERNELS: dict[tuple[NormalizationSpec, int], object] = {}

@@ -1,12 +1,17 @@
 """Generated normalization kernels vs torch, on one GPU.
 
-    python -m hostir.run layer_norm --bench            # all hidden sizes, writes the JSON
-    python -m hostir.run layer_norm --bench --sweep    # also times every candidate plan
+    python -m hostir.run layer_norm --bench --out $OUT/layer_norm.json   # all sizes + sweep
+    python -m hostir.run layer_norm --bench --no-sweep # the heuristic's plans only
     python -m hostir.run layer_norm --check --hidden 5140 1600
 
 For each hidden size (rows = 8192, fp16) it checks, then times, in one run:
-ours (the fused op of the nvFuser report), torch (the same math in eager ops), torch's
-``layer_norm`` alone, and a device-to-device copy. Bandwidth = the bytes the fusion must
+ours (the fused op of the nvFuser report, the heuristic's plan), the row-wise kernel
+(``param_cache="none"``, the kernel before the persistent one, its own heuristic), torch
+(the same math in eager ops), torch's ``layer_norm`` alone, and a device-to-device copy;
+then (the sweep, on by default) every candidate plan of both kernels, each checked
+against float64 before it is timed; a plan that fails is recorded with its error and
+the rest go on. Each size reports the chosen plan and the fastest swept one ("best").
+All kernels are compiled first, in parallel, into the kernel cache. Bandwidth = the bytes the fusion must
 read and write once / time, for every column. Kernels are short and a launch costs
 ~20 us on these VMs, so each is timed by replaying a CUDA graph of many launches; inputs
 rotate over several sets so that no set is reused from the 60 MB L2.
@@ -36,7 +41,10 @@ LAUNCHES_PER_GRAPH = 48
 def add_arguments(p) -> None:
     p.add_argument("--bench", action="store_true", help="check, then time every size")
     p.add_argument("--check", action="store_true", help="check correctness only")
-    p.add_argument("--sweep", action="store_true", help="also time every candidate plan (ours)")
+    p.add_argument("--sweep", action="store_true", default=True,
+                   help="also time every candidate plan, row-wise and persistent (default)")
+    p.add_argument("--no-sweep", dest="sweep", action="store_false",
+                   help="time only the heuristic's plans")
     p.add_argument("--rows", type=int, default=8192)
     p.add_argument("--hidden", type=int, nargs="*", default=list(HIDDEN))
     p.add_argument("--eps", type=float, default=1e-5)
@@ -53,17 +61,41 @@ def main(args) -> int:
         print("layer_norm: needs a CUDA GPU", file=sys.stderr)
         return 2
     torch.manual_seed(args.seed)
+    if args.bench:
+        from lowering.kernels.normalization import NormalizationSpec
+
+        specs = []
+        for hidden in args.hidden:
+            for make in (NormalizationSpec.reference_fusion, NormalizationSpec.layer_norm,
+                         NormalizationSpec.rms_norm):
+                specs.append(make(args.rows, hidden, args.eps))
+            base = NormalizationSpec.reference_fusion(args.rows, hidden, args.eps)
+            specs.append(dataclasses.replace(base, param_cache="none"))
+            if args.sweep:
+                specs += sweep_specs(base)
+        precompile(specs, _arch())
     ok, results, sweeps = True, [], []
     for hidden in args.hidden:
-        errors = check(args.rows, hidden, args.eps)
+        try:
+            errors = check(args.rows, hidden, args.eps)
+        except Exception as e:  # noqa: BLE001 -- recorded; the other sizes still run
+            errors = {"check": float("inf")}
+            print(f"check hidden={hidden}: {type(e).__name__}: {e}", flush=True)
         good = all(e < TOLERANCE for e in errors.values())
         ok &= good
         print(f"check hidden={hidden}: " + ", ".join(f"{k} {v:.2e}" for k, v in errors.items())
               + ("" if good else "  FAILED"), flush=True)
         if args.bench and good:
-            row, sweep = bench(args.rows, hidden, args.eps, args.replays, args.sweep)
+            try:
+                row, sweep = bench(args.rows, hidden, args.eps, args.replays, args.sweep)
+            except Exception as e:  # noqa: BLE001 -- recorded; the other sizes still run
+                ok = False
+                row, sweep = {"hidden": hidden, "error": f"{type(e).__name__}: {e}"}, []
+                print(f"bench hidden={hidden}: {row['error']}", flush=True)
             results.append(row)
             sweeps += sweep
+        elif args.bench:
+            results.append({"hidden": hidden, "error": "check failed", "errors": errors})
     if args.bench:
         report(results, sweeps, args)
     return 0 if ok else 1
@@ -175,11 +207,61 @@ def time_per_call(calls, replays: int) -> float:
     return statistics.median(samples)
 
 
+def sweep_specs(spec):
+    """The plans the sweep times for ``spec``: every row-wise candidate (the kernel before
+    the persistent one, at its default rows per block) and every persistent candidate.
+    The heuristic's own plan is among them (marked ``chosen``)."""
+    from lowering.kernels.normalization import (
+        DTYPE_BYTES, candidate_plans, persistent_candidates)
+
+    width, value_bytes = spec.plan.vector_width, DTYPE_BYTES[spec.input_dtype]
+    param_bytes = sum(DTYPE_BYTES[d] for d in spec.parameter_dtypes()[1:-1])
+    plans = [dataclasses.replace(p, param_cache="none")
+             for p in candidate_plans(spec.hidden, width, value_bytes)]
+    plans += persistent_candidates(spec.hidden, width, value_bytes, param_bytes,
+                                   "bfloat16" in spec.parameter_dtypes())
+    return [dataclasses.replace(spec, threads_per_row=p.threads_per_row, batch=p.batch,
+                                rows_per_block=p.rows_per_block, param_cache=p.param_cache,
+                                prefetch=p.prefetch if p.persistent else None,
+                                x_staged=p.x_staged or None)
+            for p in plans]
+
+
+def _compile_one(spec_and_arch):
+    """Worker of `precompile`: fills the disk cache (a process of its own: NVRTC holds
+    the GIL). Returns an error text, or None."""
+    spec, arch = spec_and_arch
+    try:
+        from lowering.kernels.normalization import render_normalization
+        from runtime import jit
+
+        jit.kernel_cache().get(render_normalization(spec), [spec.kernel_name], arch)
+    except Exception as e:  # noqa: BLE001 -- recorded per plan by the sweep itself
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def precompile(specs, arch: str) -> None:
+    """Compile every kernel of the run up front, in parallel, into the disk cache: the
+    sweep compiles a few hundred kernels, ~0.3 s each one after another."""
+    import concurrent.futures
+    import multiprocessing
+    import os
+
+    workers = max(1, min(16, (os.cpu_count() or 2) - 1))
+    try:
+        with concurrent.futures.ProcessPoolExecutor(
+                workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+            list(ex.map(_compile_one, [(s, arch) for s in specs], chunksize=4))
+    except Exception as e:  # noqa: BLE001 -- the sweep compiles what is missing itself
+        print(f"precompile failed ({e}); compiling one by one", file=sys.stderr)
+
+
 def bench(rows: int, hidden: int, eps: float, replays: int, sweep: bool):
     import torch
     import torch.nn.functional as F
 
-    from lowering.kernels.normalization import NormalizationSpec, candidate_plans
+    from lowering.kernels.normalization import NormalizationSpec
     from runtime import normalization as rn
 
     spec = NormalizationSpec.reference_fusion(rows, hidden, eps)
@@ -188,13 +270,15 @@ def bench(rows: int, hidden: int, eps: float, replays: int, sweep: bool):
     inputs = [make_inputs(rows, hidden) for _ in range(sets)]
     outs = [torch.empty_like(i[0]) for i in inputs]
     gbps = lambda us: nbytes / (us * 1e-6) / 1e9  # noqa: E731
+    named = lambda i: {"x": i[0], "b0": i[1], "b1": i[2], "weight": i[3], "bias": i[4]}  # noqa: E731
 
     def ours(s):
-        named = lambda i: {"x": i[0], "b0": i[1], "b1": i[2], "weight": i[3], "bias": i[4]}  # noqa: E731
         return [lambda i=i, o=o: rn.normalize(s, named(i), o) for i, o in zip(inputs, outs)]
 
+    rowwise = dataclasses.replace(spec, param_cache="none")  # the previous kernel and rule
     times = {
         "ours": time_per_call(ours(spec), replays),
+        "rowwise": time_per_call(ours(rowwise), replays),
         "torch_fused": time_per_call(
             [lambda i=i: torch_fused(*i, eps) for i in inputs], replays),
         "torch_layer_norm": time_per_call(
@@ -203,35 +287,62 @@ def bench(rows: int, hidden: int, eps: float, replays: int, sweep: bool):
     }
     compiled = rn.compiled_kernel(spec, _arch())
     plan = spec.plan
+    copy_gbps = 2 * rows * hidden * 2 / (times["copy"] * 1e-6) / 1e9
     row = {
         "hidden": hidden,
         "ours_gbps": round(gbps(times["ours"]), 1),
-        "copy_gbps": round(2 * rows * hidden * 2 / (times["copy"] * 1e-6) / 1e9, 1),
+        "copy_gbps": round(copy_gbps, 1),
+        "rowwise_gbps": round(gbps(times["rowwise"]), 1),
         "torch_fused_gbps": round(gbps(times["torch_fused"]), 1),
         "torch_layer_norm_gbps": round(gbps(times["torch_layer_norm"]), 1),
         "registers": compiled.registers[spec.kernel_name],
         "spill_bytes": compiled.spill_bytes.get(spec.kernel_name, 0),
         "us": {k: round(v, 2) for k, v in times.items()},
-        "plan": dataclasses.asdict(plan),
+        "plan": {**dataclasses.asdict(plan), "describe": plan.describe(),
+                 "grid": rn.launch_grid(spec, rn._kernel(spec, inputs[0][0].device.index or 0),
+                                        inputs[0][0].device)},
+        "rowwise_plan": rowwise.plan.describe(),
         "input_sets": sets,
     }
     row["ours_over_copy"] = round(row["ours_gbps"] / row["copy_gbps"], 3)
+    row["rowwise_over_copy"] = round(row["rowwise_gbps"] / row["copy_gbps"], 3)
+    row["faster_than_torch"] = times["ours"] < min(times["torch_fused"], times["torch_layer_norm"])
     print(f"bench hidden={hidden}: " + json.dumps(row), flush=True)
     sweep_rows = []
     if sweep:
-        for cand in candidate_plans(hidden, plan.vector_width, 2):
-            for rpb in sorted({cand.rows_per_block, max(1, 256 // cand.threads_per_row)}):
-                s = dataclasses.replace(spec, threads_per_row=cand.threads_per_row,
-                                        batch=cand.batch, rows_per_block=rpb)
+        ref = rn.reference(spec, named(inputs[0]))
+        for s in sweep_specs(spec):
+            entry = {"hidden": hidden, "describe": None, "chosen": False}
+            try:
+                p = s.plan
+                entry.update(describe=p.describe(), threads_per_row=p.threads_per_row,
+                             batch=p.batch, rows_per_block=p.rows_per_block,
+                             vector_width=p.vector_width, param_cache=p.param_cache,
+                             prefetch=p.prefetch, x_staged=p.x_staged,
+                             register_estimate=p.register_estimate,
+                             shared_bytes=p.dynamic_shared_bytes + p.shared_bytes,
+                             chosen=p == plan)
                 ck = rn.compiled_kernel(s, _arch())
-                us = time_per_call(ours(s), replays)
-                sweep_rows.append({
-                    "hidden": hidden, "threads_per_row": cand.threads_per_row,
-                    "batch": cand.batch, "rows_per_block": rpb, "vector_width": cand.vector_width,
-                    "us": round(us, 2), "gbps": round(gbps(us), 1),
-                    "registers": ck.registers[s.kernel_name], "chosen": s.plan == plan,
-                })
-                print(f"sweep {json.dumps(sweep_rows[-1])}", flush=True)
+                entry["registers"] = ck.registers[s.kernel_name]
+                entry["spill_bytes"] = ck.spill_bytes.get(s.kernel_name, 0)
+                poisoned = torch.full_like(inputs[0][0], float("nan"))
+                entry["rel_err"] = relative_error(rn.normalize(s, named(inputs[0]), poisoned), ref)
+                if not entry["rel_err"] < TOLERANCE:
+                    raise AssertionError(f"relative error {entry['rel_err']:.2e} >= {TOLERANCE}")
+                us = time_per_call(ours(s), max(5, replays // 2))  # many plans: fewer replays
+                entry.update(us=round(us, 2), gbps=round(gbps(us), 1),
+                             over_copy=round(gbps(us) / copy_gbps, 3))
+            except Exception as e:  # noqa: BLE001 -- one plan's failure must not stop the rest
+                entry["error"] = f"{type(e).__name__}: {str(e)[:500]}"
+                torch.cuda.synchronize()
+            sweep_rows.append(entry)
+            print(f"sweep {json.dumps(entry)}", flush=True)
+        del ref
+        timed = [e for e in sweep_rows if "gbps" in e]
+        if timed:
+            best = max(timed, key=lambda e: e["gbps"])
+            row["best"] = {"describe": best["describe"], "gbps": best["gbps"],
+                           "over_copy": best["over_copy"], "registers": best["registers"]}
     del inputs, outs
     torch.cuda.empty_cache()
     return row, sweep_rows
@@ -257,6 +368,7 @@ def report(results, sweeps, args) -> None:
         "commit": commit(),
         "rows": args.rows,
         "dtype": "float16",
+        "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
         "method": "CUDA-graph replay of back-to-back launches, input sets rotated, median",
         "results": results,
     }
@@ -266,13 +378,21 @@ def report(results, sweeps, args) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {path}")
-    print(f"{'hidden':>6} {'ours':>7} {'copy':>7} {'ours/copy':>9} {'torch':>7} {'torch_ln':>8} "
-          f"{'regs':>4} {'spill':>5}  (GB/s)")
+    print(f"{'hidden':>6} {'ours':>7} {'copy':>7} {'ours/copy':>9} {'rowwise':>7} {'best/copy':>9} "
+          f"{'torch':>7} {'torch_ln':>8} {'regs':>4} {'spill':>5}  plan (GB/s)")
     for r in results:
+        if "error" in r:
+            print(f"{r['hidden']:>6} ERROR {r['error']}")
+            continue
+        best = r.get("best", {})
         print(f"{r['hidden']:>6} {r['ours_gbps']:>7.0f} {r['copy_gbps']:>7.0f} "
-              f"{r['ours_over_copy']:>9.3f} {r['torch_fused_gbps']:>7.0f} "
-              f"{r['torch_layer_norm_gbps']:>8.0f} {r['registers']:>4} {r['spill_bytes']:>5}")
-
+              f"{r['ours_over_copy']:>9.3f} {r['rowwise_gbps']:>7.0f} "
+              f"{best.get('over_copy', float('nan')):>9.3f} {r['torch_fused_gbps']:>7.0f} "
+              f"{r['torch_layer_norm_gbps']:>8.0f} {r['registers']:>4} {r['spill_bytes']:>5}  "
+              f"{r['plan']['describe']}" + (f"  (best: {best['describe']})" if best else ""))
+    failed = [e for e in sweeps if "error" in e]
+    if failed:
+        print(f"{len(failed)} swept plan(s) failed; see 'error' in the sweep entries")
 
 if __name__ == "__main__":
     import argparse

@@ -13,6 +13,15 @@ are computed in two passes over those registers (exact enough for rows with a la
 mean, unlike E[x^2] - E[x]^2), each reduced by warp shuffles and, when a row spans
 several warps, one shared-memory exchange.
 
+The kernel is persistent in the launch sense too: its grid is the blocks resident on
+the device at once (SMs x blocks per SM), each block loops over groups of rows, and
+each thread loads its slice of the 1-D tensors once, before that loop, into packed
+registers (or its block stages them in shared memory when they do not fit), so the
+row loop reads only x and writes only y; the next row's x is prefetched while the
+current one is reduced. `LaunchPlan` says which variant; ``param_cache="none"`` keeps
+the earlier row-wise kernel (a block per group of rows, tensors re-read every row) for
+comparison.
+
 Example (the fusion of the nvFuser report):
     >>> spec = NormalizationSpec.reference_fusion(rows=8192, hidden=5140)
     >>> plan = spec.plan
@@ -126,15 +135,48 @@ def _check_eps(eps: float) -> None:
 # --------------------------------------------------------------------------- plan
 
 
+PARAM_CACHES = ("none", "registers", "shared")
+DEFAULT_SM_COUNT = 132  # H100 SXM / H200; compile-time checks only, launches ask the device
+SHARED_PER_SM = 228 * 1024  # Hopper: 228 KiB per SM, 227 KiB at most for one block
+SHARED_PER_BLOCK = 227 * 1024
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class LaunchPlan:
-    """How the kernel maps a row onto threads; fixed at code generation."""
+    """How the kernel maps a row onto threads; fixed at code generation.
+
+    ``param_cache`` picks the kernel:
+
+    - ``"none"``: the row-wise kernel. One block per group of rows (grid = groups), the
+      1-D tensors re-read from L1/L2 for every row.
+    - ``"registers"``: the persistent kernel. grid = SMs x resident blocks, each block
+      loops over groups of rows (grid-stride); each thread loads its slice of every 1-D
+      tensor once, before the row loop, and keeps it packed (two 16-bit values a 32-bit
+      register), so the row loop reads only x and writes only y.
+    - ``"shared"``: the same loop, with the 1-D tensors staged once per block in shared
+      memory, for rows whose slices do not fit the registers (see `plan_launch`).
+
+    ``prefetch`` (persistent kernels): the next row's x is loaded before the current row
+    is reduced, so DRAM stays busy through the reductions and the stores. Into packed
+    registers, or with ``x_staged`` into shared memory by cp.async (two buffers a row:
+    the next row's copy lands in one while the current row is read from the other),
+    which costs no registers across the row: the prefetch of the longest rows.
+    """
 
     vector_width: int  # elements per global access (16 bytes when alignment allows)
     threads_per_row: int  # a multiple of the warp
     batch: int  # vectors each thread keeps in registers (the persistent batch)
     rows_per_block: int
     register_estimate: int
+    param_cache: str = "none"
+    prefetch: bool = False
+    param_bytes: int = 0  # bytes of all cached 1-D tensors for one column
+    x_staged: bool = False  # the prefetch goes through shared memory (cp.async)
+    x_bytes: int = 2  # bytes of an element of x
+
+    @property
+    def persistent(self) -> bool:
+        return self.param_cache != "none"
 
     @property
     def block_threads(self) -> int:
@@ -147,11 +189,16 @@ class LaunchPlan:
         Without it ptxas guesses an occupancy target itself and was seen squeezing an
         rms_norm to 32 registers with 16 bytes of spills; with it, the register cap
         is 65536 / (blocks x threads), at least our estimate plus a margin of 8 (the
-        estimate is a fit, not a bound), so nothing spills.
+        estimate is a fit, not a bound), so nothing spills. Shared memory for the
+        1-D tensors limits the blocks too.
         """
         need = _round_up(self.register_estimate + 8, 8)
         by_registers = REGISTERS_PER_SM // (self.block_threads * need)
-        return max(1, min(2048 // self.block_threads, by_registers))
+        blocks = max(1, min(2048 // self.block_threads, by_registers, 32))
+        smem = self.dynamic_shared_bytes + self.shared_bytes
+        if smem:
+            blocks = max(1, min(blocks, SHARED_PER_SM // (smem + 1024)))
+        return blocks
 
     @property
     def warps_per_row(self) -> int:
@@ -162,8 +209,34 @@ class LaunchPlan:
         # two reductions (mean, variance) use separate buffers: see the kernel's comment
         return 0 if self.warps_per_row == 1 else 2 * 4 * self.rows_per_block * self.warps_per_row
 
-    def grid(self, rows: int) -> int:
-        return max(1, -(-rows // self.rows_per_block))
+    @property
+    def dynamic_shared_bytes(self) -> int:
+        """The staged 1-D tensors (``param_cache == "shared"``: every batch slot of a row),
+        then, with ``x_staged``, two buffers of x for each row of the block."""
+        slots = self.threads_per_row * self.batch * self.vector_width
+        params = self.param_bytes * slots if self.param_cache == "shared" else 0
+        x = 2 * self.rows_per_block * slots * self.x_bytes if self.x_staged else 0
+        return params + x
+
+    def grid(self, rows: int, sm_count: int = DEFAULT_SM_COUNT,
+             blocks_per_sm: int | None = None) -> int:
+        """Blocks to launch: one per group of rows for the row-wise kernel; for the
+        persistent one, as many as are resident at once on ``sm_count`` SMs (read from
+        the device at launch; the default is for compile-time checks), never more than
+        there are groups. ``blocks_per_sm``: what the driver says of the compiled kernel
+        (runtime.normalization.resident_blocks); by default the plan's promise to ptxas.
+        The kernel loops, so any grid is correct."""
+        groups = max(1, -(-rows // self.rows_per_block))
+        if not self.persistent:
+            return groups
+        per_sm = blocks_per_sm or self.min_blocks_per_sm
+        return max(1, min(groups, sm_count * per_sm))
+
+    def describe(self) -> str:
+        kind = "rowwise" if not self.persistent else f"persistent/{self.param_cache}"
+        return (f"{kind} t{self.threads_per_row} b{self.batch} v{self.vector_width} "
+                f"r{self.rows_per_block}"
+                + (" prefetch" + ("/smem" if self.x_staged else "") if self.prefetch else ""))
 
 
 def vector_width_for(hidden: int, dtype_bytes: tuple[int, ...], alignment: int) -> int:
@@ -230,6 +303,110 @@ def padding(plan: LaunchPlan, hidden: int) -> float:
     return (slots - hidden) / slots
 
 
+def persistent_register_estimate(values_per_thread: int, vector_width: int, value_bytes: int,
+                                 cached_param_bytes: int, prefetch: bool,
+                                 shared: bool = False, x_staged: bool = False,
+                                 bf16: bool = False) -> int:
+    """Registers of one thread of the persistent kernel, fitted to ptxas (sm_90) over the
+    candidate plans of the benchmark sizes: the fp32 row slice (one a value), the cached
+    1-D tensors (``cached_param_bytes`` per column, packed: 16-bit values two to a
+    register), the prefetched next row of x (packed too), and a constant for indices,
+    the reduction and the conversions. The unit tests check it against ptxas."""
+    v = values_per_thread
+    packed_x = -(-v * value_bytes // 4)
+    cached = -(-v * cached_param_bytes // 4)
+    # an address a slot when vectors are narrow (16-byte ones share them); with 8-byte
+    # vectors the prefetch's addresses stay live across the row too
+    narrow = (v // vector_width) * (2 if vector_width < 4 else int(prefetch and vector_width == 4))
+    # staged tensors: ptxas issues the shared-memory loads early, packed, (with the
+    # prefetch, for the whole row slice)
+    staged = 0 if not shared else (3 * v // 2 if prefetch and not x_staged else v // 2)
+    if x_staged:  # the next row waits in shared memory: only its buffer's addresses
+        return v + cached + staged + 4 + PERSISTENT_OVERHEAD
+    # bf16 converts by integer shifts that ptxas schedules early: with cached tensors and
+    # the prefetch live too, half a register more a value (seen as spills without it)
+    wide = v // 2 if bf16 and cached and prefetch else 0
+    return v + cached + (packed_x if prefetch else 0) + narrow + staged + wide + PERSISTENT_OVERHEAD
+
+
+PERSISTENT_OVERHEAD = 30
+
+
+def persistent_candidates(hidden: int, vector_width: int, value_bytes: int,
+                          param_bytes: int, bf16: bool = False) -> list[LaunchPlan]:
+    """Every persistent plan (``param_cache`` registers or shared, prefetch on or off)
+    that covers a row with warp-multiple threads, keeps every batch slot used by some
+    thread, and fits: registers within what one block may use, shared memory within a
+    block's 227 KiB. Short rows share a block as in `candidate_plans`."""
+    vectors = -(-hidden // vector_width)
+    plans = []
+    for b in range(1, MAX_VALUES_PER_THREAD // vector_width + 1):
+        t = _round_up(-(-vectors // b), WARP)
+        if t > MAX_THREADS_PER_BLOCK or (b - 1) * t >= vectors:
+            continue
+        r = -(-MIN_THREADS_PER_BLOCK // t)
+        for cache in ("registers", "shared"):
+            if cache == "registers" and param_bytes == 0:
+                continue  # nothing to cache: the shared variant stages nothing either
+            # cp.async moves 4, 8 or 16 bytes: x_staged needs vectors of 4 bytes or more
+            modes = [(True, False), (False, False)]
+            if vector_width * value_bytes >= 4:
+                modes.insert(1, (True, True))
+            for prefetch, x_staged in modes:
+                est = persistent_register_estimate(
+                    b * vector_width, vector_width, value_bytes,
+                    param_bytes if cache == "registers" else 0, prefetch, cache == "shared",
+                    x_staged, bf16)
+                plan = LaunchPlan(vector_width, t, b, r, est, cache, prefetch, param_bytes,
+                                  x_staged, value_bytes)
+                if est + 8 > _register_budget(t * r):  # the margin of min_blocks_per_sm
+                    continue
+                if plan.dynamic_shared_bytes + plan.shared_bytes > SHARED_PER_BLOCK:
+                    continue
+                plans.append(plan)
+    return plans
+
+
+def bytes_in_flight(plan: LaunchPlan, value_bytes: int) -> int:
+    """Bytes of x one SM has requested at once when every resident thread has issued its
+    row slice: the memory-level parallelism the plan offers (Little's law: an H200 needs
+    about 4.8 TB/s x ~0.7 us / 132 SMs, some 25 KiB an SM, to stay at bandwidth)."""
+    return plan.min_blocks_per_sm * plan.block_threads * plan.batch * plan.vector_width * value_bytes
+
+
+IN_FLIGHT_TARGET = 32 * 1024
+MAX_EXTRA_PADDING = 0.2
+
+
+def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int) -> LaunchPlan:
+    """The persistent plan the heuristic runs, by these rules in order:
+
+    1. Enough bytes in flight an SM (`bytes_in_flight` >= 32 KiB, counting a prefetched
+       row twice since its loads overlap the current row's reduction): below it DRAM
+       latency is exposed whatever else the plan does.
+    2. Padding within 20% of the least: idle lanes cost issue slots, not bandwidth, so
+       some padding is worth more values a thread (the row-wise sweep: at 1280, 64
+       threads x 24 values with 17% padding beat 160 x 8 with none by 6%).
+    3. 1-D tensors in registers over shared memory: registers cost no instruction and no
+       shared-memory bandwidth per row; shared memory is for rows whose slices do not
+       fit (12288 and up at fp16 with four tensors).
+    4. Prefetch on: it is what keeps DRAM busy through the barriers of the reduction;
+       into registers where they allow (no shared-memory round trip), else through
+       shared memory (cp.async, `x_staged`): 16384 at fp16.
+    5. Fewer warps a row (fewer, cheaper block barriers per row; a one-warp row needs
+       none), then less padding, then fewer registers (more resident warps).
+    """
+    least = min(padding(p, hidden) for p in plans)
+
+    def key(p: LaunchPlan):
+        flight = bytes_in_flight(p, value_bytes) * (2 if p.prefetch else 1)
+        return (flight < IN_FLIGHT_TARGET, padding(p, hidden) > least + MAX_EXTRA_PADDING,
+                p.param_cache != "registers", not p.prefetch, p.x_staged, p.warps_per_row,
+                round(padding(p, hidden), 2), p.register_estimate)
+
+    return min(plans, key=key)
+
+
 def plan_launch(
     hidden: int,
     vector_width: int,
@@ -237,28 +414,46 @@ def plan_launch(
     threads_per_row: int | None = None,
     batch: int | None = None,
     rows_per_block: int | None = None,
+    param_cache: str | None = None,
+    prefetch: bool | None = None,
+    param_bytes: int = 0,
+    x_staged: bool | None = None,
+    bf16: bool = False,
 ) -> LaunchPlan:
-    """Pick threads per row, the persistent batch and rows per block for ``hidden``.
+    """Pick the kernel (row-wise or persistent), threads per row, the persistent batch
+    and rows per block for ``hidden``.
 
-    Three regimes, from a sweep of every candidate plan on an H200 (fp16, 8192 rows,
-    benchmarks/results/layer_norm_nvidia-h200.json, "sweep"); the rule picks the
-    fastest measured plan at each benchmark size (12288: within 1%):
+    Default: the persistent kernel (`choose_persistent`). Its grid is the SMs x resident
+    blocks, so no block pays a launch or a tail of its own and the 1-D tensors are read
+    once a block rather than once a row: at fp16 the four tensors of the reference
+    fusion are twice a row's own traffic, which at 12288+ fell out of L1 and made L2
+    bandwidth the limit of the row-wise kernel (0.53-0.65 of copy bandwidth).
+
+    ``param_cache="none"`` pins the row-wise kernel and its rule, from a sweep of every
+    candidate plan on an H200 (fp16, 8192 rows, benchmarks/results/
+    layer_norm_nvidia-h200.json, "sweep"):
 
     - Short rows (at most 128 vectors): the fewest threads per row, i.e. the largest
-      batch (up to 32 values), several rows to a 128-thread block. More values a
-      thread means more bytes in flight per thread and a shorter reduction; 128-thread
-      blocks beat 256-thread ones by 5-15% (more, smaller blocks hide each other's
-      barriers).
+      batch (up to 32 values), several rows to a 128-thread block.
     - Medium rows (one row fits 128 threads x 32 values): a 128-thread block, either
       one row on 128 threads or two rows on 64; least padding, ties to 128 threads.
-    - Long rows: least padding (idle lanes issue no loads), then about 24 values a
-      thread, ties to fewer values (fewer registers, more resident warps).
+    - Long rows: least padding, then about 24 values a thread, ties to fewer values.
 
     We never unroll the row loop on top of the batch: a second row in flight would
-    double the registers (the nvFuser spill at 16384). The overrides pin a plan.
+    double the registers (the nvFuser spill at 16384); the prefetch holds the next
+    row's x packed, half the registers of its fp32 values. The overrides pin a plan.
     """
+    if param_cache is not None and param_cache not in PARAM_CACHES:
+        raise LoweringError(f"normalization plan: param_cache {param_cache!r}: expected one of "
+                            f"{list(PARAM_CACHES)}")
+    vectors = -(-hidden // vector_width)
+    if param_cache == "none" and (prefetch or x_staged):
+        raise LoweringError("normalization plan: prefetch needs the persistent kernel "
+                            "(param_cache registers or shared)")
+    if x_staged and (prefetch is False or vector_width * value_bytes < 4):
+        raise LoweringError("normalization plan: x_staged is a prefetch through cp.async, "
+                            "which needs prefetch and vectors of 4 bytes or more")
     if threads_per_row is not None or batch is not None:
-        vectors = -(-hidden // vector_width)
         t = threads_per_row or _round_up(-(-vectors // batch), WARP)
         b = batch or -(-vectors // t)
         if t % WARP or t > MAX_THREADS_PER_BLOCK or b * t < vectors:
@@ -267,13 +462,52 @@ def plan_launch(
                 f"{vectors} vectors of {vector_width} with warp-multiple threads <= 1024"
             )
         r = rows_per_block or -(-MIN_THREADS_PER_BLOCK // t)
-        estimate = register_estimate(b * vector_width, vector_width, value_bytes)
-        if estimate > _register_budget(t * r):
+        cache = param_cache or ("registers" if param_bytes else "shared")
+        pre = bool(prefetch) if prefetch is not None else cache != "none"
+        staged_x = bool(x_staged) and pre
+        if cache == "none":
+            estimate = register_estimate(b * vector_width, vector_width, value_bytes)
+        else:
+            estimate = persistent_register_estimate(
+                b * vector_width, vector_width, value_bytes,
+                param_bytes if cache == "registers" else 0, pre, cache == "shared", staged_x,
+                bf16)
+        margin = 8 if cache != "none" else 0  # the persistent kernel keeps min_blocks_per_sm's
+        if estimate + margin > _register_budget(t * r):
             raise LoweringError(
                 f"normalization plan: {t} threads x {b * vector_width} values needs ~{estimate} "
-                f"registers a thread, over the {_register_budget(t * r)} a {t * r}-thread block may use"
+                f"registers a thread (+{margin} margin), over the {_register_budget(t * r)} a "
+                f"{t * r}-thread block may use"
             )
-        return LaunchPlan(vector_width, t, b, r, estimate)
+        plan = LaunchPlan(vector_width, t, b, r, estimate, cache, pre,
+                          param_bytes if cache != "none" else 0, staged_x, value_bytes)
+        if plan.dynamic_shared_bytes + plan.shared_bytes > SHARED_PER_BLOCK:
+            raise LoweringError(
+                f"normalization plan: {plan.dynamic_shared_bytes} bytes of staged 1-D tensors "
+                f"exceed the {SHARED_PER_BLOCK} bytes of shared memory a block may have")
+        return plan
+    if param_cache == "none":
+        best = _plan_rowwise(hidden, vector_width, value_bytes)
+    else:
+        plans = [p for p in persistent_candidates(hidden, vector_width, value_bytes, param_bytes, bf16)
+                 if param_cache is None or p.param_cache == param_cache]
+        if prefetch is not None:
+            plans = [p for p in plans if p.prefetch == prefetch]
+        if x_staged is not None:
+            plans = [p for p in plans if p.x_staged == x_staged]
+        if not plans:
+            raise LoweringError(
+                f"normalization: hidden={hidden} needs more than {MAX_THREADS_PER_BLOCK} threads x "
+                f"{MAX_VALUES_PER_THREAD} values per row within the register budget; "
+                "not a persistent-kernel size"
+            )
+        best = choose_persistent(plans, hidden, value_bytes)
+    if rows_per_block is not None:
+        best = dataclasses.replace(best, rows_per_block=rows_per_block)
+    return best
+
+
+def _plan_rowwise(hidden: int, vector_width: int, value_bytes: int) -> LaunchPlan:
     plans = candidate_plans(hidden, vector_width, value_bytes)
     if not plans:
         raise LoweringError(
@@ -284,16 +518,12 @@ def plan_launch(
     vectors = -(-hidden // vector_width)
     block128 = [p for p in plans if p.threads_per_row in (64, 128)]
     if vectors <= MIN_THREADS_PER_BLOCK:
-        best = min(plans, key=lambda p: p.threads_per_row)
-    elif block128 and vectors <= MIN_THREADS_PER_BLOCK * max(p.batch for p in block128):
-        best = min(block128, key=lambda p: (round(padding(p, hidden), 3), -p.threads_per_row))
-    else:
-        least = min(padding(p, hidden) for p in plans)
-        near = [p for p in plans if padding(p, hidden) <= least + 0.02]
-        best = min(near, key=lambda p: (abs(p.batch * vector_width - 24), p.batch))
-    if rows_per_block is not None:
-        best = dataclasses.replace(best, rows_per_block=rows_per_block)
-    return best
+        return min(plans, key=lambda p: p.threads_per_row)
+    if block128 and vectors <= MIN_THREADS_PER_BLOCK * max(p.batch for p in block128):
+        return min(block128, key=lambda p: (round(padding(p, hidden), 3), -p.threads_per_row))
+    least = min(padding(p, hidden) for p in plans)
+    near = [p for p in plans if padding(p, hidden) <= least + 0.02]
+    return min(near, key=lambda p: (abs(p.batch * vector_width - 24), p.batch))
 
 
 def _register_budget(block_threads: int) -> int:
@@ -316,8 +546,9 @@ class NormalizationSpec:
     prologue, ``weight`` and ``bias`` of the norm (when present), one per `AddBroadcast`
     of the epilogue, the output ``y``, and ``rows`` (int32). `parameter_names` lists
     the tensors. ``alignment`` is the byte alignment every base pointer is known to
-    have (torch allocations: 256; a slice: less). The last three fields override the
-    heuristic plan (benchmark sweeps, tests).
+    have (torch allocations: 256; a slice: less). The last five fields override the
+    heuristic plan (benchmark sweeps, tests): ``param_cache="none"`` is the row-wise
+    kernel, ``"registers"``/``"shared"`` the persistent one (see `LaunchPlan`).
     """
 
     rows: int
@@ -331,6 +562,9 @@ class NormalizationSpec:
     threads_per_row: int | None = None
     batch: int | None = None
     rows_per_block: int | None = None
+    param_cache: str | None = None
+    prefetch: bool | None = None
+    x_staged: bool | None = None
 
     def __post_init__(self):
         for what, n in (("rows", self.rows), ("hidden", self.hidden)):
@@ -406,6 +640,11 @@ class NormalizationSpec:
             threads_per_row=self.threads_per_row,
             batch=self.batch,
             rows_per_block=self.rows_per_block,
+            param_cache=self.param_cache,
+            prefetch=self.prefetch,
+            param_bytes=sum(DTYPE_BYTES[d] for d in dtypes[1:-1]),
+            x_staged=self.x_staged,
+            bf16="bfloat16" in dtypes,
         )
 
     @property
@@ -714,8 +953,255 @@ class NormalizationRenderer:
         self.emit("batch_loop_close")
 
 
+class PersistentRenderer(NormalizationRenderer):
+    """The persistent kernel (``plan.param_cache`` registers or shared): grid-stride over
+    groups of rows, 1-D tensors loaded once per thread (registers) or block (shared)
+    before the row loop, the next row's x prefetched before the current one is reduced.
+    Statistics and reductions are the row-wise kernel's snippets."""
+
+    def render(self) -> str:
+        s, p = self.spec, self.plan
+        if p.warps_per_row == 1:
+            self.emit("row_sum_warp")
+        else:
+            self.emit("row_sum_block", threads_per_row=p.threads_per_row, warps_per_row=p.warps_per_row)
+        names, dtypes = s.parameter_names(), s.parameter_dtypes()
+        params = [f"const {CUDA_TYPES[d]}* __restrict__ in_{n}" for n, d in zip(names[:-1], dtypes[:-1])]
+        params.append(f"{CUDA_TYPES[dtypes[-1]]}* __restrict__ out_y")
+        self.tensors = dict(zip(names[1:-1], dtypes[1:-1]))  # the 1-D tensors
+        vectors = -(-s.hidden // p.vector_width)
+        tx = CUDA_TYPES[s.input_dtype]
+        out = self.out
+        out.append(f"""\
+extern "C" __global__ void __launch_bounds__({p.block_threads}, {p.min_blocks_per_sm})
+{s.kernel_name}({", ".join(params)}, const int rows) {{
+  constexpr int kVec = {p.vector_width}, kBatch = {p.batch}, kThreadsPerRow = {p.threads_per_row};
+  constexpr int kRowsPerBlock = {p.rows_per_block}, kHidden = {s.hidden};
+  constexpr int kVectors = {vectors};      // vectors in a row
+  constexpr int kFullBatches = {vectors // p.threads_per_row};  // batch slots every thread fills
+  const int lane = threadIdx.x % kThreadsPerRow;
+  const int row_in_block = threadIdx.x / kThreadsPerRow;
+  const int groups = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+""")
+        if p.warps_per_row > 1:
+            # as in the row-wise kernel: two buffers, so no third barrier a row
+            out.append(f"  __shared__ float partials[2][{p.rows_per_block}][{p.warps_per_row}];\n")
+        self._cache_params()
+        # x of the block's first row; in the loop, the next row's is issued before the
+        # current row is reduced (prefetch), or each row's at the top of the loop.
+        out.append(f"  Vec<{tx}, kVec> xr[kBatch];\n")
+        if p.x_staged:
+            out.append(f"""\
+  // x through shared memory: two buffers for each row of the block, one being read
+  // while the next row's cp.async copies land in the other
+  Vec<{tx}, kVec>* s_xbuf = reinterpret_cast<Vec<{tx}, kVec>*>(staged + {self.x_offset})
+                         + row_in_block * 2 * kThreadsPerRow * kBatch;
+  int buf = 0;
+  stage_row(s_xbuf, in_x, blockIdx.x * kRowsPerBlock + row_in_block, rows, lane);
+""")
+        elif p.prefetch:
+            out.append("  load_row(xr, in_x, blockIdx.x * kRowsPerBlock + row_in_block, rows, lane);\n")
+        out.append("""\
+  // The row loop: grid-stride, no unroll (a second row's fp32 values would double the
+  // registers; the prefetch holds only the next row's packed x).
+#pragma unroll 1
+  for (int group = blockIdx.x; group < groups; group += gridDim.x) {
+    const int row = group * kRowsPerBlock + row_in_block;
+    // Rows past the end still join the barriers of the reduction; they only skip memory.
+    const bool row_ok = row < rows;
+    const size_t row_base = (size_t)row * kHidden;
+""")
+        if p.param_cache == "registers" and self.tensors:
+            out.append("#pragma unroll\n    for (int i = 0; i < kBatch; ++i) {\n")
+            for name in self.tensors:
+                out.append(f"      opaque(c_{name}[i].raw);\n")
+            out.append("    }\n")
+        elif self.tensors:
+            out.append("    int slot = lane;\n    opaque(slot);\n")
+        if not p.prefetch:
+            out.append("    load_row(xr, in_x, row, rows, lane);\n")
+        if p.x_staged:
+            # this thread's own copies: waiting for its group is enough, no barrier
+            out.append("""\
+    cp_async_wait_all();
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) xr[i] = s_xbuf[buf * kThreadsPerRow * kBatch + i * kThreadsPerRow + lane];
+    buf ^= 1;
+    stage_row(s_xbuf + buf * kThreadsPerRow * kBatch, in_x,
+              (group + gridDim.x) * kRowsPerBlock + row_in_block, rows, lane);
+""")
+        out.append("    float v[kBatch][kVec];\n")
+        self._prologue()
+        if p.prefetch and not p.x_staged:
+            out.append("    load_row(xr, in_x, (group + gridDim.x) * kRowsPerBlock + row_in_block, rows, lane);\n")
+        self._statistics()
+        self._store()
+        out.append("  }\n")
+        if p.x_staged:
+            out.append("  cp_async_wait_all();  // no copy outlives the block (the last one only zero-fills)\n")
+        out.append("}\n")
+        helper = f"""\
+// One row's x slice into packed registers, streaming (__ldcs: read once); slots past the
+// row or rows past the end read nothing and hold 0.
+template <typename T, int kVec, int kBatch, int kThreadsPerRow, int kVectors, int kFullBatches>
+__device__ __forceinline__ void load_row_t(Vec<T, kVec> (&xr)[kBatch], const T* __restrict__ x,
+                                         int row, int rows, int lane, int hidden) {{
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i) {{
+    const int vec = i * kThreadsPerRow + lane;
+    xr[i].raw = {{}};
+    if (row < rows && (i < kFullBatches || vec < kVectors))
+      xr[i].raw = __ldcs(&(reinterpret_cast<const Vec<T, kVec>*>(x + (size_t)row * hidden) + vec)->raw);
+  }}
+}}
+// An empty asm that "changes" a value: the row loop calls it on the cached 1-D tensors
+// (and the shared-memory index) at every row, so that the compiler cannot hoist their
+// conversions to fp32 out of the loop, which would undo the packing (twice the
+// registers: seen as spills at 1024+ with four tensors).
+__device__ __forceinline__ void opaque(uint4& r) {{
+  asm volatile("" : "+r"(r.x), "+r"(r.y), "+r"(r.z), "+r"(r.w));
+}}
+__device__ __forceinline__ void opaque(uint2& r) {{ asm volatile("" : "+r"(r.x), "+r"(r.y)); }}
+__device__ __forceinline__ void opaque(unsigned int& r) {{ asm volatile("" : "+r"(r)); }}
+__device__ __forceinline__ void opaque(int& r) {{ asm volatile("" : "+r"(r)); }}
+__device__ __forceinline__ void opaque(unsigned short& r) {{ asm volatile("" : "+h"(r)); }}
+#define load_row(xr, x, row, rows, lane) \\
+  load_row_t<{tx}, kVec, kBatch, kThreadsPerRow, kVectors, kFullBatches>(xr, x, row, rows, lane, kHidden)
+"""
+        if p.x_staged:
+            helper += f"""\
+// cp.async of one vector, global -> shared; zero-filled (nothing read) when !pred.
+template <int Bytes>
+__device__ __forceinline__ void cp_async(void* dst, const void* src, bool pred) {{
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  const int n = pred ? Bytes : 0;
+  if constexpr (Bytes == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\\n" :: "r"(d), "l"(src), "r"(n) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\\n" :: "r"(d), "l"(src), "n"(Bytes), "r"(n) : "memory");
+}}
+__device__ __forceinline__ void cp_async_wait_all() {{ asm volatile("cp.async.wait_all;\\n" ::: "memory"); }}
+// One row's x slice into this thread's slots of a shared buffer, one commit group.
+template <typename T, int kVec, int kBatch, int kThreadsPerRow, int kVectors, int kFullBatches>
+__device__ __forceinline__ void stage_row_t(Vec<T, kVec>* buf, const T* __restrict__ x,
+                                          int row, int rows, int lane, int hidden) {{
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i) {{
+    const int vec = i * kThreadsPerRow + lane;
+    const bool ok = row < rows && (i < kFullBatches || vec < kVectors);
+    const T* src = ok ? x + (size_t)row * hidden + (size_t)vec * kVec : x;
+    cp_async<sizeof(T) * kVec>(buf + i * kThreadsPerRow + lane, src, ok);
+  }}
+  asm volatile("cp.async.commit_group;\\n" ::: "memory");
+}}
+#define stage_row(buf, x, row, rows, lane) \\
+  stage_row_t<{tx}, kVec, kBatch, kThreadsPerRow, kVectors, kFullBatches>(buf, x, row, rows, lane, kHidden)
+"""
+        return render.Renderer().source(["convert"], SNIPPETS["preamble"].format(), helper,
+                                        "".join(self.out))
+
+    def _param(self, name: str, i: str = "i") -> str:
+        """Expression of vector slot ``i`` of a cached 1-D tensor."""
+        if self.plan.param_cache == "registers":
+            return f"c_{name}[{i}]"
+        return f"s_{name}[{i} * kThreadsPerRow + slot]"
+
+    def _cache_params(self) -> None:
+        p, out = self.plan, self.out
+        self.x_offset = 0
+        if p.x_staged or (p.param_cache == "shared" and self.tensors):
+            out.append("  extern __shared__ __align__(16) unsigned char staged[];\n")
+        if p.param_cache == "shared":
+            slots = p.threads_per_row * p.batch * p.vector_width
+            self.x_offset = sum(slots * DTYPE_BYTES[d] for d in self.tensors.values())
+        if not self.tensors:
+            return
+        if p.param_cache == "registers":
+            out.append("  // Each thread's slice of the 1-D tensors, loaded once; 16-bit values stay packed.\n")
+            for name, d in self.tensors.items():
+                out.append(f"  Vec<{CUDA_TYPES[d]}, kVec> c_{name}[kBatch];\n")
+            out.append("""\
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i) {
+    const int vec = i * kThreadsPerRow + lane;
+    const bool ok = i < kFullBatches || vec < kVectors;
+""")
+            for name, d in self.tensors.items():
+                t = CUDA_TYPES[d]
+                out.append(f"    c_{name}[i].raw = {{}};\n")
+                out.append(f"    if (ok) c_{name}[i].raw = (reinterpret_cast<const Vec<{t}, kVec>*>(in_{name}) + vec)->raw;\n")
+            out.append("  }\n")
+            return
+        # shared: every slot of a row (padded ones hold 0), staged once by the whole block
+        out.append("  // The 1-D tensors staged once per block; each row reads them from shared memory.\n")
+        offset = 0
+        slots = p.threads_per_row * p.batch
+        for name, d in self.tensors.items():
+            t = CUDA_TYPES[d]
+            out.append(f"  Vec<{t}, kVec>* s_{name} = reinterpret_cast<Vec<{t}, kVec>*>(staged + {offset});\n")
+            offset += slots * p.vector_width * DTYPE_BYTES[d]
+        out.append(f"  for (int j = threadIdx.x; j < {slots}; j += {p.block_threads}) {{\n")
+        for name, d in self.tensors.items():
+            t = CUDA_TYPES[d]
+            out.append(f"    s_{name}[j].raw = {{}};\n")
+            out.append(f"    if (j < kVectors) s_{name}[j].raw = (reinterpret_cast<const Vec<{t}, kVec>*>(in_{name}) + j)->raw;\n")
+        out.append("  }\n  __syncthreads();\n")
+
+    def _prologue(self) -> None:
+        s, out = self.spec, self.out
+        out.append("""\
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const bool ok = i < kFullBatches || i * kThreadsPerRow + lane < kVectors;
+""")
+        adds = [op for op in s.prologue if isinstance(op, AddBroadcast)]
+        for op in adds:
+            out.append(f"      const Vec<{CUDA_TYPES[op.dtype]}, kVec> v_{op.name} = {self._param(op.name)};\n")
+        out.append("#pragma unroll\n      for (int e = 0; e < kVec; ++e) {\n")
+        out.append(f"        float a = {TO_FLOAT[s.input_dtype].format('xr[i].e[e]')};\n")
+        for op in s.prologue:
+            self._pointwise(op)
+        # padded slots must be exactly 0 for the sums (their tensors hold 0, but a cast
+        # or a later op need not keep it so)
+        out.append("        v[i][e] = ok ? a : 0.f;\n      }\n    }\n")
+
+    def _store(self) -> None:
+        s, out = self.spec, self.out
+        out.append("""\
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int vec = i * kThreadsPerRow + lane;
+      const bool ok = row_ok && (i < kFullBatches || vec < kVectors);
+      if (!ok) continue;
+""")
+        loads = []
+        if s.norm.weight:
+            loads.append(("weight", s.norm.weight_dtype))
+        if isinstance(s.norm, LayerNorm) and s.norm.bias:
+            loads.append(("bias", s.norm.bias_dtype))
+        loads += [(op.name, op.dtype) for op in s.epilogue if isinstance(op, AddBroadcast)]
+        for name, d in loads:
+            out.append(f"      const Vec<{CUDA_TYPES[d]}, kVec> v_{name} = {self._param(name)};\n")
+        self.emit("out_decl", t=CUDA_TYPES[s.output_dtype])
+        self.emit("element_loop_open")
+        self.emit("normalize")
+        if s.norm.weight:
+            self.emit("mul", value=TO_FLOAT[s.norm.weight_dtype].format("v_weight.e[e]"))
+        if isinstance(s.norm, LayerNorm) and s.norm.bias:
+            self.emit("add", value=TO_FLOAT[s.norm.bias_dtype].format("v_bias.e[e]"))
+        for op in s.epilogue:
+            self._pointwise(op)
+        self.emit("out_assign", value=FROM_FLOAT[s.output_dtype].format("a"))
+        self.emit("loop_close")
+        self.emit("store_y", t=CUDA_TYPES[s.output_dtype])
+        self.emit("batch_loop_close")
+
+
 def render_normalization(spec: NormalizationSpec) -> str:
-    """CUDA C++ source of the persistent kernel for ``spec`` (entry: ``spec.kernel_name``)."""
+    """CUDA C++ source of ``spec``'s kernel (entry: ``spec.kernel_name``): the persistent
+    kernel, or the row-wise one when the plan says ``param_cache="none"``."""
+    if spec.plan.persistent:
+        return PersistentRenderer(spec).render()
     return NormalizationRenderer(spec).render()
 
 
@@ -761,7 +1247,8 @@ def spec_params(spec: NormalizationSpec) -> tuple[tuple[str, object], ...]:
     params += [("input_dtype", spec.input_dtype), ("output_dtype", spec.output_dtype),
                ("prologue", _ops_to_text(spec.prologue)),
                ("epilogue", _ops_to_text(spec.epilogue)), ("alignment", spec.alignment)]
-    for key in ("threads_per_row", "batch", "rows_per_block"):
+    for key in ("threads_per_row", "batch", "rows_per_block", "param_cache", "prefetch",
+                "x_staged"):
         if getattr(spec, key) is not None:
             params.append((key, getattr(spec, key)))
     return tuple(params)
@@ -780,6 +1267,7 @@ def spec_from_params(params) -> NormalizationSpec:
         return NormalizationSpec(
             p["rows"], p["hidden"], norm, p["input_dtype"], p["output_dtype"],
             _ops_from_text(p["prologue"], "prologue"), _ops_from_text(p["epilogue"], "epilogue"),
-            p["alignment"], p.get("threads_per_row"), p.get("batch"), p.get("rows_per_block"))
+            p["alignment"], p.get("threads_per_row"), p.get("batch"), p.get("rows_per_block"),
+            p.get("param_cache"), p.get("prefetch"), p.get("x_staged"))
     except KeyError as e:
         raise LoweringError(f"normalization kernel: parameter {e.args[0]!r} is missing") from None

@@ -123,7 +123,10 @@ def lower_normalization(fusion: Fusion) -> ir.Program:
     kernel = ir.KernelDef(spec.kernel_name, "normalization", spec_params(spec))
     body = (
         ir.Allocate(y),
+        # the persistent kernel loops over rows, so this grid (resident blocks on
+        # DEFAULT_SM_COUNT SMs, an H100/H200) is correct on any device; the launcher
+        # re-sizes it to the device it runs on (runtime.kernels)
         ir.LaunchKernel(spec.kernel_name, args, (plan.grid(rows), 1, 1),
-                        (plan.block_threads, 1, 1), 0, (rows,)),
+                        (plan.block_threads, 1, 1), plan.dynamic_shared_bytes, (rows,)),
     )
     return ir.Program(ins, (y,), body, 1, provenance="lower_normalization", kernels=(kernel,))

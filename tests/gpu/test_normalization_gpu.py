@@ -10,7 +10,11 @@ if not torch.cuda.is_available():
 pytest.importorskip("cupy")
 
 from hostir.errors import InputMismatchError  # noqa: E402
-from lowering.kernels.normalization import NormalizationSpec  # noqa: E402
+import dataclasses  # noqa: E402
+
+from lowering.kernels.normalization import (  # noqa: E402
+    NormalizationSpec, candidate_plans, persistent_candidates,
+)
 from runtime import normalization as rn  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -88,3 +92,40 @@ def test_bad_inputs_are_refused(bad, message):
     x, _, _, w, b, *_ = _inputs(64, 64, torch.float16, seed=1)
     with pytest.raises(InputMismatchError, match=message):
         rn.layer_norm(*bad(x, w, b))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("hidden", [768, 1600, 5140, 16384, 20480, 77])
+def test_every_candidate_plan_matches_float64(hidden, dtype):
+    """Row-wise and persistent (registers, shared, prefetch into registers or through
+    shared memory) plans, on rows that are no multiple of anything, and on a grid
+    smaller than the groups (the grid-stride loop runs several rows a block)."""
+    rows = 301
+    x, b0, b1, w, b2 = _inputs(rows, hidden, dtype, seed=hidden + 1)
+    name = rn._NAMES[dtype]
+    base = NormalizationSpec.reference_fusion(rows, hidden, 1e-5, name)
+    named = {"x": x, "b0": b0, "b1": b1, "weight": w, "bias": b2}
+    ref = rn.reference(base, named)
+    width = base.plan.vector_width
+    specs = [dataclasses.replace(base, threads_per_row=p.threads_per_row, batch=p.batch,
+                                 param_cache="none")
+             for p in candidate_plans(hidden, width, 2)]
+    specs += [dataclasses.replace(base, threads_per_row=p.threads_per_row, batch=p.batch,
+                                  rows_per_block=p.rows_per_block, param_cache=p.param_cache,
+                                  prefetch=p.prefetch, x_staged=p.x_staged or None)
+              for p in persistent_candidates(hidden, width, 2, 8, name == "bfloat16")]
+    assert len(specs) > 1
+    for spec in specs:
+        y = torch.full_like(x, float("nan"))
+        rn.normalize(spec, named, y)
+        assert _rel(y, ref) < 1e-2, spec.plan
+
+
+
+@pytest.mark.parametrize("hidden", [768, 1024, 4096, 5140, 12288, 16384, 20480])
+def test_resident_blocks_keep_the_plans_promise(hidden):
+    """The driver fits at least the blocks per SM the plan promised ptxas (registers and
+    shared memory), so the persistent grid is resident at once."""
+    spec = NormalizationSpec.reference_fusion(8192, hidden)
+    kernel = rn._kernel(spec, torch.cuda.current_device())
+    assert rn.resident_blocks(kernel, spec.plan) >= spec.plan.min_blocks_per_sm

@@ -35,6 +35,21 @@ def test_reference_fusion_becomes_one_launch():
     assert [t.name for t in launch.args] == ["T0", "T1", "T2", "T3", "T4", p.outputs[0].name]
     assert launch.scalars == (64,) and launch.block[0] % 32 == 0
     assert launch.grid == (spec.plan.grid(64), 1, 1)
+    assert launch.smem == spec.plan.dynamic_shared_bytes
+
+
+def test_persistent_grid_and_staged_params_in_the_launch():
+    # 20480: the 1-D tensors do not fit the registers; they are staged in shared memory,
+    # which the LaunchKernel carries, and the grid is the resident blocks, not the rows
+    p = lower(reference_fusion(8192, 20480), 1)
+    (k,) = p.kernels
+    spec = spec_from_params(k.params)
+    launch = p.body[1]
+    assert spec.plan.persistent
+    assert launch.grid[0] == spec.plan.grid(8192) < 8192
+    assert launch.smem == spec.plan.dynamic_shared_bytes
+    text = print_program(p)
+    assert print_program(parse(text)) == text
 
 
 def test_round_trip_with_kernels():
@@ -131,3 +146,24 @@ def test_codegen_matmul_is_refused_before_running_on_the_cpu():
         Interpreter(p, CpuBackend(), matmul="codegen")
     with pytest.raises(ExecutionError, match="expected one of"):
         Interpreter(p, CpuBackend(), matmul="fastest")
+
+
+def test_pinned_plan_round_trips_through_the_kernels_header():
+    import dataclasses
+
+    fd = Fusion()
+    x = fd.define_tensor([64, 16384], "float16")
+    w = fd.define_tensor([16384], "float16")
+    fd.add_output(fd.rms_norm(x, w))
+    p = lower(fd, 1)
+    spec = spec_from_params(p.kernels[0].params)
+    pinned = dataclasses.replace(spec, threads_per_row=512, batch=8, rows_per_block=1,
+                                 param_cache="shared", prefetch=True, x_staged=True)
+    kernel = ir.KernelDef(pinned.kernel_name, "normalization", spec_params(pinned))
+    launch = dataclasses.replace(p.body[1], kernel=pinned.kernel_name,
+                                 smem=pinned.plan.dynamic_shared_bytes)
+    text = print_program(dataclasses.replace(p, kernels=(kernel,), body=(p.body[0], launch)))
+    assert "param_cache=shared, prefetch=true, x_staged=true" in text
+    q = parse(text)
+    assert spec_from_params(q.kernels[0].params) == pinned
+    assert print_program(q) == text
