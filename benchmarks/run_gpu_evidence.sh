@@ -33,3 +33,6 @@ for dt in bfloat16 float32; do
   run 60 "${M[@]}" python3 -m hostir.run pipelined_matmul --m 8192 --k 8192 --n 8192 --dtype $dt \
     --check --json "$OUT/e2e.jsonl" 2>&1 | grep -a "pipelined_matmul M"
 done
+# 6. where the host time of an eager call goes (copy-engine ring, 2048^3)
+run 60 "${M[@]}" python3 benchmarks/host_profile.py 2>&1 | quiet | head -40 > "$OUT/host_profile.txt"
+head -12 "$OUT/host_profile.txt"
