@@ -58,7 +58,6 @@ def main() -> None:
         return spent * 1e6 / count
 
     plain = calls(args.calls)
-    micro = _micro(session, run, shard, b) if args.transport == "copy_engine" else {}
     prof = cProfile.Profile()
     prof.enable()
     profiled = calls(args.calls)
@@ -66,41 +65,7 @@ def main() -> None:
     if r == 0:
         print(f"{args.schedule}/S{args.stages}/{args.transport} world={d}: host {plain:.1f} us "
               f"per call ({profiled:.1f} us under cProfile)")
-        for what, us in micro.items():
-            print(f"  host us per call of {what}: {us:.1f}")
         pstats.Stats(prof).sort_stats("tottime").print_stats(28)
-
-
-def _micro(session, run, shard, b) -> dict:
-    """Host microseconds of the pieces of one copy-engine SendRecv, each alone."""
-    comm = session.comm
-    entry = next(iter(run._symmetric.values()), None)
-    if entry is None:
-        return {}
-    tensor, handle, views = entry
-    dst = next(iter(views.values()))
-    src = shard.reshape(-1)[:dst.numel()].view(dst.shape)
-    s = torch.cuda.current_stream()
-    pieces = {
-        "symmetric-memory barrier": lambda: handle.barrier(channel=0, timeout_ms=60000),
-        "peer copy_": lambda: dst.copy_(src),
-        "torch.cuda.stream(s) enter+exit": lambda: torch.cuda.stream(s).__enter__() or
-        torch.cuda.stream(s).__exit__(None, None, None),
-        "event record": lambda: torch.cuda.Event().record(s),
-        "posted (event + watchdog)": lambda: comm._posted(s, src),
-        "whole sendrecv_direct": lambda: comm.sendrecv_direct(dst, src, comm.rank, comm.rank, s,
-                                                              handle, dst),
-    }
-    out = {}
-    for what, fn in pieces.items():
-        torch.cuda.synchronize()
-        session.comm.barrier() if hasattr(session.comm, "barrier") else None
-        t0 = time.perf_counter()
-        for i in range(100):
-            fn()
-        out[what] = (time.perf_counter() - t0) * 1e4
-        torch.cuda.synchronize()
-    return out
 
 
 if __name__ == "__main__":
