@@ -14,10 +14,11 @@ The rule, from the figures in benchmarks/results/pipelined_matmul_*.json (2 x H2
   timed side by side, SendRecvs writing straight into the peer's buffer), the best count
   gave stages of about 2048 rows a rank: 8192 rows a rank -> S=4 (1.015 of the GEMM
   alone; S=1 1.060), 4096 -> S=2 (0.984; S=1 1.019), 16384 -> S=4 (1.011; S=1 1.119),
-  2048 -> S=1 (1.020; S=2 1.028). A second run agreed within 1%, and at 16384 rows a
-  rank the trend went on (32768x32768x8192: S=1 1.146, S=2 1.094, S=4 1.054), so
-  stages = rows a rank / 2048, a power of two, at most 8 (each stage costs ~150 µs of
-  eager host issue, hidden while the GEMMs take longer than that).
+  2048 -> S=1 (1.020; S=2 1.028). A second run agreed within 1%. Eight stages (1024
+  rows a rank each at 16384 rows a rank) were slower than four in the run after
+  (32768x8192x4096: 1.055 vs 1.032; 32768x32768x8192: 1.044 vs 1.030): stages =
+  rows a rank / 2048, a power of two, at most 4 (each stage also costs ~150 µs of
+  eager host issue).
 * On one rank, or on CPU ranks, the plain pipelined program (nothing to hide).
 
 An autotuned choice, when one was stored for the same device, world size, shape and
@@ -46,7 +47,7 @@ def choose_schedule(m: int, k: int, n: int, world_size: int, device: str) -> Sch
         stages = 2 if m % (2 * world_size) == 0 else 1
         return Schedule("pipelined", stages, 2, "nccl" if device == "cuda" else "mpi")
     stages = 1
-    while stages < 8 and (m // world_size) // (2 * stages) >= 2048:
+    while stages < 4 and (m // world_size) // (2 * stages) >= 2048:
         stages *= 2
     while stages > 1 and m % (stages * world_size):
         stages //= 2

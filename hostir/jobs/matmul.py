@@ -164,7 +164,7 @@ def bench(args) -> dict:
             launches = count_launches(lambda: fn(a, b), torch)
             workspace.check_all_zeroed()
             us = _time_us(fn, inputs, args.reps, torch) if err < 1e-2 else float("nan")
-            rows[label] = {"instr": spec.instr, "tile": spec.tile, "warps": spec.warps, "stages": spec.stages,
+            rows[label] = {"instr": spec.instr, "feed": spec.feed, "tile": spec.tile, "warps": spec.warps, "stages": spec.stages,
                            "split_k": spec.split_k, "mode": spec.split_mode, "rel_err": err,
                            "us": us, "tflops": flops / us / 1e6,
                            "launches": launches["kernels"], "memsets": launches["memsets"]}

@@ -65,17 +65,18 @@ FEEDS = {"sync": {}, "ws": {"warp_specialized": True},
 # 128x128x32 with 4 warps = 385 TF/s = 1.0). The 8-warp configs run one CTA per SM and
 # hide latency worse than two 4-warp CTAs; 128x128x64 with 4 warps spills 8 bytes.
 # A config not listed gets 0.7. The autotuner measures the real thing per shape.
-# The wgmma entries are estimates (not yet measured on a GPU): wgmma issues a warpgroup's
-# 64xNx16 product from shared memory with no ldmatrix, about twice mma.sync's rate. The
-# warp-specialized and TMA ones are put just below the plain ones until a GPU run says
-# otherwise (they have more that can go wrong: mbarrier phases, tensor maps).
+# The wgmma entries are measured too (benchmarks/results/wgmma_check_NVIDIA_H200.json,
+# 8192^3, the mma.sync 128x128x32 tile at 0.443 of cuBLAS = 1.0): the TMA feed is the
+# fastest on every shape of the matmul benchmark (0.87-0.97 of cuBLAS), the all-thread
+# cp.async feed next (0.80-0.86), and the producer-warp cp.async feed last (0.40-0.45:
+# two warps cannot issue enough cp.async to keep two warpgroups fed).
 TILE_EFFICIENCY = {
-    ("wgmma", 128, 256, 64, 8, 1, 4, "sync"): 1.9, ("wgmma", 256, 128, 64, 8, 1, 4, "sync"): 1.85,
-    ("wgmma", 128, 128, 64, 8, 1, 5, "sync"): 1.6,
-    ("wgmma", 128, 256, 64, 8, 1, 4, "ws"): 1.88, ("wgmma", 256, 128, 64, 8, 1, 4, "ws"): 1.83,
-    ("wgmma", 128, 128, 64, 8, 1, 6, "ws"): 1.58,
-    ("wgmma", 128, 256, 64, 8, 1, 4, "tma"): 1.87, ("wgmma", 256, 128, 64, 8, 1, 4, "tma"): 1.82,
-    ("wgmma", 128, 128, 64, 8, 1, 6, "tma"): 1.57,
+    ("wgmma", 128, 256, 64, 8, 1, 4, "tma"): 2.01, ("wgmma", 256, 128, 64, 8, 1, 4, "tma"): 2.03,
+    ("wgmma", 128, 128, 64, 8, 1, 6, "tma"): 1.81,
+    ("wgmma", 128, 256, 64, 8, 1, 4, "sync"): 1.83, ("wgmma", 256, 128, 64, 8, 1, 4, "sync"): 1.66,
+    ("wgmma", 128, 128, 64, 8, 1, 5, "sync"): 1.45,
+    ("wgmma", 128, 256, 64, 8, 1, 4, "ws"): 0.95, ("wgmma", 256, 128, 64, 8, 1, 4, "ws"): 0.82,
+    ("wgmma", 128, 128, 64, 8, 1, 6, "ws"): 0.60,
     (128, 128, 32, 2, 2, 4): 1.0, (128, 256, 64, 2, 4, 3): 0.85,
     (256, 128, 32, 4, 2, 3): 0.81, (128, 256, 32, 2, 4, 3): 0.77,
     (128, 128, 64, 2, 2, 3): 0.76, (64, 128, 64, 2, 2, 4): 0.73,

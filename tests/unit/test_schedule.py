@@ -8,9 +8,9 @@ from runtime import schedule_tuning
 def test_heuristic():
     assert choose_schedule(8192, 8192, 8192, 2, "cuda") == Schedule("ring", 2, 2, "copy_engine")
     assert choose_schedule(4096, 8192, 28672, 2, "cuda").stages == 1
-    assert choose_schedule(32768, 32768, 8192, 2, "cuda").stages == 8
-    assert choose_schedule(32768, 8192, 4096, 2, "cuda") == Schedule("ring", 8, 2, "copy_engine")
-    assert choose_schedule(32768 + 4, 8, 4096, 2, "cuda").stages == 2   # 8 or 4 would not divide
+    assert choose_schedule(32768, 32768, 8192, 2, "cuda").stages == 4
+    assert choose_schedule(32768, 8192, 4096, 2, "cuda") == Schedule("ring", 4, 2, "copy_engine")
+    assert choose_schedule(32768 + 4, 8, 4096, 2, "cuda").stages == 2   # 4 would not divide
     assert choose_schedule(16384, 8192, 8192, 2, "cuda").stages == 4
     assert choose_schedule(1024, 64, 64, 2, "cpu").schedule == "pipelined"
     assert choose_schedule(1024, 64, 64, 1, "cuda").schedule == "pipelined"
