@@ -925,19 +925,10 @@ class NormalizationRenderer:
             self.emit("sum_squares")
             self.emit("rms_norm_stats", partials0=part[0], eps=eps)
 
-    def _normalize_and_store(self) -> None:
+    def _normalize_and_store_tail(self) -> None:
+        """Per element: normalize, weight, bias, the epilogue ops, then store the vector
+        (the 1-D tensors' vectors ``v_<name>`` are in scope, however they were loaded)."""
         s = self.spec
-        # weight, bias and epilogue tensors are read here, after the reductions, so they
-        # do not hold registers across them; they are small and stay in L1/L2.
-        loads = []
-        if s.norm.weight:
-            loads.append(("weight", s.norm.weight_dtype))
-        if isinstance(s.norm, LayerNorm) and s.norm.bias:
-            loads.append(("bias", s.norm.bias_dtype))
-        loads += [(op.name, op.dtype) for op in s.epilogue if isinstance(op, AddBroadcast)]
-        self.emit("store_x_loop_open")
-        for name, dtype in loads:
-            self.emit("load_param", t=CUDA_TYPES[dtype], name=name)
         self.emit("out_decl", t=CUDA_TYPES[s.output_dtype])
         self.emit("element_loop_open")
         self.emit("normalize")
@@ -951,6 +942,21 @@ class NormalizationRenderer:
         self.emit("loop_close")
         self.emit("store_y", t=CUDA_TYPES[s.output_dtype])
         self.emit("batch_loop_close")
+
+    def _normalize_and_store(self) -> None:
+        s = self.spec
+        # weight, bias and epilogue tensors are read here, after the reductions, so they
+        # do not hold registers across them; they are small and stay in L1/L2.
+        loads = []
+        if s.norm.weight:
+            loads.append(("weight", s.norm.weight_dtype))
+        if isinstance(s.norm, LayerNorm) and s.norm.bias:
+            loads.append(("bias", s.norm.bias_dtype))
+        loads += [(op.name, op.dtype) for op in s.epilogue if isinstance(op, AddBroadcast)]
+        self.emit("store_x_loop_open")
+        for name, dtype in loads:
+            self.emit("load_param", t=CUDA_TYPES[dtype], name=name)
+        self._normalize_and_store_tail()
 
 
 class PersistentRenderer(NormalizationRenderer):
@@ -1182,19 +1188,7 @@ __device__ __forceinline__ void stage_row_t(Vec<T, kVec>* buf, const T* __restri
         loads += [(op.name, op.dtype) for op in s.epilogue if isinstance(op, AddBroadcast)]
         for name, d in loads:
             out.append(f"      const Vec<{CUDA_TYPES[d]}, kVec> v_{name} = {self._param(name)};\n")
-        self.emit("out_decl", t=CUDA_TYPES[s.output_dtype])
-        self.emit("element_loop_open")
-        self.emit("normalize")
-        if s.norm.weight:
-            self.emit("mul", value=TO_FLOAT[s.norm.weight_dtype].format("v_weight.e[e]"))
-        if isinstance(s.norm, LayerNorm) and s.norm.bias:
-            self.emit("add", value=TO_FLOAT[s.norm.bias_dtype].format("v_bias.e[e]"))
-        for op in s.epilogue:
-            self._pointwise(op)
-        self.emit("out_assign", value=FROM_FLOAT[s.output_dtype].format("a"))
-        self.emit("loop_close")
-        self.emit("store_y", t=CUDA_TYPES[s.output_dtype])
-        self.emit("batch_loop_close")
+        self._normalize_and_store_tail()
 
 
 def render_normalization(spec: NormalizationSpec) -> str:

@@ -105,12 +105,7 @@ class CopyEngineCommunicator:
         """SendRecv into symmetric memory: ``inp`` goes to ``dst`` (``remote_view`` of
         ``send_peer``'s receive buffer); ``out``, a view of this rank's copy of the same
         symmetric tensor, is filled by ``recv_peer`` meanwhile."""
-        if not (inp.is_contiguous() and out.is_contiguous()):
-            raise CommunicationError("copy-engine SendRecv needs contiguous tensors")
-        if inp.numel() != out.numel() or inp.dtype != out.dtype:
-            raise CommunicationError(
-                f"copy-engine SendRecv sends as much as it receives: in {list(inp.shape)} "
-                f"{inp.dtype}, out {list(out.shape)} {out.dtype}")
+        _check_pair(out, inp)
         s = stream if stream is not None else torch.cuda.current_stream()
         timeout_ms = int(options().comm_timeout_s * 1000)
         with torch.cuda.stream(s):
@@ -120,12 +115,7 @@ class CopyEngineCommunicator:
         return self._posted(s, inp)
 
     def sendrecv(self, out, inp, send_peer: int, recv_peer: int, stream=None):
-        if not (inp.is_contiguous() and out.is_contiguous()):
-            raise CommunicationError("copy-engine SendRecv needs contiguous tensors")
-        if inp.numel() != out.numel() or inp.dtype != out.dtype:
-            raise CommunicationError(
-                f"copy-engine SendRecv sends as much as it receives: in {list(inp.shape)} "
-                f"{inp.dtype}, out {list(out.shape)} {out.dtype}")
+        _check_pair(out, inp)
         self.reserve(inp.numel() * inp.element_size())
         s = stream if stream is not None else torch.cuda.current_stream()
         h = self._handle
@@ -154,3 +144,12 @@ class CopyEngineCommunicator:
         event = torch.cuda.Event()
         event.record(s)
         return _EventWork(s, event)
+
+
+def _check_pair(out: torch.Tensor, inp: torch.Tensor) -> None:
+    if not (inp.is_contiguous() and out.is_contiguous()):
+        raise CommunicationError("copy-engine SendRecv needs contiguous tensors")
+    if inp.numel() != out.numel() or inp.dtype != out.dtype:
+        raise CommunicationError(
+            f"copy-engine SendRecv sends as much as it receives: in {list(inp.shape)} "
+            f"{inp.dtype}, out {list(out.shape)} {out.dtype}")
