@@ -134,6 +134,26 @@ def evaluate(e: IndexExpr, env) -> int:
     return a % b
 
 
+_OPS = {"+": int.__add__, "-": int.__sub__, "*": int.__mul__, "//": int.__floordiv__,
+        "%": int.__mod__}
+
+
+def compile_index(e: IndexExpr):
+    """``e`` as a function of the environment, equal to ``evaluate(e, env)``; the
+    interpreter compiles each expression once instead of walking it every call."""
+    if isinstance(e, Const):
+        value = e.value
+        return lambda env: value
+    if isinstance(e, Var):
+        name = e.name
+        return lambda env: int(env[name])
+    op, lhs, rhs = _OPS[e.op], compile_index(e.lhs), compile_index(e.rhs)
+    if isinstance(e.rhs, Const):  # a constant right operand needs no call
+        k = e.rhs.value
+        return lambda env: op(lhs(env), k)
+    return lambda env: op(lhs(env), rhs(env))
+
+
 # --------------------------------------------------------------------------- values
 
 

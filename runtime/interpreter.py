@@ -136,6 +136,10 @@ class Interpreter:
                 if communicator is None:
                     raise ExecutionError(f"{format_statement(s)}: the program communicates but no communicator was given")
                 check_team(communicator, s.team)
+        # Index expressions compiled once (by id: they live as long as the program), and
+        # the input signature, so that a call does not walk or recompute either.
+        self._compiled: dict[int, object] = {}
+        self._signature = [(t.local_shape, DTYPES[t.dtype]) for t in program.inputs]
         self._direct = self._direct_sendrecv_roots(communicator)
         # root name -> (tensor, handle, {(peer, offset): peer's view}), kept across calls
         self._symmetric: dict[str, tuple] = {}
@@ -178,6 +182,29 @@ class Interpreter:
                     roots[s.output.name] = root
         return roots
 
+    def index(self, e: ir.IndexExpr, env: dict) -> int:
+        """``ir.evaluate(e, env)``, through ``e``'s compiled form."""
+        fn = self._compiled.get(id(e))
+        if fn is None:
+            fn = self._compiled[id(e)] = ir.compile_index(e)
+        return fn(env)
+
+    def _inputs_match(self, args) -> bool:
+        """The common case of ``check_inputs``, fast: every input has the program's local
+        shape and dtype, is contiguous and on this device (else ``check_inputs`` says
+        what is wrong)."""
+        if len(args) != len(self._signature):
+            return False
+        device = self.backend.device
+        for (shape, dtype), x in zip(self._signature, args):
+            if not (isinstance(x, torch.Tensor) and x.dtype is dtype and x.shape == shape
+                    and x.is_contiguous()):
+                return False
+            where = x.device
+            if where.type != device.type or (device.index is not None and where.index != device.index):
+                return False
+        return True
+
     def peer_view(self, name: str, root: torch.Tensor, env: dict, peer: int) -> torch.Tensor:
         """Tensor ``name`` as rank ``peer`` sees it, as a view of this rank's ``root``:
         the Selects that define it, evaluated with ``rank`` bound to ``peer``."""
@@ -188,7 +215,7 @@ class Interpreter:
         env = {**env, "rank": peer}
         view = root
         for s in reversed(chain):
-            view = view.select(s.axis, ir.evaluate(s.index, env))
+            view = view.select(s.axis, self.index(s.index, env))
         return view
 
     def prepare(self, *args: torch.Tensor) -> None:
@@ -231,7 +258,8 @@ class Interpreter:
 
     def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
         if self._agreed:
-            check_inputs(self.program, args, self.backend.device)
+            if not self._inputs_match(args):
+                check_inputs(self.program, args, self.backend.device)
         else:
             agree_on_inputs(self.program, args, self.backend.device, self.comm)
             self._agreed = True
@@ -271,7 +299,7 @@ class Interpreter:
     def stream(self, ref: ir.StreamRef, frame: _Frame):
         if isinstance(ref, ir.StreamValue):
             return frame.env[ref.name]
-        index = ir.evaluate(ref.index, frame.env)
+        index = self.index(ref.index, frame.env)
         return self.backend.worker(index, self.program.number_of_streams)
 
 
@@ -317,7 +345,7 @@ def _allocate(it: Interpreter, s: ir.Allocate, f: _Frame) -> None:
 
 
 def _select(it: Interpreter, s: ir.Select, f: _Frame) -> None:
-    f.env[s.out.name] = f.env[s.input.name].select(s.axis, ir.evaluate(s.index, f.env))
+    f.env[s.out.name] = f.env[s.input.name].select(s.axis, it.index(s.index, f.env))
 
 
 def _communication(it: Interpreter, s: ir.Communication, f: _Frame) -> None:
@@ -333,16 +361,19 @@ def _communication(it: Interpreter, s: ir.Communication, f: _Frame) -> None:
     elif t is T.Broadcast:
         work = c.broadcast(out, inp, s.root, f.current)
     else:
-        send_peer = ir.evaluate(s.send_peer, f.env) % c.world_size
-        recv_peer = ir.evaluate(s.recv_peer, f.env) % c.world_size
+        send_peer = it.index(s.send_peer, f.env) % c.world_size
+        recv_peer = it.index(s.recv_peer, f.env) % c.world_size
         root = it._direct.get(s.output.name)
         if root is not None:
             tensor, handle, views = it._symmetric[root]
-            offset = it.peer_view(s.output.name, tensor, f.env, send_peer).storage_offset()
-            dst = views.get((send_peer, offset))
+            # The peer's slot, found once per (statement, local slot, peer): the local slot
+            # stands for the loop indices it was selected with (each iteration of the
+            # lowered rings receives into its own slot, so the map is one to one).
+            key = (id(s), out.data_ptr(), send_peer)
+            dst = views.get(key)
             if dst is None:
-                dst = views[(send_peer, offset)] = c.remote_view(handle, send_peer, inp.shape,
-                                                                 inp.dtype, offset)
+                offset = it.peer_view(s.output.name, tensor, f.env, send_peer).storage_offset()
+                dst = views[key] = c.remote_view(handle, send_peer, inp.shape, inp.dtype, offset)
             work = c.sendrecv_direct(out, inp, send_peer, recv_peer, f.current, handle, dst)
         else:
             work = c.sendrecv(out, inp, send_peer, recv_peer, f.current)

@@ -76,3 +76,32 @@ def test_local_shape_of_a_sharded_tensor():
 ])
 def test_index_expressions(expr, env, value):
     assert ir.evaluate(expr, env) == value
+    assert ir.compile_index(expr)(env) == value
+
+
+def _exprs():
+    from hypothesis import strategies as st
+
+    leaves = st.one_of(st.integers(-20, 20).map(ir.Const),
+                       st.sampled_from(["i", "j", "rank", "worldSize"]).map(ir.Var))
+    return st.recursive(leaves, lambda sub: st.builds(
+        ir.BinOp, st.sampled_from(ir.BINARY_OPS), sub, sub), max_leaves=12)
+
+
+def test_compiled_index_expressions_equal_the_evaluator():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=300, deadline=None)
+    @given(_exprs(), st.fixed_dictionaries({n: st.integers(-9, 9) for n in
+                                            ("i", "j", "rank", "worldSize")}))
+    def check(expr, env):
+        try:
+            want = ir.evaluate(expr, env)
+        except ZeroDivisionError:
+            with pytest.raises(ZeroDivisionError):
+                ir.compile_index(expr)(env)
+            return
+        assert ir.compile_index(expr)(env) == want
+
+    check()
