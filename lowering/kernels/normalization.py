@@ -16,11 +16,12 @@ several warps, one shared-memory exchange.
 The kernel is persistent in the launch sense too: its grid is the blocks resident on
 the device at once (SMs x blocks per SM), each block loops over groups of rows, and
 each thread loads its slice of the 1-D tensors once, before that loop, into packed
-registers (or its block stages them in shared memory when they do not fit), so the
+registers (or its block stages them in shared memory: where they do not fit, and where
+the registers they free are worth more, see `choose_persistent`), so the
 row loop reads only x and writes only y; the next row's x is prefetched while the
-current one is reduced. `LaunchPlan` says which variant; ``param_cache="none"`` keeps
-the earlier row-wise kernel (a block per group of rows, tensors re-read every row) for
-comparison.
+current one is reduced. `LaunchPlan` says which variant; ``param_cache="none"`` is
+the earlier row-wise kernel (a block per group of rows, tensors re-read every row), which
+the heuristic keeps for rows one warp covers (768 and 1024 at fp16: measured as fast).
 
 Example (the fusion of the nvFuser report):
     >>> spec = NormalizationSpec.reference_fusion(rows=8192, hidden=5140)
@@ -154,7 +155,8 @@ class LaunchPlan:
       tensor once, before the row loop, and keeps it packed (two 16-bit values a 32-bit
       register), so the row loop reads only x and writes only y.
     - ``"shared"``: the same loop, with the 1-D tensors staged once per block in shared
-      memory, for rows whose slices do not fit the registers (see `plan_launch`).
+      memory: for rows whose slices do not fit the registers, and with the prefetch in
+      registers, where the registers they free buy occupancy (see `choose_persistent`).
 
     ``prefetch`` (persistent kernels): the next row's x is loaded before the current row
     is reduced, so DRAM stays busy through the reductions and the stores. Into packed
@@ -458,7 +460,8 @@ def plan_launch(
     """Pick the kernel (row-wise or persistent), threads per row, the persistent batch
     and rows per block for ``hidden``.
 
-    Default: the persistent kernel (`choose_persistent`). Its grid is the SMs x resident
+    Default: the row-wise kernel for rows one warp covers (rule 0, below), else the
+    persistent kernel (`choose_persistent`). Its grid is the SMs x resident
     blocks, so no block pays a launch or a tail of its own and the 1-D tensors are read
     once a block rather than once a row: at fp16 the four tensors of the reference
     fusion are twice a row's own traffic, which at 12288+ fell out of L1 and made L2
