@@ -401,25 +401,30 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int) ->
        threads x 24 values with 17% padding beat 160 x 8 with none by 6%).
     3. A row that fills a 128-thread block on its own at 16 values a thread, with (near)
        no padding, keeps the 1-D tensors in registers and prefetches x by cp.async into
-       shared memory: ptxas gives it 76-78 registers (6 blocks of 128 resident, or 3 of
-       256), where 32 values a thread with the tensors and the prefetched row in
-       registers take 136-142 (3 blocks). Best or within 3% at every size that has one:
-       2048 (t128 b2, 1.011x), 2560 (t160 b2, 1.030x), 4096 (t256 b2, the best); the
+       shared memory: ptxas gives it 76-78 registers (6 blocks of 128, 5 of 160, 3 of 256
+       resident), where 32 values a thread with the tensors and the prefetched row in
+       registers take 136-142 (2-3 blocks of 128-192). Best or within 3.1% at every size
+       that has one: 2048 (t128 b2, 1.011x), 2560 (t160 b2, 1.031x; the register
+       prefetch there is the best, but 1.042x / 1.082x at 2048 / 4096, where ptxas gave
+       it 95 / 108 registers), 4096 (t256 b2, the best); the
        same rows at 32 values (the previous rule's t64 b4 / t96 b4 / t128 b4 register
        prefetch) 1.041x / 1.073x / 1.029x. Not at 1600 (t128 b2 pads 22%, 1.099x) nor
        with narrower vectors (5140: t352 b4 v4, 9% padding against 4%, 1.066x).
     4. Prefetch on: it is what keeps DRAM busy through the barriers of the reduction
-       (without it 1.06-1.5x at 1280-12288, 1.28x at 16384); into registers where they
-       allow, else through shared memory (cp.async, `x_staged`): 16384 at fp16.
+       (the best plan without it: 1.02-1.14x at 1280-12288, 1.28x at 16384); into
+       registers where they allow, else through shared memory (cp.async, `x_staged`):
+       16384 at fp16.
     5. With the prefetch in registers, the 1-D tensors in shared memory rather than in
        registers: the packed tensors cost a register per value (four fp16 tensors), and
-       with the prefetched row on top ptxas took 112-146 registers (3-4 blocks of 128)
-       where the staged tensors took 71-95 (5-6 blocks); reading 8 bytes a column from
+       with the prefetched row on top ptxas took 112-146 registers where the staged
+       tensors took 71-95, a third more resident threads; reading 8 bytes a column from
        shared memory each row is cheap beside that. Staged vs in registers, same row
        geometry: 1280 1.029x/1.012x, 1536 1.000x/1.043x, 1600 1.000x/1.025x, 5140 (t192
        b7) 1.004x/1.025x, 12288 (t384 b4) 1.020x/1.011x. (ptxas sometimes hoists every
        staged load of an unpredicated 32-value slice: 152-164 registers at 1024 t32 b4
-       and 2048 t64 b4, 1.09x; the estimate keeps 126 + 8 for it, so nothing spills.)
+       and 2048 t64 b4, 1.09x; within the launch bounds, so nothing spills. Rule 3 takes
+       2048; a zero-padding 32-value two-warp row elsewhere, e.g. 3072 at t96 b4 would
+       not reach rule 5 either, it takes rule 3's t192 b2.)
     6. Fewer warps a row (fewer, cheaper block barriers per row; a one-warp row needs
        none), then less padding, then fewer registers (more resident warps).
 
@@ -531,11 +536,13 @@ def plan_launch(
         # one warp a row, four rows a block. Neither kernel has a block barrier then;
         # the row-wise kernel re-reads the 1-D tensors every row, but a column's are 8
         # bytes (a few KiB a row) and stay in L1, and it needs the fewest registers:
-        # 70 at 768 and 92 at 1024 against 110-152 for the persistent kernel with the
+        # 70 at 768 and 92 at 1024 against 95-152 for the persistent kernel with the
         # tensors or the prefetched row in registers. Measured (the sweep cited at
         # `choose_persistent`): rowwise t32 b3 r4 the best at 768 (0.904 of copy
         # bandwidth; the best persistent plan, the previous choice, 1.031x), rowwise t32
-        # b4 r4 1.001x at 1024 (0.883; the previous choice 1.054x).
+        # b4 r4 1.001x at 1024 (0.883; the previous choice 1.054x). The persistent plan
+        # that stages both tensors and x in shared memory ties at 1024 (the best, 92
+        # registers) but is 1.050x at 768.
         best = min(one_warp, key=lambda p: p.batch)
     elif param_cache == "none":
         best = _plan_rowwise(hidden, vector_width, value_bytes)
