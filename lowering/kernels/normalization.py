@@ -16,11 +16,12 @@ several warps, one shared-memory exchange.
 The kernel is persistent in the launch sense too: its grid is the blocks resident on
 the device at once (SMs x blocks per SM), each block loops over groups of rows, and
 each thread loads its slice of the 1-D tensors once, before that loop, into packed
-registers (or its block stages them in shared memory when they do not fit), so the
+registers (or its block stages them in shared memory: where they do not fit, and where
+the registers they free are worth more, see `choose_persistent`), so the
 row loop reads only x and writes only y; the next row's x is prefetched while the
-current one is reduced. `LaunchPlan` says which variant; ``param_cache="none"`` keeps
-the earlier row-wise kernel (a block per group of rows, tensors re-read every row) for
-comparison.
+current one is reduced. `LaunchPlan` says which variant; ``param_cache="none"`` is
+the earlier row-wise kernel (a block per group of rows, tensors re-read every row), which
+the heuristic keeps for rows one warp covers (768 and 1024 at fp16: measured as fast).
 
 Example (the fusion of the nvFuser report):
     >>> spec = NormalizationSpec.reference_fusion(rows=8192, hidden=5140)
@@ -154,7 +155,8 @@ class LaunchPlan:
       tensor once, before the row loop, and keeps it packed (two 16-bit values a 32-bit
       register), so the row loop reads only x and writes only y.
     - ``"shared"``: the same loop, with the 1-D tensors staged once per block in shared
-      memory, for rows whose slices do not fit the registers (see `plan_launch`).
+      memory: for rows whose slices do not fit the registers, and with the prefetch in
+      registers, where the registers they free buy occupancy (see `choose_persistent`).
 
     ``prefetch`` (persistent kernels): the next row's x is loaded before the current row
     is reduced, so DRAM stays busy through the reductions and the stores. Into packed
@@ -376,10 +378,20 @@ def bytes_in_flight(plan: LaunchPlan, value_bytes: int) -> int:
 
 IN_FLIGHT_TARGET = 32 * 1024
 MAX_EXTRA_PADDING = 0.2
+# Rule 3 of `choose_persistent`: a row spread over a whole 128-thread block (or more) at
+# 16 values a thread, with no more padding than this over the least.
+SIXTEEN_VALUES = 16
+SIXTEEN_PADDING = 0.02
+
+# The measurements the rules below cite: benchmarks/results/layer_norm_nvidia-h200.json,
+# "sweep" (H200, commit 342d088, 8192 rows, fp16, the reference fusion: 265 plans). A
+# ratio "1.03x" is that plan's time over the best time measured at its size; "regs" are
+# what ptxas reported for it. benchmarks/sweep_rules.py prints the table.
 
 
 def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int) -> LaunchPlan:
-    """The persistent plan the heuristic runs, by these rules in order:
+    """The persistent plan the heuristic runs, by these rules in order (see the note above
+    for where the numbers come from):
 
     1. Enough bytes in flight an SM (`bytes_in_flight` >= 32 KiB, counting a prefetched
        row twice since its loads overlap the current row's reduction): below it DRAM
@@ -387,22 +399,52 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int) ->
     2. Padding within 20% of the least: idle lanes cost issue slots, not bandwidth, so
        some padding is worth more values a thread (the row-wise sweep: at 1280, 64
        threads x 24 values with 17% padding beat 160 x 8 with none by 6%).
-    3. 1-D tensors in registers over shared memory: registers cost no instruction and no
-       shared-memory bandwidth per row; shared memory is for rows whose slices do not
-       fit (12288 and up at fp16 with four tensors).
-    4. Prefetch on: it is what keeps DRAM busy through the barriers of the reduction;
-       into registers where they allow (no shared-memory round trip), else through
-       shared memory (cp.async, `x_staged`): 16384 at fp16.
-    5. Fewer warps a row (fewer, cheaper block barriers per row; a one-warp row needs
+    3. A row that fills a 128-thread block on its own at 16 values a thread, with (near)
+       no padding, keeps the 1-D tensors in registers and prefetches x by cp.async into
+       shared memory: ptxas gives it 76-78 registers (6 blocks of 128, 5 of 160, 3 of 256
+       resident), where 32 values a thread with the tensors and the prefetched row in
+       registers take 136-142 (2-3 blocks of 128-192). Best or within 3.1% at every size
+       that has one: 2048 (t128 b2, 1.011x), 2560 (t160 b2, 1.031x; the register
+       prefetch there is the best, but 1.042x / 1.082x at 2048 / 4096, where ptxas gave
+       it 95 / 108 registers), 4096 (t256 b2, the best); the
+       same rows at 32 values (the previous rule's t64 b4 / t96 b4 / t128 b4 register
+       prefetch) 1.041x / 1.073x / 1.029x. Not at 1600 (t128 b2 pads 22%, 1.099x) nor
+       with narrower vectors (5140: t352 b4 v4, 9% padding against 4%, 1.066x).
+    4. Prefetch on: it is what keeps DRAM busy through the barriers of the reduction
+       (the best plan without it: 1.02-1.14x at 1280-12288, 1.28x at 16384); into
+       registers where they allow, else through shared memory (cp.async, `x_staged`):
+       16384 at fp16.
+    5. With the prefetch in registers, the 1-D tensors in shared memory rather than in
+       registers: the packed tensors cost a register per value (four fp16 tensors), and
+       with the prefetched row on top ptxas took 112-146 registers where the staged
+       tensors took 71-95, a third more resident threads; reading 8 bytes a column from
+       shared memory each row is cheap beside that. Staged vs in registers, same row
+       geometry: 1280 1.029x/1.012x, 1536 1.000x/1.043x, 1600 1.000x/1.025x, 5140 (t192
+       b7) 1.004x/1.025x, 12288 (t384 b4) 1.020x/1.011x. (ptxas sometimes hoists every
+       staged load of an unpredicated 32-value slice: 152-164 registers at 1024 t32 b4
+       and 2048 t64 b4, 1.09x; within the launch bounds, so nothing spills. Rule 3 takes
+       2048; a zero-padding 32-value two-warp row elsewhere, e.g. 3072 at t96 b4 would
+       not reach rule 5 either, it takes rule 3's t192 b2.)
+    6. Fewer warps a row (fewer, cheaper block barriers per row; a one-warp row needs
        none), then less padding, then fewer registers (more resident warps).
+
+    Rows one warp covers never get here by default: `plan_launch` gives them the
+    row-wise kernel (its rule 0).
     """
     least = min(padding(p, hidden) for p in plans)
+
+    def sixteen(p: LaunchPlan) -> bool:
+        return (p.batch * p.vector_width == SIXTEEN_VALUES
+                and p.threads_per_row >= MIN_THREADS_PER_BLOCK
+                and padding(p, hidden) <= least + SIXTEEN_PADDING
+                and p.param_cache == "registers" and p.prefetch and p.x_staged)
 
     def key(p: LaunchPlan):
         flight = bytes_in_flight(p, value_bytes) * (2 if p.prefetch else 1)
         return (flight < IN_FLIGHT_TARGET, padding(p, hidden) > least + MAX_EXTRA_PADDING,
-                p.param_cache != "registers", not p.prefetch, p.x_staged, p.warps_per_row,
-                round(padding(p, hidden), 2), p.register_estimate)
+                not sixteen(p), not p.prefetch, p.x_staged,
+                p.param_cache != ("shared" if p.prefetch and not p.x_staged else "registers"),
+                p.warps_per_row, round(padding(p, hidden), 2), p.register_estimate)
 
     return min(plans, key=key)
 
@@ -423,7 +465,8 @@ def plan_launch(
     """Pick the kernel (row-wise or persistent), threads per row, the persistent batch
     and rows per block for ``hidden``.
 
-    Default: the persistent kernel (`choose_persistent`). Its grid is the SMs x resident
+    Default: the row-wise kernel for rows one warp covers (rule 0, below), else the
+    persistent kernel (`choose_persistent`). Its grid is the SMs x resident
     blocks, so no block pays a launch or a tail of its own and the 1-D tensors are read
     once a block rather than once a row: at fp16 the four tensors of the reference
     fusion are twice a row's own traffic, which at 12288+ fell out of L1 and made L2
@@ -486,7 +529,22 @@ def plan_launch(
                 f"normalization plan: {plan.dynamic_shared_bytes} bytes of staged 1-D tensors "
                 f"exceed the {SHARED_PER_BLOCK} bytes of shared memory a block may have")
         return plan
-    if param_cache == "none":
+    one_warp = [p for p in candidate_plans(hidden, vector_width, value_bytes)
+                if p.threads_per_row == WARP]
+    if param_cache is None and prefetch is None and x_staged is None and one_warp:
+        # Rule 0: a row one warp covers (<= 32 values a thread) runs the row-wise kernel,
+        # one warp a row, four rows a block. Neither kernel has a block barrier then;
+        # the row-wise kernel re-reads the 1-D tensors every row, but a column's are 8
+        # bytes (a few KiB a row) and stay in L1, and it needs the fewest registers:
+        # 70 at 768 and 92 at 1024 against 95-152 for the persistent kernel with the
+        # tensors or the prefetched row in registers. Measured (the sweep cited at
+        # `choose_persistent`): rowwise t32 b3 r4 the best at 768 (0.904 of copy
+        # bandwidth; the best persistent plan, the previous choice, 1.031x), rowwise t32
+        # b4 r4 1.001x at 1024 (0.883; the previous choice 1.054x). The persistent plan
+        # that stages both tensors and x in shared memory ties at 1024 (the best, 92
+        # registers) but is 1.050x at 768.
+        best = min(one_warp, key=lambda p: p.batch)
+    elif param_cache == "none":
         best = _plan_rowwise(hidden, vector_width, value_bytes)
     else:
         plans = [p for p in persistent_candidates(hidden, vector_width, value_bytes, param_bytes, bf16)

@@ -1,5 +1,6 @@
 """Fusion -> host program: a row-wise normalization with its fused pointwise ops becomes
-one generated persistent kernel, launched by a ``LaunchKernel`` on the current stream.
+one generated kernel (persistent, or row-wise for rows one warp covers), launched by a
+``LaunchKernel`` on the current stream.
 
 The fusion is a chain from one input ``x[rows, hidden]`` (fp16 or bf16):
 
@@ -125,7 +126,8 @@ def lower_normalization(fusion: Fusion) -> ir.Program:
         ir.Allocate(y),
         # the persistent kernel loops over rows, so this grid (resident blocks on
         # DEFAULT_SM_COUNT SMs, an H100/H200) is correct on any device; the launcher
-        # re-sizes it to the device it runs on (runtime.kernels)
+        # re-sizes it to the device it runs on (runtime.kernels). The row-wise kernel
+        # (rows one warp covers) has a block per group of rows on any device.
         ir.LaunchKernel(spec.kernel_name, args, (plan.grid(rows), 1, 1),
                         (plan.block_threads, 1, 1), plan.dynamic_shared_bytes, (rows,)),
     )

@@ -136,7 +136,17 @@ def test_odd_sizes_are_predicated():
 # --------------------------------------------------------------------------- persistent kernel
 
 
-@pytest.mark.parametrize("hidden", BENCH_HIDDEN)
+@pytest.mark.parametrize("hidden", [512, 768, 1024])
+def test_one_warp_rows_default_to_the_rowwise_kernel(hidden):
+    # rule 0 of plan_launch: a row one warp covers runs the row-wise kernel, 4 rows a block
+    plan = NormalizationSpec.reference_fusion(8192, hidden).plan
+    assert not plan.persistent and plan.threads_per_row == 32 and plan.rows_per_block == 4
+    assert plan.grid(8192) == 8192 // 4
+    # pinning the persistent kernel still gives one
+    assert NormalizationSpec.reference_fusion(8192, hidden, param_cache="shared").plan.persistent
+
+
+@pytest.mark.parametrize("hidden", [h for h in BENCH_HIDDEN if h > 1024])
 def test_default_plan_is_persistent_with_a_resident_grid(hidden):
     plan = NormalizationSpec.reference_fusion(8192, hidden).plan
     assert plan.persistent and plan.param_cache in ("registers", "shared")
@@ -153,7 +163,8 @@ def test_default_plan_is_persistent_with_a_resident_grid(hidden):
 
 
 def test_grid_follows_the_blocks_the_driver_reports():
-    plan = NormalizationSpec.reference_fusion(8192, 768).plan
+    plan = NormalizationSpec.reference_fusion(8192, 1536).plan
+    assert plan.persistent
     groups = 8192 // plan.rows_per_block
     assert plan.grid(8192, 132, blocks_per_sm=7) == min(groups, 132 * 7)
     assert plan.grid(8192, 132, blocks_per_sm=None) == plan.grid(8192)
