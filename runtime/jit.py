@@ -274,10 +274,13 @@ class Kernel:
     def __init__(self, function, name: str):
         self.function = function
         self.name = name
-        self._smem_set = 48 * 1024
+        self._smem_set = 0
 
     def ensure_smem(self, nbytes: int) -> None:
-        # Over 48 KiB of dynamic shared memory is an opt-in attribute of the function.
+        # Without the attribute a kernel may use 48 KiB of shared memory, static and
+        # dynamic together: 48 KiB of dynamic memory beside any static array fails to
+        # launch (CUDA_ERROR_INVALID_VALUE; a layer norm at 12288 with its weight and bias
+        # staged did). So the attribute is set for any dynamic size not set before.
         if nbytes > self._smem_set:
             from cupy.cuda import driver
             driver.funcSetAttribute(self.function.ptr,
