@@ -279,8 +279,8 @@ class Kernel:
     def ensure_smem(self, nbytes: int) -> None:
         # Without the attribute a kernel may use 48 KiB of shared memory, static and
         # dynamic together: 48 KiB of dynamic memory beside any static array fails to
-        # launch (CUDA_ERROR_INVALID_VALUE; a layer norm at 12288 with its weight and bias
-        # staged did). So the attribute is set for any dynamic size not set before.
+        # launch (CUDA_ERROR_INVALID_VALUE; a layer norm at 12288 with two rows of x staged,
+        # 48 KiB, did). So the attribute is set for any dynamic size not set before.
         if nbytes > self._smem_set:
             from cupy.cuda import driver
             driver.funcSetAttribute(self.function.ptr,
