@@ -537,6 +537,29 @@ WGMMA_SETUP = r"""
   const int wg = warp / 4, wq = warp % 4;  // warpgroup (WG_ROWS rows of C), warp in it
 """
 
+# The wgmma accumulators of a warpgroup to the fp32 C tile in shared memory (rows padded
+# by CPAD floats), as for mma.sync: m64nNk16's fragment layout, one place for every feed.
+WGMMA_ACC_TO_SMEM = r"""#pragma unroll
+  for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+    for (int i = 0; i < BN / 8; ++i)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = wg * WG_ROWS + mi * 64 + wq * 16 + h * 8 + (lane >> 2);
+        const int c = i * 8 + (lane & 3) * 2;
+        *reinterpret_cast<float2*>(sC + r * CLD + c) =
+            make_float2(acc[mi][4 * i + 2 * h], acc[mi][4 * i + 2 * h + 1]);
+      }
+"""
+
+
+def _indent_code(text: str, pad: str) -> str:
+    """``text`` with ``pad`` before every line but the preprocessor's (which stay in
+    column 0)."""
+    return "".join(line if line.startswith("#") else pad + line
+                   for line in text.splitlines(keepends=True))
+
+
 WGMMA_MAINLOOP = r"""
   float acc[MI][NACC];
 #pragma unroll
@@ -587,18 +610,7 @@ WGMMA_MAINLOOP = r"""
 
   // Registers -> shared fp32 tile (rows padded by CPAD floats), as for mma.sync.
   float* sC = reinterpret_cast<float*>(smem_base);
-#pragma unroll
-  for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-    for (int i = 0; i < BN / 8; ++i)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = wg * WG_ROWS + mi * 64 + wq * 16 + h * 8 + (lane >> 2);
-        const int c = i * 8 + (lane & 3) * 2;
-        *reinterpret_cast<float2*>(sC + r * CLD + c) =
-            make_float2(acc[mi][4 * i + 2 * h], acc[mi][4 * i + 2 * h + 1]);
-      }
-"""
+""" + WGMMA_ACC_TO_SMEM
 
 WS_PROLOGUE = r"""
   // Warp-specialized: warps 0..CONSUMER_WARPS-1 (the warpgroups) compute, the
@@ -688,19 +700,7 @@ WS_CONSUMER = r"""
 
   float* sC = reinterpret_cast<float*>(smem_base);
   if (warp < CONSUMER_WARPS) {
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-      for (int i = 0; i < BN / 8; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = wg * WG_ROWS + mi * 64 + wq * 16 + h * 8 + (lane >> 2);
-          const int c = i * 8 + (lane & 3) * 2;
-          *reinterpret_cast<float2*>(sC + r * CLD + c) =
-              make_float2(acc[mi][4 * i + 2 * h], acc[mi][4 * i + 2 * h + 1]);
-        }
-  }
-"""
+""" + _indent_code(WGMMA_ACC_TO_SMEM, "  ") + "  }\n"
 
 # The kernel body in parts: setup, which tile and slice, mainloop + staging of the fp32
 # C tile in shared memory (per instruction), then the split-K epilogue (shared).

@@ -913,7 +913,8 @@ class NormalizationRenderer:
     def emit(self, key: str, **fields) -> None:
         self.out.append(SNIPPETS[key].format(**fields))
 
-    def render(self) -> str:
+    def _row_sum_and_params(self) -> list[str]:
+        """Emit the row-sum helper the plan needs; the kernel's parameter declarations."""
         s, p = self.spec, self.plan
         if p.warps_per_row == 1:
             self.emit("row_sum_warp")
@@ -923,6 +924,11 @@ class NormalizationRenderer:
         # in_/out_/v_ prefixes keep tensor names apart from the kernel's own locals
         params = [f"const {CUDA_TYPES[d]}* __restrict__ in_{n}" for n, d in zip(names[:-1], dtypes[:-1])]
         params.append(f"{CUDA_TYPES[dtypes[-1]]}* __restrict__ out_y")
+        return params
+
+    def render(self) -> str:
+        s, p = self.spec, self.plan
+        params = self._row_sum_and_params()
         shared = ""
         if p.warps_per_row > 1:
             # Two buffers, one per reduction: the variance's partials may be written while
@@ -1025,13 +1031,8 @@ class PersistentRenderer(NormalizationRenderer):
 
     def render(self) -> str:
         s, p = self.spec, self.plan
-        if p.warps_per_row == 1:
-            self.emit("row_sum_warp")
-        else:
-            self.emit("row_sum_block", threads_per_row=p.threads_per_row, warps_per_row=p.warps_per_row)
+        params = self._row_sum_and_params()
         names, dtypes = s.parameter_names(), s.parameter_dtypes()
-        params = [f"const {CUDA_TYPES[d]}* __restrict__ in_{n}" for n, d in zip(names[:-1], dtypes[:-1])]
-        params.append(f"{CUDA_TYPES[dtypes[-1]]}* __restrict__ out_y")
         self.tensors = dict(zip(names[1:-1], dtypes[1:-1]))  # the 1-D tensors
         vectors = -(-s.hidden // p.vector_width)
         tx = CUDA_TYPES[s.input_dtype]

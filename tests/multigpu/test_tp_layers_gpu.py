@@ -99,11 +99,25 @@ def test_row_parallel_linear_bf16(world, comm, stages, streams):
     assert _err(layer.weight.grad, rdw[:, cols].t()) < TOL
 
 
+def _check_mlp_block(y, xl, block, x, w1, w2, grad, rows, rank, d):
+    """The block's output and all gradients (this rank's rows and weight slices) against
+    a float64 reference of x + gelu(x W1^T) W2^T."""
+    import torch.nn.functional as F
+
+    xr = x.double().requires_grad_()
+    w1r, w2r = w1.double().requires_grad_(), w2.double().requires_grad_()
+    yr = xr + F.gelu(xr @ w1r.t()) @ w2r.t()
+    yr.backward(grad.double())
+    fl = w1.shape[0] // d
+    assert _err(y, yr[rows]) < TOL
+    assert _err(xl.grad, xr.grad[rows]) < TOL
+    assert _err(block.up.weight.grad, w1r.grad[rank * fl:(rank + 1) * fl].t()) < TOL
+    assert _err(block.down.weight.grad, w2r.grad[:, rank * fl:(rank + 1) * fl].t()) < TOL
+
+
 def test_mlp_block_under_autocast(world, comm):
     """fp32 parameters, bf16 autocast: the block's output and gradients match a float64
     reference of x + gelu(x W1^T) W2^T."""
-    import torch.nn.functional as F
-
     from hostir.jobs.train_mlp import MLPBlock
     from hostir.nn import sequence_rows, shard_sequence
 
@@ -120,15 +134,7 @@ def test_mlp_block_under_autocast(world, comm):
         y = block(xl)
     rows = sequence_rows(t, S, d, rank).to(dev)
     y.float().backward(grad[rows])
-    xr = x.double().requires_grad_()
-    w1r, w2r = w1.double().requires_grad_(), w2.double().requires_grad_()
-    yr = xr + F.gelu(xr @ w1r.t()) @ w2r.t()
-    yr.backward(grad.double())
-    fl = f // d
-    assert _err(y, yr[rows]) < TOL
-    assert _err(xl.grad, xr.grad[rows]) < TOL
-    assert _err(block.up.weight.grad, w1r.grad[rank * fl:(rank + 1) * fl].t()) < TOL
-    assert _err(block.down.weight.grad, w2r.grad[:, rank * fl:(rank + 1) * fl].t()) < TOL
+    _check_mlp_block(y, xl, block, x, w1, w2, grad, rows, rank, d)
 
 
 def test_training_loss_matches_the_reference(world):
@@ -165,8 +171,6 @@ def test_mlp_block_ring_bf16(world, comm, schedule, stages):
     """x + down(gelu(up(x))) with both layers' forward and backward as rings (AllGather+GEMM
     local rows first, GEMM+ReduceScatter local rows last), on a caller's stream that is
     not the default one: output and every gradient against a float64 reference."""
-    import torch.nn.functional as F
-
     from hostir.jobs.train_mlp import MLPBlock
     from hostir.nn import sequence_rows, shard_sequence
 
@@ -195,15 +199,7 @@ def test_mlp_block_ring_bf16(world, comm, schedule, stages):
     assert plan.schedule == "ring"
     if comm != "nccl":
         assert plan.rt.comm.name == "copy_engine"
-    xr = x.double().requires_grad_()
-    w1r, w2r = w1.double().requires_grad_(), w2.double().requires_grad_()
-    yr = xr + F.gelu(xr @ w1r.t()) @ w2r.t()
-    yr.backward(grad.double())
-    fl = f // d
-    assert _err(y, yr[rows]) < TOL
-    assert _err(xl.grad, xr.grad[rows]) < TOL
-    assert _err(block.up.weight.grad, w1r.grad[rank * fl:(rank + 1) * fl].t()) < TOL
-    assert _err(block.down.weight.grad, w2r.grad[:, rank * fl:(rank + 1) * fl].t()) < TOL
+    _check_mlp_block(y, xl, block, x, w1, w2, grad, rows, rank, d)
 
 
 def test_ring_reduce_scatter_program_over_the_copy_engine(world):
