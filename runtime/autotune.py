@@ -67,18 +67,24 @@ def _store(p, spec: MatmulSpec, us: float, device=None) -> None:
     jit.write_atomically(_path(), json.dumps(table, indent=1, sort_keys=True).encode())
 
 
-def time_us(fn, warmup: int = 3, reps: int = 10) -> float:
-    """Median microseconds of `fn()` on the current stream, by CUDA events."""
+def time_us(fn, warmup: int = 3, reps: int = 10, per_group: int = 8) -> float:
+    """Median microseconds of `fn()` on the current stream, by CUDA events.
+
+    Each sample times `per_group` back-to-back calls: with one call between two events
+    the GPU idles while the host enqueues it, and a kernel of tens of microseconds would
+    be timed as host overhead (two launches would lose to one for the wrong reason).
+    """
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn()
+        for _ in range(per_group):
+            fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
+        times.append(start.elapsed_time(end) * 1e3 / per_group)
     return statistics.median(times)
 
 

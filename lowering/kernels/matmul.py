@@ -421,18 +421,22 @@ __device__ __forceinline__ void store_partial4(float* W, int row, int col, int N
   for (int j = 0; j < 4; ++j)
     if (col + j < N) __stcg(p + j, x[j]);
 }
-__device__ __forceinline__ float4 add_partial4(const float* W, int row, int col, int N,
-                                              bool vec, float4 v) {
+__device__ __forceinline__ float4 load_partial4(const float* W, int row, int col, int N,
+                                               bool vec) {
   const float* p = W + (size_t)row * N + col;
-  if (vec) {
-    float4 w = __ldcg(reinterpret_cast<const float4*>(p));
-    return make_float4(v.x + w.x, v.y + w.y, v.z + w.z, v.w + w.w);
-  }
-  float x[4] = {v.x, v.y, v.z, v.w};
+  if (vec) return __ldcg(reinterpret_cast<const float4*>(p));
+  float x[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
   for (int j = 0; j < 4; ++j)
-    if (col + j < N) x[j] += __ldcg(p + j);
+    if (col + j < N) x[j] = __ldcg(p + j);
   return make_float4(x[0], x[1], x[2], x[3]);
+}
+__device__ __forceinline__ float4 add4(float4 a, float4 b) {
+  return make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+}
+__device__ __forceinline__ float4 add_partial4(const float* W, int row, int col, int N,
+                                              bool vec, float4 v) {
+  return add4(v, load_partial4(W, row, col, N, vec));
 }
 """,
     "wgmma_ptx": r"""
@@ -794,18 +798,36 @@ EPILOGUE = r"""
   const bool vec_out = (N % 4 == 0) && (ldc % 4 == 0) &&
                        ((reinterpret_cast<size_t>(C) & 15) == 0);
   float* W = ws + (mode == MODE_PARALLEL ? (size_t)slice * M * N : 0);
-  constexpr int QUADS = BN / 4;
-  for (int i = tid; i < BM * QUADS; i += THREADS) {
-    const int r = i / QUADS, c = (i % QUADS) * 4;
-    const int row = m0 + r, col = n0 + c;
-    if (row >= M || col >= N) continue;
-    float4 v = *reinterpret_cast<const float4*>(sC + r * CLD + c);
-    const bool in_bounds = col + 4 <= N;
-    if (mode == MODE_SERIAL && slice > 0) v = add_partial4(W, row, col, N, vec_ws && in_bounds, v);
-    if (mode == MODE_PARALLEL || (mode == MODE_SERIAL && !last))
-      store_partial4(W, row, col, N, vec_ws && in_bounds, v);
-    else
-      store_out4(C, bias, row, col, N, ldc, vec_out && in_bounds, v);
+  // A later serial slice reads the running sum while the slices after it wait: its
+  // loads are the critical path of the whole tile. Each thread issues EPI_BATCH of them
+  // before it uses any (one round trip per batch instead of one per quad).
+  constexpr int QUADS = BN / 4, ITEMS = BM * QUADS, EPI_BATCH = 8;
+  const bool add_earlier = mode == MODE_SERIAL && slice > 0;
+  const bool to_workspace = mode == MODE_PARALLEL || (mode == MODE_SERIAL && !last);
+  for (int base = tid; base < ITEMS; base += EPI_BATCH * THREADS) {
+    float4 w[EPI_BATCH];
+#pragma unroll
+    for (int u = 0; u < EPI_BATCH; ++u) {
+      const int i = base + u * THREADS;
+      const int r = i / QUADS, c = (i % QUADS) * 4;
+      const int row = m0 + r, col = n0 + c;
+      w[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (add_earlier && i < ITEMS && row < M && col < N)
+        w[u] = load_partial4(W, row, col, N, vec_ws && col + 4 <= N);
+    }
+#pragma unroll
+    for (int u = 0; u < EPI_BATCH; ++u) {
+      const int i = base + u * THREADS;
+      const int r = i / QUADS, c = (i % QUADS) * 4;
+      const int row = m0 + r, col = n0 + c;
+      if (i >= ITEMS || row >= M || col >= N) continue;
+      const float4 v = add4(*reinterpret_cast<const float4*>(sC + r * CLD + c), w[u]);
+      const bool in_bounds = col + 4 <= N;
+      if (to_workspace)
+        store_partial4(W, row, col, N, vec_ws && in_bounds, v);
+      else
+        store_out4(C, bias, row, col, N, ldc, vec_out && in_bounds, v);
+    }
   }
 
   if (mode == MODE_SERIAL) {
