@@ -104,7 +104,12 @@ def main() -> None:
             us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
             kernels[e.key[:120]] = {"ms_per_step": us / 3e3, "calls_per_step": e.count / 3}
     top = dict(sorted(kernels.items(), key=lambda kv: -kv[1]["ms_per_step"])[:20])
-    doc = {"device": torch.cuda.get_device_name(), "hidden": h, "tokens": t, "ffn_local": fl,
+    import datetime
+
+    from hostir.jobs.results import commit
+    doc = {"device": torch.cuda.get_device_name(),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "commit": commit(), "hidden": h, "tokens": t, "ffn_local": fl,
            "ms": ms, "kernels": top}
     print(json.dumps(doc, indent=1))
     if args.out:
