@@ -121,7 +121,7 @@ def fake_worker(job_path: str, results_path: str) -> int:
                 continue
             f.write(json.dumps({"event": "start", "idx": idx}) + "\n")
             f.flush()
-            if "tma" in v["label"] and "serial s3" in v["label"]:
+            if " tma " in v["label"] and "serial s3" in v["label"]:
                 os._exit(134)
             if "ws" in v["label"] and "parallel s4" in v["label"] and "edge" in v["label"]:
                 time.sleep(3600)

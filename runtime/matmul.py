@@ -173,7 +173,7 @@ def launch(spec: MatmulSpec, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
         ws = arena.partials(M * N)
     elif spec.split_mode == "parallel":
         ws = arena.partials(spec.split_k * M * N)
-    cfg = launch_config(spec, M, N, K)  # split_k of this spec, not of the loaded one
+    cfg = launch_config(spec, M, N, K, sm_count(a.device))  # this spec's split_k
     i32 = np.int32
     args = (_ptr(a), _ptr(b), _ptr(out), _ptr(bias), _ptr(ws), _ptr(sems), i32(M), i32(N),
             i32(K), i32(a.stride(0)), i32(b.stride(0)), i32(out.stride(0)),

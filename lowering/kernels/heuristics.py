@@ -25,9 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from lowering.kernels.matmul import MatmulSpec, supports_wgmma, tiles
-
-DEFAULT_SM_COUNT = 132  # H100 / H200 SXM; the runtime passes the device's own count
+from lowering.kernels.matmul import DEFAULT_SM_COUNT, MatmulSpec, supports_wgmma, tiles
 
 # (tile_m, tile_n, tile_k, warps_m, warps_n, stages): the tile shapes we generate. Each
 # warp computes a (tile_m/warps_m) x (tile_n/warps_n) sub-tile.
@@ -56,9 +54,13 @@ WGMMA_CONFIGS: tuple[tuple[int, int, int, int, int, int, str], ...] = (
     (128, 256, 64, 8, 1, 4, "tma"),   # the same tiles, filled by TMA
     (256, 128, 64, 8, 1, 4, "tma"),
     (128, 128, 64, 8, 1, 6, "tma"),
+    (128, 256, 64, 8, 1, 4, "ptma"),  # TMA, persistent CTAs, C stored from registers
+    (256, 128, 64, 8, 1, 4, "ptma"),
+    (128, 128, 64, 8, 1, 6, "ptma"),
 )
 FEEDS = {"sync": {}, "ws": {"warp_specialized": True},
-         "tma": {"warp_specialized": True, "tma": True}}
+         "tma": {"warp_specialized": True, "tma": True},
+         "ptma": {"warp_specialized": True, "tma": True, "persistent": True}}
 
 # Relative MMA throughput of each tile config: its measured unsplit TFLOP/s on an H200
 # (8192x8192x8192 bf16 TN, autotune table of benchmarks/results/matmul_NVIDIA_H200.json;
@@ -73,6 +75,9 @@ FEEDS = {"sync": {}, "ws": {"warp_specialized": True},
 TILE_EFFICIENCY = {
     ("wgmma", 128, 256, 64, 8, 1, 4, "tma"): 2.01, ("wgmma", 256, 128, 64, 8, 1, 4, "tma"): 2.03,
     ("wgmma", 128, 128, 64, 8, 1, 6, "tma"): 1.81,
+    # Persistent TMA: not measured yet; the TMA feed's figures (ties go to the TMA tile).
+    ("wgmma", 128, 256, 64, 8, 1, 4, "ptma"): 2.01, ("wgmma", 256, 128, 64, 8, 1, 4, "ptma"): 2.03,
+    ("wgmma", 128, 128, 64, 8, 1, 6, "ptma"): 1.81,
     ("wgmma", 128, 256, 64, 8, 1, 4, "sync"): 1.83, ("wgmma", 256, 128, 64, 8, 1, 4, "sync"): 1.66,
     ("wgmma", 128, 128, 64, 8, 1, 5, "sync"): 1.45,
     ("wgmma", 128, 256, 64, 8, 1, 4, "ws"): 0.95, ("wgmma", 256, 128, 64, 8, 1, 4, "ws"): 0.82,

@@ -44,6 +44,8 @@ MODE_CODE = {"none": 0, "serial": 1, "parallel": 2}
 
 # Shared memory per CTA that an sm_80 / sm_90 part can give a kernel (opt-in maximum).
 MAX_SMEM_BYTES = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+# SMs assumed where the caller does not pass the device's count (H100 / H200 SXM).
+DEFAULT_SM_COUNT = 132
 # Threads of the split-K reduction kernel (parallel mode).
 REDUCE_THREADS = 256
 # Tiles in a raster group: CTAs launched together share B columns and A rows in L2.
@@ -58,6 +60,8 @@ TMA_PRODUCER_WARPS = 1
 # Bytes of one CUtensorMap (the driver's opaque TMA descriptor); A's then B's, in global
 # memory, are the `tmaps` kernel argument of a TMA kernel.
 TENSOR_MAP_BYTES = 128
+# Kernel-name suffix (and body key) of each feed.
+FEED_SUFFIX = {"sync": "", "ws": "_ws", "tma": "_tma", "ptma": "_ptma"}
 # Alignment (bytes) of wgmma's shared-memory operands: one 128-byte swizzle atom (8 rows).
 SWIZZLE_ALIGN = 1024
 
@@ -100,6 +104,10 @@ class MatmulSpec:
     # warp-specialized wgmma only: the producer fills the ring by TMA (cp.async.bulk.tensor,
     # 128-byte swizzle, zero fill out of bounds) from tensor maps the runtime builds.
     tma: bool = False
+    # TMA only: at most one CTA per SM, each looping over work units (tile, K-slice); the
+    # producer loads the next unit while the warpgroups store this one's C straight from
+    # registers (no shared fp32 C tile, no CTA-wide barrier between units).
+    persistent: bool = False
 
     def __post_init__(self):
         def need(cond: bool, what: str):
@@ -146,6 +154,7 @@ class MatmulSpec:
         else:
             need(not self.warp_specialized, "warp_specialized needs instr 'wgmma'")
         need(not self.tma or self.warp_specialized, "tma needs warp_specialized (and wgmma)")
+        need(not self.persistent or self.tma, "persistent needs tma")
         arch = 90 if self.instr == "wgmma" else 80
         need(self.smem_bytes <= MAX_SMEM_BYTES[arch],
              f"shared memory {self.smem_bytes} B exceeds {MAX_SMEM_BYTES[arch]} B (sm_{arch})")
@@ -168,8 +177,11 @@ class MatmulSpec:
     @property
     def feed(self) -> str:
         """How the smem ring is filled: "sync" (every thread, cp.async, CTA barriers),
-        "ws" (producer warps, cp.async + mbarriers) or "tma" (one producer thread, TMA)."""
-        return "tma" if self.tma else ("ws" if self.warp_specialized else "sync")
+        "ws" (producer warps, cp.async + mbarriers), "tma" (one producer thread, TMA) or
+        "ptma" (TMA, persistent CTAs, C stored from registers)."""
+        if self.tma:
+            return "ptma" if self.persistent else "tma"
+        return "ws" if self.warp_specialized else "sync"
 
     @property
     def warpgroups(self) -> int:
@@ -184,7 +196,8 @@ class MatmulSpec:
     def smem_bytes(self) -> int:
         """Dynamic shared memory: the pipeline stages, later reused for the fp32 C tile."""
         pipeline = self.stages * (self.tile_m + self.tile_n) * self.tile_k * DTYPE_BYTES[self.a_dtype]
-        ctile = self.tile_m * (self.tile_n + CPAD) * 4
+        # The persistent kernel stores C from registers: no shared fp32 C tile.
+        ctile = 0 if self.persistent else self.tile_m * (self.tile_n + CPAD) * 4
         # wgmma's 128-byte swizzle repeats every 1024 bytes: the kernel rounds its base up.
         align = SWIZZLE_ALIGN if self.instr == "wgmma" else 0
         return max(pipeline, ctile) + align
@@ -196,7 +209,7 @@ class MatmulSpec:
     @property
     def kernel_name(self) -> str:
         prefix = "hostir_mm" if self.instr == "mma" else f"hostir_{self.instr}"
-        ws = {"sync": "", "ws": "_ws", "tma": "_tma"}[self.feed]
+        ws = FEED_SUFFIX[self.feed]
         return (f"{prefix}_{self.layout.lower()}_{self.a_dtype}_{self.out_dtype}_"
                 f"{self.tile}_w{self.warps_m}x{self.warps_n}_s{self.stages}{ws}")
 
@@ -205,7 +218,7 @@ class MatmulSpec:
         """The fields the generated source depends on (mode, split, bias are arguments)."""
         return (self.a_dtype, self.b_dtype, self.out_dtype, self.layout, self.tile_m,
                 self.tile_n, self.tile_k, self.warps_m, self.warps_n, self.stages, self.instr,
-                self.warp_specialized, self.tma)
+                self.warp_specialized, self.tma, self.persistent)
 
     def arch(self, major: int, minor: int) -> str:
         """The NVRTC target for a device of this compute capability: wgmma needs sm_90a."""
@@ -237,7 +250,7 @@ class KernelSource:
     source: str
     kernel_name: str
     reduce_name: str  # the parallel split-K reduction
-    launch: Callable[[int, int, int], LaunchConfig]
+    launch: Callable[..., LaunchConfig]  # (M, N, K[, sm_count])
     reduce_launch: Callable[..., LaunchConfig]
 
     @property
@@ -284,23 +297,25 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const unsigned (&a)[4],
 // Cross-CTA turn-taking. Thread 0 spins with acquire loads; the barrier then publishes
 // what it saw to the CTA. Release: every thread fences its partial stores, the barrier
 // orders them before thread 0's release store.
-__device__ __forceinline__ void sem_wait(const int* sem, int value) {
-  if (threadIdx.x == 0) {
-    int v;
-    while (true) {
-      asm volatile("ld.global.acquire.gpu.b32 %0, [%1];\n" : "=r"(v) : "l"(sem) : "memory");
-      if (v == value) break;
-      __nanosleep(40);
-    }
+__device__ __forceinline__ void sem_spin(const int* sem, int value) {
+  int v;
+  while (true) {
+    asm volatile("ld.global.acquire.gpu.b32 %0, [%1];\n" : "=r"(v) : "l"(sem) : "memory");
+    if (v == value) break;
+    __nanosleep(40);
   }
+}
+__device__ __forceinline__ void sem_post(int* sem, int value) {
+  asm volatile("st.global.release.gpu.b32 [%0], %1;\n" :: "l"(sem), "r"(value) : "memory");
+}
+__device__ __forceinline__ void sem_wait(const int* sem, int value) {
+  if (threadIdx.x == 0) sem_spin(sem, value);
   __syncthreads();
 }
 __device__ __forceinline__ void sem_release(int* sem, int value) {
   __threadfence();
   __syncthreads();
-  if (threadIdx.x == 0) {
-    asm volatile("st.global.release.gpu.b32 [%0], %1;\n" :: "l"(sem), "r"(value) : "memory");
-  }
+  if (threadIdx.x == 0) sem_post(sem, value);
 }
 """,
     "swizzle": r"""
@@ -472,6 +487,29 @@ template <int A, int B> __device__ __forceinline__ void fence_acc(float (&d)[A][
   for (int i = 0; i < A; ++i)
 #pragma unroll
     for (int j = 0; j < B; ++j) asm volatile("" : "+f"(d[i][j]) :: "memory");
+}
+""",
+    "unit_coords": r"""
+// Work unit u of a matmul (u = tile * split + slice): its output tile, rastered in groups
+// of GROUP_M tile rows (CTAs running together share A rows and B columns in L2), and the
+// K-tiles [kt0, kt0 + nk) of its slice.
+__device__ __forceinline__ void unit_coords(int u, int tiles_m, int tiles_n, int ktiles,
+                                            int split, int& tile, int& slice, int& m0,
+                                            int& n0, int& kt0, int& nk) {
+  slice = u % split;
+  tile = u / split;
+  const int per_group = GROUP_M * tiles_n;
+  const int first_m = (tile / per_group) * GROUP_M;
+  const int group_rows = imin(tiles_m - first_m, GROUP_M);
+  m0 = (first_m + (tile % per_group) % group_rows) * BM;
+  n0 = ((tile % per_group) / group_rows) * BN;
+  const int per_slice = (ktiles + split - 1) / split;
+  kt0 = imin(slice * per_slice, ktiles);
+  nk = imin(ktiles, kt0 + per_slice) - kt0;
+}
+// The compute warps' own barrier (named barrier 1): the producer warp never joins.
+__device__ __forceinline__ void consumer_sync() {
+  asm volatile("bar.sync 1, %0;\n" :: "n"(CONSUMER_WARPS * 32) : "memory");
 }
 """,
     "mbarrier": r"""
@@ -706,6 +744,173 @@ WS_CONSUMER = r"""
   if (warp < CONSUMER_WARPS) {
 """ + _indent_code(WGMMA_ACC_TO_SMEM, "  ") + "  }\n"
 
+PTMA_BODY = r"""
+  // Persistent: at most one CTA per SM; CTA b takes work units b, b + gridDim.x, ... in
+  // the order of the non-persistent grid (unit = tile * split + slice), so a serial slice
+  // still only waits for a unit that a resident CTA took before it. The producer thread
+  // runs ahead across units: it loads the next unit's first K-tiles while the warpgroups
+  // store this unit's C from registers. Ring slot and phase follow a running K-tile
+  // count `it`, the same sequence on both sides.
+  __shared__ __align__(8) unsigned long long full_bar[STAGES], empty_bar[STAGES];
+  if (tid == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(smem_addr(&full_bar[s]), FULL_ARRIVALS);
+      mbar_init(smem_addr(&empty_bar[s]), CONSUMER_WARPS);
+    }
+    mbar_fence_init();
+  }
+  __syncthreads();  // the last CTA-wide barrier: the producer warp leaves early
+  const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
+  const int ktiles = (K + BK - 1) / BK;
+  const int units = tiles_m * tiles_n * split;
+  int tile, slice, m0, n0, kt0, nk;
+
+  if (warp >= CONSUMER_WARPS) {
+    if (tid == CONSUMER_WARPS * 32) {
+      const unsigned long long tmap_a = reinterpret_cast<unsigned long long>(tmaps);
+      const unsigned long long tmap_b = tmap_a + TENSOR_MAP_BYTES;
+      int it = 0;
+      for (int u = blockIdx.x; u < units; u += gridDim.x) {
+        unit_coords(u, tiles_m, tiles_n, ktiles, split, tile, slice, m0, n0, kt0, nk);
+        for (int kt = 0; kt < nk; ++kt, ++it) {
+          const int s = it % STAGES;
+          if (it >= STAGES) mbar_wait(smem_addr(&empty_bar[s]), ((it / STAGES) + 1) & 1);
+          const unsigned bar = smem_addr(&full_bar[s]);
+          mbar_expect_tx(bar, STAGE_ELEMS * 2);
+          const int k0 = (kt0 + kt) * BK;
+          tma_load_2d(smem_addr(smem + s * STAGE_ELEMS), tmap_a, k0, m0, bar);
+          tma_load_2d(smem_addr(smem + s * STAGE_ELEMS + BM * BK), tmap_b, k0, n0, bar);
+        }
+      }
+    }
+    return;
+  }
+
+  const unsigned base = smem_addr(smem) + wg * WG_ROWS * BK * 2;
+  float acc[MI][NACC];
+  int it = 0;
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    unit_coords(u, tiles_m, tiles_n, ktiles, split, tile, slice, m0, n0, kt0, nk);
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int j = 0; j < NACC; ++j) acc[mi][j] = 0.f;
+    for (int kt = 0; kt < nk; ++kt, ++it) {
+      const int s = it % STAGES;
+      mbar_wait(smem_addr(&full_bar[s]), (it / STAGES) & 1);
+      const unsigned a0 = base + s * STAGE_ELEMS * 2;
+      const unsigned b0 = smem_addr(smem + s * STAGE_ELEMS + BM * BK);
+      fence_acc(acc);
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk)
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+          wgmma_tile(acc[mi], sw128_desc(a0 + mi * 64 * BK * 2 + kk * 32),
+                     sw128_desc(b0 + kk * 32));
+      wgmma_commit();
+      wgmma_wait<1>();  // K-tile it-1's group retired: its slot goes back to the producer
+      fence_acc(acc);
+      if (kt > 0 && lane == 0) mbar_arrive(smem_addr(&empty_bar[(it - 1) % STAGES]));
+    }
+    wgmma_wait<0>();
+    fence_acc(acc);
+    if (nk > 0 && lane == 0) mbar_arrive(smem_addr(&empty_bar[(it - 1) % STAGES]));
+
+    // C from registers. Thread t of warpgroup wg holds, in m64 block mi, rows
+    // r + {0, 8} (r = 16 * warp-in-group + lane / 4) and the column pairs 8i + 2 (lane % 4):
+    // the wgmma accumulator layout. A later serial slice first waits its turn, then loads
+    // the running sum for all its elements before it stores any (the loads batch).
+    int* sem = sems + tile;
+    const bool last = slice == split - 1;
+    const bool add_earlier = mode == MODE_SERIAL && slice > 0;
+    const bool to_workspace = mode == MODE_PARALLEL || (mode == MODE_SERIAL && !last);
+    float* W = ws + (mode == MODE_PARALLEL ? (size_t)slice * M * N : 0);
+    const bool pairs_ws = (N % 2) == 0;
+    const bool pairs_out = pairs_ws && (ldc % 2) == 0 &&
+                           (reinterpret_cast<size_t>(C) % (2 * sizeof(out_t))) == 0;
+    const int row0 = m0 + wg * WG_ROWS + wq * 16 + (lane >> 2);
+    const int col0 = n0 + (lane & 3) * 2;
+    if (add_earlier) {
+      if (tid == 0) sem_spin(sem, slice);
+      consumer_sync();
+    }
+    // EPI_PAIRS column pairs at a time: their running-sum loads are issued together
+    // (one round trip for the group), then the group is stored. A 9-warp CTA gets 168
+    // registers a thread (3 warps share a quarter of the register file) and the 128
+    // accumulators of a 128x256 tile leave room for 4 pairs in flight: 8 spilled.
+    constexpr int EPI_PAIRS = 4;
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = row0 + mi * 64 + h * 8;
+#pragma unroll
+        for (int i0 = 0; i0 < BN / 8; i0 += EPI_PAIRS) {
+          float2 w[EPI_PAIRS];
+#pragma unroll
+          for (int j = 0; j < EPI_PAIRS; ++j) {
+            const int col = col0 + (i0 + j) * 8;
+            w[j] = make_float2(0.f, 0.f);
+            if (!add_earlier || row >= M || col >= N) continue;
+            const float* p = W + (size_t)row * N + col;
+            if (pairs_ws) {
+              w[j] = __ldcg(reinterpret_cast<const float2*>(p));
+            } else {
+              w[j].x = __ldcg(p);
+              if (col + 1 < N) w[j].y = __ldcg(p + 1);
+            }
+          }
+#pragma unroll
+          for (int j = 0; j < EPI_PAIRS; ++j) {
+            const int i = i0 + j, col = col0 + i * 8;
+            if (row >= M || col >= N) continue;
+            float x0 = acc[mi][4 * i + 2 * h] + w[j].x;
+            float x1 = acc[mi][4 * i + 2 * h + 1] + w[j].y;
+            const bool two = col + 1 < N;
+            if (to_workspace) {
+              float* p = W + (size_t)row * N + col;
+              if (pairs_ws) {
+                __stcg(reinterpret_cast<float2*>(p), make_float2(x0, x1));
+              } else {
+                __stcg(p, x0);
+                if (two) __stcg(p + 1, x1);
+              }
+              continue;
+            }
+            if (bias != nullptr) {
+              x0 += TO_FLOAT_OUT(bias[col]);
+              if (two) x1 += TO_FLOAT_OUT(bias[col + 1]);
+            }
+            out_t* q = C + (size_t)row * ldc + col;
+            if (pairs_out) {
+              if constexpr (OUT_IS_F32) {
+                *reinterpret_cast<float2*>(q) = make_float2(x0, x1);
+              } else {
+                *reinterpret_cast<unsigned*>(q) = PACK2_OUT(x0, x1);
+              }
+            } else {
+              q[0] = FROM_FLOAT_OUT(x0);
+              if (two) q[1] = FROM_FLOAT_OUT(x1);
+            }
+          }
+          asm volatile("" ::: "memory");
+        }
+      }
+    if (mode == MODE_SERIAL) {
+      if (last) {
+        consumer_sync();         // every compute thread has read the workspace
+        if (tid == 0) *sem = 0;  // back to zero for the next matmul on this stream
+      } else {
+        __threadfence();
+        consumer_sync();
+        if (tid == 0) sem_post(sem, slice + 1);
+      }
+    }
+  }
+"""
+
 # The kernel body in parts: setup, which tile and slice, mainloop + staging of the fp32
 # C tile in shared memory (per instruction), then the split-K epilogue (shared).
 MMA_SETUP = r"""
@@ -870,6 +1075,7 @@ BODIES: dict[str, tuple[str, ...]] = {
     "wgmma": (WGMMA_SETUP, TILE_HEAD, WGMMA_MAINLOOP, EPILOGUE),
     "wgmma_ws": (WGMMA_SETUP, TILE_HEAD, WS_PROLOGUE, PRODUCER_CP_ASYNC, WS_CONSUMER, EPILOGUE),
     "wgmma_tma": (WGMMA_SETUP, TILE_HEAD, WS_PROLOGUE, PRODUCER_TMA, WS_CONSUMER, EPILOGUE),
+    "wgmma_ptma": (WGMMA_SETUP, PTMA_BODY),
 }
 SNIPPET_NAMES: dict[str, tuple[str, ...]] = {
     "mma": ("convert", "min_max", "ptx", "semaphore", "swizzle", "load_stage",
@@ -880,6 +1086,8 @@ SNIPPET_NAMES: dict[str, tuple[str, ...]] = {
                  "wgmma_ptx", "wgmma_instr", "mbarrier", "store_out"),
     "wgmma_tma": ("convert", "min_max", "ptx", "semaphore", "wgmma_ptx", "wgmma_instr",
                   "mbarrier", "tma", "store_out"),
+    "wgmma_ptma": ("convert", "min_max", "ptx", "semaphore", "wgmma_ptx", "wgmma_instr",
+                   "unit_coords", "mbarrier", "tma", "store_out"),
 }
 
 RENDERER = Renderer(extra=MATMUL_SNIPPETS)
@@ -966,7 +1174,7 @@ def render(spec: MatmulSpec) -> KernelSource:
     """
     name = spec.kernel_name
     reduce_name = name + "_reduce"
-    kind = spec.instr + {"sync": "", "ws": "_ws", "tma": "_tma"}[spec.feed]
+    kind = spec.instr + FEED_SUFFIX[spec.feed]
     body = "".join(BODIES[kind])
     source = RENDERER.source(
         [], _prelude(spec),
@@ -975,18 +1183,22 @@ def render(spec: MatmulSpec) -> KernelSource:
         RENDERER.kernel(reduce_name, _reduce_params(), REDUCE_BODY, threads=REDUCE_THREADS))
 
     return KernelSource(spec=spec, source=source, kernel_name=name, reduce_name=reduce_name,
-                        launch=lambda M, N, K: launch_config(spec, M, N, K),
+                        launch=lambda M, N, K, sms=DEFAULT_SM_COUNT: launch_config(spec, M, N, K, sms),
                         reduce_launch=reduce_launch)
 
 
-def launch_config(spec: MatmulSpec, M: int, N: int, K: int) -> LaunchConfig:
-    """Grid of the matmul kernel: one CTA per (tile, K-slice) of *this* spec.
+def launch_config(spec: MatmulSpec, M: int, N: int, K: int,
+                  sm_count: int = DEFAULT_SM_COUNT) -> LaunchConfig:
+    """Grid of the matmul kernel: one CTA per (tile, K-slice) of *this* spec, or for a
+    persistent kernel one per SM at most (`sm_count`: the device's; its CTAs loop over
+    the units).
 
     Take it from the spec being launched, not from the KernelSource a module was loaded
     with: specs that share a source differ in split_k.
     """
-    return LaunchConfig((tiles(spec, M, N) * spec.split_k, 1, 1), (spec.threads, 1, 1),
-                        spec.smem_bytes)
+    units = tiles(spec, M, N) * spec.split_k
+    grid = min(units, sm_count) if spec.persistent else units
+    return LaunchConfig((grid, 1, 1), (spec.threads, 1, 1), spec.smem_bytes)
 
 
 def reduce_launch(M: int, N: int, sm_count: int = 132) -> LaunchConfig:

@@ -201,7 +201,7 @@ def test_gpu_wgmma_check_plan_and_crash_bookkeeping(tmp_path):
 
     groups = check.plan(((512, 512, 4096), (4096, 4096, 1024)))
     names = [g["name"] for g in groups]
-    assert names == ["wgmma_sync", "wgmma_ws", "wgmma_tma", "heuristics"]
+    assert names == ["wgmma_sync", "wgmma_ws", "wgmma_tma", "wgmma_ptma", "heuristics"]
     for g in groups:
         for v in g["variants"]:
             MatmulSpec(**v["spec"])  # valid
@@ -216,7 +216,7 @@ def test_gpu_wgmma_check_plan_and_crash_bookkeeping(tmp_path):
     status = {v["label"]: v["status"] for v in doc["variants"]}
     crashed = [k for k, s in status.items() if s.startswith("crashed")]
     hung = [k for k, s in status.items() if s.startswith("hung")]
-    assert len(crashed) == 3 and all("tma edge serial" in k for k in crashed)
+    assert len(crashed) == 3 and all(" tma edge serial" in k for k in crashed)
     assert len(hung) == 3 and all("ws edge parallel" in k for k in hung)
     # the same kernels' other modes still ran
     assert status["128x256x64 tma none s1"] == "ok" and status["128x256x64 ws serial s2"] == "ok"
