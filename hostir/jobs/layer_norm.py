@@ -210,7 +210,10 @@ def time_per_call(calls, replays: int) -> float:
 def sweep_specs(spec):
     """The plans the sweep times for ``spec``: every row-wise candidate (the kernel before
     the persistent one, at its default rows per block) and every persistent candidate.
-    The heuristic's own plan is among them (marked ``chosen``)."""
+    The heuristic's own plan is among them (marked ``chosen``); so are the plan
+    dimensions the heuristic does not use yet (deeper x rings, the one-pass reduction,
+    tensors read through L2: see `PlannerRules`), which is what lets
+    benchmarks/sweep_rules.py --fit pick its rules from this run."""
     from lowering.kernels.normalization import (
         DTYPE_BYTES, candidate_plans, persistent_candidates)
 
@@ -223,7 +226,9 @@ def sweep_specs(spec):
     return [dataclasses.replace(spec, threads_per_row=p.threads_per_row, batch=p.batch,
                                 rows_per_block=p.rows_per_block, param_cache=p.param_cache,
                                 prefetch=p.prefetch if p.persistent else None,
-                                x_staged=p.x_staged or None)
+                                x_staged=p.x_staged or None,
+                                stages=p.stages if p.x_staged else None,
+                                one_pass=p.one_pass or None)
             for p in plans]
 
 
@@ -319,6 +324,7 @@ def bench(rows: int, hidden: int, eps: float, replays: int, sweep: bool):
                              batch=p.batch, rows_per_block=p.rows_per_block,
                              vector_width=p.vector_width, param_cache=p.param_cache,
                              prefetch=p.prefetch, x_staged=p.x_staged,
+                             stages=p.stages, one_pass=p.one_pass,
                              register_estimate=p.register_estimate,
                              shared_bytes=p.dynamic_shared_bytes + p.shared_bytes,
                              chosen=p == plan)
