@@ -52,6 +52,9 @@ def add_arguments(p) -> None:
     p.add_argument("--out", default=None, help="results JSON (default benchmarks/results/"
                                                "layer_norm_<device>.json)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--deadline-s", type=float, default=None,
+                   help="seconds after the start past which swept plans are skipped (recorded "
+                        "as such) so that the results file is still written")
 
 
 def main(args) -> int:
@@ -61,6 +64,10 @@ def main(args) -> int:
         print("layer_norm: needs a CUDA GPU", file=sys.stderr)
         return 2
     torch.manual_seed(args.seed)
+    global _DEADLINE
+    if args.deadline_s is not None:
+        import time
+        _DEADLINE = time.monotonic() + args.deadline_s
     if args.bench:
         from lowering.kernels.normalization import NormalizationSpec
 
@@ -207,6 +214,14 @@ def time_per_call(calls, replays: int) -> float:
     return statistics.median(samples)
 
 
+_DEADLINE = None  # time.monotonic() past which the sweep skips plans (--deadline-s)
+
+
+def _past_deadline() -> bool:
+    import time
+    return _DEADLINE is not None and time.monotonic() > _DEADLINE
+
+
 def sweep_specs(spec):
     """The plans the sweep times for ``spec``: every row-wise candidate (the kernel before
     the persistent one, at its default rows per block) and every persistent candidate.
@@ -318,6 +333,10 @@ def bench(rows: int, hidden: int, eps: float, replays: int, sweep: bool):
         ref = rn.reference(spec, named(inputs[0]))
         for s in sweep_specs(spec):
             entry = {"hidden": hidden, "describe": None, "chosen": False}
+            if _past_deadline():
+                entry.update(describe=s.plan.describe(), error="skipped: --deadline-s passed")
+                sweep_rows.append(entry)
+                continue
             try:
                 p = s.plan
                 entry.update(describe=p.describe(), threads_per_row=p.threads_per_row,
