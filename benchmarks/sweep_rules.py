@@ -1,6 +1,13 @@
 """Compare the normalization planner with a measured plan sweep (no GPU needed).
 
     PYTHONPATH=. python benchmarks/sweep_rules.py [benchmarks/results/layer_norm_nvidia-h200.json] [--all]
+    PYTHONPATH=. python benchmarks/sweep_rules.py RESULTS.json --fit
+
+``--fit``: every combination of `RULE_GRID` (the switches of `PlannerRules`: deeper x
+ring, one-pass reduction, tensors through L2) is scored against the sweep: for each size
+the plan the planner would pick under it, its time over the best measured time. The
+combinations are ranked by the worst size, then the mean (one that picks an unmeasured
+plan is out); the first is what `RULES` in lowering/kernels/normalization.py should be.
 
 For each hidden size of the results file: the plan `plan_launch` picks for the spec the
 sweep measured (the reference fusion at the file's dtype and rows), its time over the
@@ -13,9 +20,11 @@ test_normalization_sweep.py holds the planner to it.
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import sys
 
+import lowering.kernels.normalization as normalization
 from lowering.kernels.normalization import NormalizationSpec
 
 DEFAULT = "benchmarks/results/layer_norm_nvidia-h200.json"
@@ -42,8 +51,46 @@ def resident_blocks(entry) -> int:
     return max(0, min(65536 // (per_warp * (block // 32)), 2048 // block, 32))
 
 
+def score(data, by_size, rules) -> tuple[float, float, dict]:
+    """(worst ratio, mean ratio, {hidden: (describe, ratio)}) of the planner under ``rules``."""
+    saved = normalization.RULES
+    normalization.RULES = rules
+    normalization._plan_of.cache_clear()
+    try:
+        picks = {}
+        for hidden, entries in by_size.items():
+            best = min(e["us"] for e in entries.values())
+            d = chosen_plan(data, hidden).describe()
+            picks[hidden] = (d, entries[d]["us"] / best if d in entries else float("inf"))
+    finally:
+        normalization.RULES = saved
+        normalization._plan_of.cache_clear()
+    ratios = [r for _, r in picks.values()]
+    return max(ratios), sum(ratios) / len(ratios), picks
+
+
+def fit(data, by_size, top: int = 5) -> list:
+    grid = normalization.RULE_GRID
+    scored = []
+    for values in itertools.product(*grid.values()):
+        rules = normalization.PlannerRules(**dict(zip(grid, values)))
+        worst, mean, picks = score(data, by_size, rules)
+        scored.append((worst, mean, rules, picks))
+    scored.sort(key=lambda s: (s[0], s[1]))
+    print(f"current RULES = {normalization.RULES}: worst {score(data, by_size, normalization.RULES)[0]:.3f}x")
+    for worst, mean, rules, picks in scored[:top]:
+        print(f"{rules}: worst {worst:.3f}x, mean {mean:.3f}x")
+        for hidden in sorted(picks):
+            print(f"   {hidden:6d} {picks[hidden][1]:.3f}x {picks[hidden][0]}")
+    return scored
+
+
 def main(argv):
     path = next((a for a in argv if not a.startswith("--")), DEFAULT)
+    if "--fit" in argv:
+        data, by_size = load(path)
+        fit(data, by_size)
+        return
     top = 10**6 if "--all" in argv else 8
     data, by_size = load(path)
     print(f"{path}: {data['device']}, commit {data['commit']}, {data['rows']} rows, {data['dtype']}")

@@ -52,6 +52,9 @@ def add_arguments(p) -> None:
     p.add_argument("--out", default=None, help="results JSON (default benchmarks/results/"
                                                "layer_norm_<device>.json)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--deadline-s", type=float, default=None,
+                   help="seconds after the start past which swept plans are skipped (recorded "
+                        "as such) so that the results file is still written")
 
 
 def main(args) -> int:
@@ -61,6 +64,10 @@ def main(args) -> int:
         print("layer_norm: needs a CUDA GPU", file=sys.stderr)
         return 2
     torch.manual_seed(args.seed)
+    global _DEADLINE
+    if args.deadline_s is not None:
+        import time
+        _DEADLINE = time.monotonic() + args.deadline_s
     if args.bench:
         from lowering.kernels.normalization import NormalizationSpec
 
@@ -207,10 +214,21 @@ def time_per_call(calls, replays: int) -> float:
     return statistics.median(samples)
 
 
+_DEADLINE = None  # time.monotonic() past which the sweep skips plans (--deadline-s)
+
+
+def _past_deadline() -> bool:
+    import time
+    return _DEADLINE is not None and time.monotonic() > _DEADLINE
+
+
 def sweep_specs(spec):
     """The plans the sweep times for ``spec``: every row-wise candidate (the kernel before
     the persistent one, at its default rows per block) and every persistent candidate.
-    The heuristic's own plan is among them (marked ``chosen``)."""
+    The heuristic's own plan is among them (marked ``chosen``); so are the plan
+    dimensions the heuristic does not use yet (deeper x rings, the one-pass reduction,
+    tensors read through L2: see `PlannerRules`), which is what lets
+    benchmarks/sweep_rules.py --fit pick its rules from this run."""
     from lowering.kernels.normalization import (
         DTYPE_BYTES, candidate_plans, persistent_candidates)
 
@@ -223,7 +241,9 @@ def sweep_specs(spec):
     return [dataclasses.replace(spec, threads_per_row=p.threads_per_row, batch=p.batch,
                                 rows_per_block=p.rows_per_block, param_cache=p.param_cache,
                                 prefetch=p.prefetch if p.persistent else None,
-                                x_staged=p.x_staged or None)
+                                x_staged=p.x_staged or None,
+                                stages=p.stages if p.x_staged else None,
+                                one_pass=p.one_pass or None)
             for p in plans]
 
 
@@ -313,12 +333,17 @@ def bench(rows: int, hidden: int, eps: float, replays: int, sweep: bool):
         ref = rn.reference(spec, named(inputs[0]))
         for s in sweep_specs(spec):
             entry = {"hidden": hidden, "describe": None, "chosen": False}
+            if _past_deadline():
+                entry.update(describe=s.plan.describe(), error="skipped: --deadline-s passed")
+                sweep_rows.append(entry)
+                continue
             try:
                 p = s.plan
                 entry.update(describe=p.describe(), threads_per_row=p.threads_per_row,
                              batch=p.batch, rows_per_block=p.rows_per_block,
                              vector_width=p.vector_width, param_cache=p.param_cache,
                              prefetch=p.prefetch, x_staged=p.x_staged,
+                             stages=p.stages, one_pass=p.one_pass,
                              register_estimate=p.register_estimate,
                              shared_bytes=p.dynamic_shared_bytes + p.shared_bytes,
                              chosen=p == plan)

@@ -136,7 +136,11 @@ def _check_eps(eps: float) -> None:
 # --------------------------------------------------------------------------- plan
 
 
-PARAM_CACHES = ("none", "registers", "shared")
+PARAM_CACHES = ("none", "registers", "shared", "global")
+MAX_STAGES = 3  # rows of x a cp.async ring may hold ahead of the current one
+# the depths `persistent_candidates` offers: two rows ahead already doubles the bytes in
+# flight of a one-block-per-SM plan (see LaunchPlan.stages); 3 stays a manual override
+CANDIDATE_STAGES = (1, 2)
 DEFAULT_SM_COUNT = 132  # H100 SXM / H200; compile-time checks only, launches ask the device
 SHARED_PER_SM = 228 * 1024  # Hopper: 228 KiB per SM, 227 KiB at most for one block
 SHARED_PER_BLOCK = 227 * 1024
@@ -157,12 +161,31 @@ class LaunchPlan:
     - ``"shared"``: the same loop, with the 1-D tensors staged once per block in shared
       memory: for rows whose slices do not fit the registers, and with the prefetch in
       registers, where the registers they free buy occupancy (see `choose_persistent`).
+    - ``"global"``: the same loop, the 1-D tensors re-read every row through the
+      read-only data path (``__ldg``: L1, then L2), neither registers nor shared memory
+      held for them: for the longest rows, whose tensors (8 bytes a column in the
+      reference fusion: 160 KiB at 20480) would take the shared memory a deeper
+      prefetch of x needs (``stages``); L2 serves them at many times DRAM bandwidth.
 
     ``prefetch`` (persistent kernels): the next row's x is loaded before the current row
     is reduced, so DRAM stays busy through the reductions and the stores. Into packed
     registers, or with ``x_staged`` into shared memory by cp.async (two buffers a row:
     the next row's copy lands in one while the current row is read from the other),
     which costs no registers across the row: the prefetch of the longest rows.
+
+    ``stages`` (with ``x_staged``): rows of x in flight ahead of the current one, a ring
+    of ``stages + 1`` shared buffers a row. One row ahead leaves DRAM idle between the
+    arrival of the next row and the issue of the one after (the prologue, the
+    reductions and the stores of a whole row): with one block of 384-640 threads an SM
+    (12288+ at fp16) that is one 24-40 KiB row in flight, about what Little's law asks
+    for (`bytes_in_flight`) with no slack. Two or three rows ahead keep 2-3x that queued.
+
+    ``one_pass``: the layer norm's mean and variance from one reduction with a single
+    block barrier a row instead of two: each thread reduces its own slice exactly (its
+    mean, then the sum of squares about it, in registers), and the row combines the
+    (count, mean, M2) triples pairwise (Chan et al.), which has none of the
+    cancellation of E[x^2] - E[x]^2 on rows with a large mean. Rows spanning several
+    warps only (a one-warp row has no barrier to save).
     """
 
     vector_width: int  # elements per global access (16 bytes when alignment allows)
@@ -175,6 +198,8 @@ class LaunchPlan:
     param_bytes: int = 0  # bytes of all cached 1-D tensors for one column
     x_staged: bool = False  # the prefetch goes through shared memory (cp.async)
     x_bytes: int = 2  # bytes of an element of x
+    stages: int = 1  # rows of x prefetched ahead (x_staged: a ring of stages + 1 buffers)
+    one_pass: bool = False  # mean and variance in one reduction, one barrier a row
 
     @property
     def persistent(self) -> bool:
@@ -208,16 +233,18 @@ class LaunchPlan:
 
     @property
     def shared_bytes(self) -> int:
-        # two reductions (mean, variance) use separate buffers: see the kernel's comment
-        return 0 if self.warps_per_row == 1 else 2 * 4 * self.rows_per_block * self.warps_per_row
+        # two reductions (mean, variance) use separate buffers: see the kernel's comment;
+        # one pass: (count, mean, M2) a warp, two buffers by the parity of the row
+        per_warp = 3 if self.one_pass else 1
+        return 0 if self.warps_per_row == 1 else 2 * 4 * per_warp * self.rows_per_block * self.warps_per_row
 
     @property
     def dynamic_shared_bytes(self) -> int:
         """The staged 1-D tensors (``param_cache == "shared"``: every batch slot of a row),
-        then, with ``x_staged``, two buffers of x for each row of the block."""
+        then, with ``x_staged``, ``stages + 1`` buffers of x for each row of the block."""
         slots = self.threads_per_row * self.batch * self.vector_width
         params = self.param_bytes * slots if self.param_cache == "shared" else 0
-        x = 2 * self.rows_per_block * slots * self.x_bytes if self.x_staged else 0
+        x = (self.stages + 1) * self.rows_per_block * slots * self.x_bytes if self.x_staged else 0
         return params + x
 
     def grid(self, rows: int, sm_count: int = DEFAULT_SM_COUNT,
@@ -238,7 +265,9 @@ class LaunchPlan:
         kind = "rowwise" if not self.persistent else f"persistent/{self.param_cache}"
         return (f"{kind} t{self.threads_per_row} b{self.batch} v{self.vector_width} "
                 f"r{self.rows_per_block}"
-                + (" prefetch" + ("/smem" if self.x_staged else "") if self.prefetch else ""))
+                + (" prefetch" + ("/smem" if self.x_staged else "") if self.prefetch else "")
+                + (str(self.stages) if self.x_staged and self.stages > 1 else "")
+                + (" 1pass" if self.one_pass else ""))
 
 
 def vector_width_for(hidden: int, dtype_bytes: tuple[int, ...], alignment: int) -> int:
@@ -308,13 +337,17 @@ def padding(plan: LaunchPlan, hidden: int) -> float:
 def persistent_register_estimate(values_per_thread: int, vector_width: int, value_bytes: int,
                                  cached_param_bytes: int, prefetch: bool,
                                  shared: bool = False, x_staged: bool = False,
-                                 bf16: bool = False) -> int:
+                                 bf16: bool = False, one_pass: bool = False) -> int:
     """Registers of one thread of the persistent kernel, fitted to ptxas (sm_90) over the
     candidate plans of the benchmark sizes: the fp32 row slice (one a value), the cached
     1-D tensors (``cached_param_bytes`` per column, packed: 16-bit values two to a
     register), the prefetched next row of x (packed too), and a constant for indices,
-    the reduction and the conversions. The unit tests check it against ptxas."""
+    the reduction and the conversions. The unit tests check it against ptxas.
+    ``shared`` also stands for tensors read through L1/L2 every row (``"global"``): the
+    same loads, from another space. ``one_pass`` keeps a (count, mean, M2) triple and
+    its shuffled partner live through the reduction: a few registers more."""
     v = values_per_thread
+    extra = 4 if one_pass else 0
     packed_x = -(-v * value_bytes // 4)
     cached = -(-v * cached_param_bytes // 4)
     # an address a slot when vectors are narrow (16-byte ones share them); with 8-byte
@@ -324,11 +357,11 @@ def persistent_register_estimate(values_per_thread: int, vector_width: int, valu
     # prefetch, for the whole row slice)
     staged = 0 if not shared else (3 * v // 2 if prefetch and not x_staged else v // 2)
     if x_staged:  # the next row waits in shared memory: only its buffer's addresses
-        return v + cached + staged + 4 + PERSISTENT_OVERHEAD
+        return v + cached + staged + 4 + extra + PERSISTENT_OVERHEAD
     # bf16 converts by integer shifts that ptxas schedules early: with cached tensors and
     # the prefetch live too, half a register more a value (seen as spills without it)
     wide = v // 2 if bf16 and cached and prefetch else 0
-    return v + cached + (packed_x if prefetch else 0) + narrow + staged + wide + PERSISTENT_OVERHEAD
+    return v + cached + (packed_x if prefetch else 0) + narrow + staged + wide + extra + PERSISTENT_OVERHEAD
 
 
 PERSISTENT_OVERHEAD = 30
@@ -336,10 +369,22 @@ PERSISTENT_OVERHEAD = 30
 
 def persistent_candidates(hidden: int, vector_width: int, value_bytes: int,
                           param_bytes: int, bf16: bool = False) -> list[LaunchPlan]:
-    """Every persistent plan (``param_cache`` registers or shared, prefetch on or off)
-    that covers a row with warp-multiple threads, keeps every batch slot used by some
-    thread, and fits: registers within what one block may use, shared memory within a
-    block's 227 KiB. Short rows share a block as in `candidate_plans`."""
+    """Every persistent plan that covers a row with warp-multiple threads, keeps every
+    batch slot used by some thread, and fits: registers within what one block may use,
+    shared memory within a block's 227 KiB. Short rows share a block as in
+    `candidate_plans`. For each row geometry:
+
+    - ``param_cache`` shared: no prefetch, the prefetch in registers, and the prefetch
+      through shared memory (``x_staged``) `CANDIDATE_STAGES` rows ahead;
+    - ``param_cache`` registers: the same but without prefetch (the sweep at 342d088
+      and 8f4eff6: never within 3% of the best at any size, behind the shared variant);
+    - ``param_cache`` global: only with ``x_staged``: what it is for is leaving
+      registers and shared memory to the prefetch;
+    - with ``x_staged``, and a row on several warps, the one-pass reduction too
+      (``one_pass``: one block barrier a row instead of two; with x staged the
+      registers it adds do not cost occupancy the way they would beside a row
+      prefetched into registers).
+    """
     vectors = -(-hidden // vector_width)
     plans = []
     for b in range(1, MAX_VALUES_PER_THREAD // vector_width + 1):
@@ -347,25 +392,27 @@ def persistent_candidates(hidden: int, vector_width: int, value_bytes: int,
         if t > MAX_THREADS_PER_BLOCK or (b - 1) * t >= vectors:
             continue
         r = -(-MIN_THREADS_PER_BLOCK // t)
-        for cache in ("registers", "shared"):
-            if cache == "registers" and param_bytes == 0:
+        for cache in ("registers", "shared", "global"):
+            if cache in ("registers", "global") and param_bytes == 0:
                 continue  # nothing to cache: the shared variant stages nothing either
             # cp.async moves 4, 8 or 16 bytes: x_staged needs vectors of 4 bytes or more
-            modes = [(True, False), (False, False)]
+            modes = {"global": [], "registers": [(True, False, 1)],
+                     "shared": [(True, False, 1), (False, False, 1)]}[cache]
             if vector_width * value_bytes >= 4:
-                modes.insert(1, (True, True))
-            for prefetch, x_staged in modes:
-                est = persistent_register_estimate(
-                    b * vector_width, vector_width, value_bytes,
-                    param_bytes if cache == "registers" else 0, prefetch, cache == "shared",
-                    x_staged, bf16)
-                plan = LaunchPlan(vector_width, t, b, r, est, cache, prefetch, param_bytes,
-                                  x_staged, value_bytes)
-                if est + 8 > _register_budget(t * r):  # the margin of min_blocks_per_sm
-                    continue
-                if plan.dynamic_shared_bytes + plan.shared_bytes > SHARED_PER_BLOCK:
-                    continue
-                plans.append(plan)
+                modes[1:1] = [(True, True, k) for k in CANDIDATE_STAGES]
+            for prefetch, x_staged, stages in modes:
+                for one_pass in (False, True) if x_staged and t > WARP else (False,):
+                    est = persistent_register_estimate(
+                        b * vector_width, vector_width, value_bytes,
+                        param_bytes if cache == "registers" else 0, prefetch, cache != "registers",
+                        x_staged, bf16, one_pass)
+                    plan = LaunchPlan(vector_width, t, b, r, est, cache, prefetch, param_bytes,
+                                      x_staged, value_bytes, stages, one_pass)
+                    if est + 8 > _register_budget(t * r):  # the margin of min_blocks_per_sm
+                        continue
+                    if plan.dynamic_shared_bytes + plan.shared_bytes > SHARED_PER_BLOCK:
+                        continue
+                    plans.append(plan)
     return plans
 
 
@@ -389,7 +436,39 @@ SIXTEEN_PADDING = 0.02
 # what ptxas reported for it. benchmarks/sweep_rules.py prints the table.
 
 
-def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int) -> LaunchPlan:
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlannerRules:
+    """The switches of `choose_persistent` for the plan dimensions added after the
+    8f4eff6 sweep (``stages``, ``one_pass``, ``param_cache="global"``). Each is a general
+    rule with a threshold; the defaults keep those dimensions out of the default plan
+    until a sweep that times them says otherwise: ``python benchmarks/sweep_rules.py
+    --fit RESULTS.json`` scores every combination of the values in `RULE_GRID` against
+    a sweep and prints the one to set `RULES` to.
+
+    - ``deep_below``: a deeper cp.async ring (``stages`` 2) where one row ahead leaves
+      fewer than this many bytes of x in flight an SM (`bytes_in_flight` x 2): Little's
+      law, the target of rule 1 with room to spare. 0: never.
+    - ``one_pass_warps``: the one-pass reduction (one block barrier a row) for rows on
+      at least this many warps (a barrier waits for the slowest warp of the row: the
+      more warps, the more it costs). 0: never.
+    - ``global_params``: read the 1-D tensors through L1/L2 every row (``"global"``)
+      rather than staging them in shared memory, where staging them leaves no room
+      for the prefetch of x (no shared-cache plan with the prefetch fits).
+    """
+
+    deep_below: int = 0
+    one_pass_warps: int = 0
+    global_params: bool = False
+
+
+RULES = PlannerRules()
+RULE_GRID = {"deep_below": (0, 32 * 1024, 48 * 1024, 64 * 1024, 1 << 30),
+             "one_pass_warps": (0, 2, 4, 8, 16),
+             "global_params": (False, True)}
+
+
+def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
+                      rules: PlannerRules | None = None) -> LaunchPlan:
     """The persistent plan the heuristic runs, by these rules in order (see the note above
     for where the numbers come from):
 
@@ -430,7 +509,36 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int) ->
 
     Rows one warp covers never get here by default: `plan_launch` gives them the
     row-wise kernel (its rule 0).
+
+    The dimensions added since (``stages``, ``one_pass``, ``param_cache="global"``)
+    enter by `PlannerRules` (``rules``, default `RULES`): a plan that breaks a rule
+    (a ring depth, a reduction or a tensor placement the rule does not ask for) ranks
+    after every plan that keeps them, before rule 1.
     """
+    rules = rules or RULES
+    staged_fits = any(p.prefetch and p.param_cache != "global" for p in plans)
+
+    def breaks_rules(p: LaunchPlan) -> int:
+        broken = 0
+        if p.param_cache == "global":
+            broken += not (rules.global_params and not staged_fits)
+        elif rules.global_params and not staged_fits and p.prefetch:
+            broken += 1
+        if p.x_staged:
+            # judged at one row ahead (a deeper ring may hold fewer blocks an SM)
+            one_ahead = bytes_in_flight(dataclasses.replace(p, stages=1), value_bytes) * 2
+            deep = 0 < rules.deep_below and one_ahead < rules.deep_below
+            broken += p.stages != (2 if deep else 1)
+        elif p.stages != 1:
+            broken += 1
+        if p.warps_per_row > 1 and p.x_staged:
+            want = 0 < rules.one_pass_warps <= p.warps_per_row
+            broken += p.one_pass != want
+        elif p.one_pass:
+            broken += 1
+        return broken
+
+    plans = [p for p in plans if breaks_rules(p) == min(map(breaks_rules, plans))]
     least = min(padding(p, hidden) for p in plans)
 
     def sixteen(p: LaunchPlan) -> bool:
@@ -440,7 +548,7 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int) ->
                 and p.param_cache == "registers" and p.prefetch and p.x_staged)
 
     def key(p: LaunchPlan):
-        flight = bytes_in_flight(p, value_bytes) * (2 if p.prefetch else 1)
+        flight = bytes_in_flight(p, value_bytes) * ((1 + p.stages) if p.prefetch else 1)
         return (flight < IN_FLIGHT_TARGET, padding(p, hidden) > least + MAX_EXTRA_PADDING,
                 not sixteen(p), not p.prefetch, p.x_staged,
                 p.param_cache != ("shared" if p.prefetch and not p.x_staged else "registers"),
@@ -461,6 +569,8 @@ def plan_launch(
     param_bytes: int = 0,
     x_staged: bool | None = None,
     bf16: bool = False,
+    stages: int | None = None,
+    one_pass: bool | None = None,
 ) -> LaunchPlan:
     """Pick the kernel (row-wise or persistent), threads per row, the persistent batch
     and rows per block for ``hidden``.
@@ -496,6 +606,13 @@ def plan_launch(
     if x_staged and (prefetch is False or vector_width * value_bytes < 4):
         raise LoweringError("normalization plan: x_staged is a prefetch through cp.async, "
                             "which needs prefetch and vectors of 4 bytes or more")
+    if stages is not None and not (isinstance(stages, int) and 1 <= stages <= MAX_STAGES):
+        raise LoweringError(f"normalization plan: stages {stages!r}: expected 1..{MAX_STAGES}")
+    if stages not in (None, 1) and x_staged is False:
+        raise LoweringError("normalization plan: stages > 1 is a deeper cp.async ring: it "
+                            "needs x_staged")
+    if one_pass and param_cache == "none":
+        raise LoweringError("normalization plan: one_pass needs the persistent kernel")
     if threads_per_row is not None or batch is not None:
         t = threads_per_row or _round_up(-(-vectors // batch), WARP)
         b = batch or -(-vectors // t)
@@ -507,14 +624,18 @@ def plan_launch(
         r = rows_per_block or -(-MIN_THREADS_PER_BLOCK // t)
         cache = param_cache or ("registers" if param_bytes else "shared")
         pre = bool(prefetch) if prefetch is not None else cache != "none"
-        staged_x = bool(x_staged) and pre
+        staged_x = (bool(x_staged) or (stages or 1) > 1) and pre
+        if staged_x and vector_width * value_bytes < 4:
+            raise LoweringError("normalization plan: x_staged needs vectors of 4 bytes or more")
+        depth = (stages or 1) if staged_x else 1
+        single = bool(one_pass) and cache != "none"
         if cache == "none":
             estimate = register_estimate(b * vector_width, vector_width, value_bytes)
         else:
             estimate = persistent_register_estimate(
                 b * vector_width, vector_width, value_bytes,
-                param_bytes if cache == "registers" else 0, pre, cache == "shared", staged_x,
-                bf16)
+                param_bytes if cache == "registers" else 0, pre, cache != "registers", staged_x,
+                bf16, single)
         margin = 8 if cache != "none" else 0  # the persistent kernel keeps min_blocks_per_sm's
         if estimate + margin > _register_budget(t * r):
             raise LoweringError(
@@ -523,7 +644,8 @@ def plan_launch(
                 f"{t * r}-thread block may use"
             )
         plan = LaunchPlan(vector_width, t, b, r, estimate, cache, pre,
-                          param_bytes if cache != "none" else 0, staged_x, value_bytes)
+                          param_bytes if cache != "none" else 0, staged_x, value_bytes,
+                          depth, single)
         if plan.dynamic_shared_bytes + plan.shared_bytes > SHARED_PER_BLOCK:
             raise LoweringError(
                 f"normalization plan: {plan.dynamic_shared_bytes} bytes of staged 1-D tensors "
@@ -531,7 +653,8 @@ def plan_launch(
         return plan
     one_warp = [p for p in candidate_plans(hidden, vector_width, value_bytes)
                 if p.threads_per_row == WARP]
-    if param_cache is None and prefetch is None and x_staged is None and one_warp:
+    if (param_cache is None and prefetch is None and x_staged is None and stages is None
+            and one_pass is None and one_warp):
         # Rule 0: a row one warp covers (<= 32 values a thread) runs the row-wise kernel,
         # one warp a row, four rows a block. Neither kernel has a block barrier then;
         # the row-wise kernel re-reads the 1-D tensors every row, but a column's are 8
@@ -553,6 +676,10 @@ def plan_launch(
             plans = [p for p in plans if p.prefetch == prefetch]
         if x_staged is not None:
             plans = [p for p in plans if p.x_staged == x_staged]
+        if stages is not None:
+            plans = [p for p in plans if p.stages == stages]
+        if one_pass is not None:
+            plans = [p for p in plans if p.one_pass == one_pass]
         if not plans:
             raise LoweringError(
                 f"normalization: hidden={hidden} needs more than {MAX_THREADS_PER_BLOCK} threads x "
@@ -604,7 +731,7 @@ class NormalizationSpec:
     prologue, ``weight`` and ``bias`` of the norm (when present), one per `AddBroadcast`
     of the epilogue, the output ``y``, and ``rows`` (int32). `parameter_names` lists
     the tensors. ``alignment`` is the byte alignment every base pointer is known to
-    have (torch allocations: 256; a slice: less). The last five fields override the
+    have (torch allocations: 256; a slice: less). The last seven fields override the
     heuristic plan (benchmark sweeps, tests): ``param_cache="none"`` is the row-wise
     kernel, ``"registers"``/``"shared"`` the persistent one (see `LaunchPlan`).
     """
@@ -623,6 +750,8 @@ class NormalizationSpec:
     param_cache: str | None = None
     prefetch: bool | None = None
     x_staged: bool | None = None
+    stages: int | None = None
+    one_pass: bool | None = None
 
     def __post_init__(self):
         for what, n in (("rows", self.rows), ("hidden", self.hidden)):
@@ -703,6 +832,8 @@ class NormalizationSpec:
             param_bytes=sum(DTYPE_BYTES[d] for d in dtypes[1:-1]),
             x_staged=self.x_staged,
             bf16="bfloat16" in dtypes,
+            stages=self.stages,
+            one_pass=self.one_pass,
         )
 
     @property
@@ -1048,7 +1179,15 @@ extern "C" __global__ void __launch_bounds__({p.block_threads}, {p.min_blocks_pe
   const int row_in_block = threadIdx.x / kThreadsPerRow;
   const int groups = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
 """)
-        if p.warps_per_row > 1:
+        if p.warps_per_row > 1 and self._one_barrier():
+            # one barrier a row (rms_norm, or the one-pass layer norm): the buffer
+            # alternates with the parity of the row, so a warp writing row n+2's partials
+            # has passed row n+1's barrier, which every warp reaches only after reading
+            # row n's (with one buffer a fast warp would overwrite what a slow one reads)
+            triple = "[3]" if p.one_pass and isinstance(s.norm, LayerNorm) else ""
+            out.append(f"  __shared__ float partials[2][{p.rows_per_block}][{p.warps_per_row}]{triple};\n"
+                       "  int parity = 0;\n")
+        elif p.warps_per_row > 1:
             # as in the row-wise kernel: two buffers, so no third barrier a row
             out.append(f"  __shared__ float partials[2][{p.rows_per_block}][{p.warps_per_row}];\n")
         self._cache_params()
@@ -1057,12 +1196,18 @@ extern "C" __global__ void __launch_bounds__({p.block_threads}, {p.min_blocks_pe
         out.append(f"  Vec<{tx}, kVec> xr[kBatch];\n")
         if p.x_staged:
             out.append(f"""\
-  // x through shared memory: two buffers for each row of the block, one being read
-  // while the next row's cp.async copies land in the other
+  // x through shared memory: a ring of kStages + 1 buffers for each row of the block,
+  // one being read while the copies of the next kStages rows land in the others (one
+  // cp.async group a row, so waiting for all but the newest kStages - 1 groups is
+  // waiting for the current row)
+  constexpr int kStages = {p.stages}, kSlotsPerRow = kThreadsPerRow * kBatch;
   Vec<{tx}, kVec>* s_xbuf = reinterpret_cast<Vec<{tx}, kVec>*>(staged + {self.x_offset})
-                         + row_in_block * 2 * kThreadsPerRow * kBatch;
+                         + row_in_block * (kStages + 1) * kSlotsPerRow;
   int buf = 0;
-  stage_row(s_xbuf, in_x, blockIdx.x * kRowsPerBlock + row_in_block, rows, lane);
+#pragma unroll
+  for (int k = 0; k < kStages; ++k)
+    stage_row(s_xbuf + k * kSlotsPerRow, in_x,
+              (blockIdx.x + k * gridDim.x) * kRowsPerBlock + row_in_block, rows, lane);
 """)
         elif p.prefetch:
             out.append("  load_row(xr, in_x, blockIdx.x * kRowsPerBlock + row_in_block, rows, lane);\n")
@@ -1088,12 +1233,15 @@ extern "C" __global__ void __launch_bounds__({p.block_threads}, {p.min_blocks_pe
         if p.x_staged:
             # this thread's own copies: waiting for its group is enough, no barrier
             out.append("""\
-    cp_async_wait_all();
+    cp_async_wait_group<kStages - 1>();
 #pragma unroll
-    for (int i = 0; i < kBatch; ++i) xr[i] = s_xbuf[buf * kThreadsPerRow * kBatch + i * kThreadsPerRow + lane];
-    buf ^= 1;
-    stage_row(s_xbuf + buf * kThreadsPerRow * kBatch, in_x,
-              (group + gridDim.x) * kRowsPerBlock + row_in_block, rows, lane);
+    for (int i = 0; i < kBatch; ++i) xr[i] = s_xbuf[buf * kSlotsPerRow + i * kThreadsPerRow + lane];
+    // the buffer read one row ago (this thread's own slots, read into registers then)
+    // takes the row kStages ahead
+    const int ahead = buf == 0 ? kStages : buf - 1;
+    buf = buf == kStages ? 0 : buf + 1;
+    stage_row(s_xbuf + ahead * kSlotsPerRow, in_x,
+              (group + kStages * gridDim.x) * kRowsPerBlock + row_in_block, rows, lane);
 """)
         out.append("    float v[kBatch][kVec];\n")
         self._prologue()
@@ -1133,6 +1281,19 @@ __device__ __forceinline__ void opaque(unsigned short& r) {{ asm volatile("" : "
 #define load_row(xr, x, row, rows, lane) \\
   load_row_t<{tx}, kVec, kBatch, kThreadsPerRow, kVectors, kFullBatches>(xr, x, row, rows, lane, kHidden)
 """
+        if p.param_cache == "global":
+            helper += """\
+// A vector of a 1-D tensor through the read-only path (L1, then L2); 0 where !ok.
+template <typename T, int kVec>
+__device__ __forceinline__ Vec<T, kVec> ldg_vec(const T* __restrict__ p, int vec, bool ok) {
+  Vec<T, kVec> r;
+  r.raw = {};
+  if (ok) r.raw = __ldg(&(reinterpret_cast<const Vec<T, kVec>*>(p) + vec)->raw);
+  return r;
+}
+"""
+        if p.one_pass and isinstance(s.norm, LayerNorm):
+            helper += self._row_stats_helper()
         if p.x_staged:
             helper += f"""\
 // cp.async of one vector, global -> shared; zero-filled (nothing read) when !pred.
@@ -1146,6 +1307,8 @@ __device__ __forceinline__ void cp_async(void* dst, const void* src, bool pred) 
     asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\\n" :: "r"(d), "l"(src), "n"(Bytes), "r"(n) : "memory");
 }}
 __device__ __forceinline__ void cp_async_wait_all() {{ asm volatile("cp.async.wait_all;\\n" ::: "memory"); }}
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {{ asm volatile("cp.async.wait_group %0;\\n" :: "n"(N) : "memory"); }}
 // One row's x slice into this thread's slots of a shared buffer, one commit group.
 template <typename T, int kVec, int kBatch, int kThreadsPerRow, int kVectors, int kFullBatches>
 __device__ __forceinline__ void stage_row_t(Vec<T, kVec>* buf, const T* __restrict__ x,
@@ -1165,10 +1328,62 @@ __device__ __forceinline__ void stage_row_t(Vec<T, kVec>* buf, const T* __restri
         return render.Renderer().source(["convert"], SNIPPETS["preamble"].format(), helper,
                                         "".join(self.out))
 
+    def _one_barrier(self) -> bool:
+        return self.plan.one_pass or not isinstance(self.spec.norm, LayerNorm)
+
+    def _statistics(self) -> None:
+        s, p, out = self.spec, self.plan, self.out
+        if p.warps_per_row > 1 and self._one_barrier():
+            parts = "partials[parity][row_in_block]"
+            flip = "    parity ^= 1;\n"
+        else:
+            parts, flip = "nullptr", ""
+        if not (p.one_pass and isinstance(s.norm, LayerNorm)):
+            if flip:  # rms_norm: its one reduction, on the buffer of this row's parity
+                self.emit("sum_open")
+                self.emit("sum_squares")
+                self.emit("rms_norm_stats", partials0=parts, eps=repr(float(s.norm.eps)))
+                out.append(flip)
+            else:
+                super()._statistics()
+            return
+        # One pass: this thread's slice exactly (count, mean, then the squares about that
+        # mean, all in registers), then the row's (count, mean, M2) triples merged
+        # pairwise, one barrier: no E[x^2] - E[x]^2 cancellation on rows with a large mean.
+        out.append(f"""\
+    float n = 0.f, m = 0.f, q = 0.f;
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {{
+      const bool ok = i < kFullBatches || i * kThreadsPerRow + lane < kVectors;
+      n += ok ? (float)kVec : 0.f;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) m += v[i][e];  // padded slots hold 0
+    }}
+    m = n > 0.f ? m / n : 0.f;
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {{
+      const bool ok = i < kFullBatches || i * kThreadsPerRow + lane < kVectors;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {{
+        const float d = v[i][e] - m;
+        q += ok ? d * d : 0.f;
+      }}
+    }}
+    row_stats(n, m, q, {parts});
+{flip}\
+    const float mean = m;
+    const float rstd = rsqrtf(q * (1.f / kHidden) + {float(s.norm.eps)!r}f);
+    const float center = mean;
+""")
+
     def _param(self, name: str, i: str = "i") -> str:
-        """Expression of vector slot ``i`` of a cached 1-D tensor."""
+        """Expression of vector slot ``i`` of a cached 1-D tensor (``"global"``: read
+        here, through L1/L2; the predicate ``ok`` of the slot is in scope)."""
         if self.plan.param_cache == "registers":
             return f"c_{name}[{i}]"
+        if self.plan.param_cache == "global":
+            t = CUDA_TYPES[self.tensors[name]]
+            return f"ldg_vec<{t}, kVec>(in_{name}, {i} * kThreadsPerRow + slot, ok)"
         return f"s_{name}[{i} * kThreadsPerRow + slot]"
 
     def _cache_params(self) -> None:
@@ -1179,7 +1394,7 @@ __device__ __forceinline__ void stage_row_t(Vec<T, kVec>* buf, const T* __restri
         if p.param_cache == "shared":
             slots = p.threads_per_row * p.batch * p.vector_width
             self.x_offset = sum(slots * DTYPE_BYTES[d] for d in self.tensors.values())
-        if not self.tensors:
+        if not self.tensors or p.param_cache == "global":
             return
         if p.param_cache == "registers":
             out.append("  // Each thread's slice of the 1-D tensors, loaded once; 16-bit values stay packed.\n")
@@ -1250,6 +1465,49 @@ __device__ __forceinline__ void stage_row_t(Vec<T, kVec>* buf, const T* __restri
         self._normalize_and_store_tail()
 
 
+    def _row_stats_helper(self) -> str:
+        p = self.plan
+        text = """\
+// (count, mean, M2) of a set merged with another's (Chan, Golub, LeVeque): exact in
+// the way a two-pass variance is, the mean difference is small against the values.
+__device__ __forceinline__ void chan_merge(float& n, float& m, float& q, float n2, float m2, float q2) {
+  const float nn = n + n2;
+  if (nn > 0.f) {
+    const float d = m2 - m, f = n2 / nn;
+    m += d * f;
+    q += q2 + d * d * n * f;
+    n = nn;
+  }
+}
+__device__ __forceinline__ void warp_stats(float& n, float& m, float& q) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1)
+    chan_merge(n, m, q, __shfl_xor_sync(0xffffffffu, n, offset),
+               __shfl_xor_sync(0xffffffffu, m, offset), __shfl_xor_sync(0xffffffffu, q, offset));
+}
+"""
+        if p.warps_per_row == 1:
+            return text + """\
+__device__ __forceinline__ void row_stats(float& n, float& m, float& q, void*) { warp_stats(n, m, q); }
+"""
+        return text + f"""\
+// Several warps a row: each warp's lane 0 writes its triple, one barrier, then every
+// warp merges all of them itself (the same order in every warp).
+__device__ __forceinline__ void row_stats(float& n, float& m, float& q, float (*partials)[3]) {{
+  const int lane = threadIdx.x & 31;
+  const int warp = (threadIdx.x % {p.threads_per_row}) >> 5;
+  warp_stats(n, m, q);
+  if (lane == 0) {{ partials[warp][0] = n; partials[warp][1] = m; partials[warp][2] = q; }}
+  __syncthreads();
+  const bool mine = lane < {p.warps_per_row};
+  n = mine ? partials[lane][0] : 0.f;
+  m = mine ? partials[lane][1] : 0.f;
+  q = mine ? partials[lane][2] : 0.f;
+  warp_stats(n, m, q);
+}}
+"""
+
+
 def render_normalization(spec: NormalizationSpec) -> str:
     """CUDA C++ source of ``spec``'s kernel (entry: ``spec.kernel_name``): the persistent
     kernel, or the row-wise one when the plan says ``param_cache="none"``."""
@@ -1301,7 +1559,7 @@ def spec_params(spec: NormalizationSpec) -> tuple[tuple[str, object], ...]:
                ("prologue", _ops_to_text(spec.prologue)),
                ("epilogue", _ops_to_text(spec.epilogue)), ("alignment", spec.alignment)]
     for key in ("threads_per_row", "batch", "rows_per_block", "param_cache", "prefetch",
-                "x_staged"):
+                "x_staged", "stages", "one_pass"):
         if getattr(spec, key) is not None:
             params.append((key, getattr(spec, key)))
     return tuple(params)
@@ -1321,6 +1579,7 @@ def spec_from_params(params) -> NormalizationSpec:
             p["rows"], p["hidden"], norm, p["input_dtype"], p["output_dtype"],
             _ops_from_text(p["prologue"], "prologue"), _ops_from_text(p["epilogue"], "epilogue"),
             p["alignment"], p.get("threads_per_row"), p.get("batch"), p.get("rows_per_block"),
-            p.get("param_cache"), p.get("prefetch"), p.get("x_staged"))
+            p.get("param_cache"), p.get("prefetch"), p.get("x_staged"), p.get("stages"),
+            p.get("one_pass"))
     except KeyError as e:
         raise LoweringError(f"normalization kernel: parameter {e.args[0]!r} is missing") from None

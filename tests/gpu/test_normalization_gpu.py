@@ -112,10 +112,38 @@ def test_every_candidate_plan_matches_float64(hidden, dtype):
              for p in candidate_plans(hidden, width, 2)]
     specs += [dataclasses.replace(base, threads_per_row=p.threads_per_row, batch=p.batch,
                                   rows_per_block=p.rows_per_block, param_cache=p.param_cache,
-                                  prefetch=p.prefetch, x_staged=p.x_staged or None)
+                                  prefetch=p.prefetch, x_staged=p.x_staged or None,
+                                  stages=p.stages if p.x_staged else None,
+                                  one_pass=p.one_pass or None)
               for p in persistent_candidates(hidden, width, 2, 8, name == "bfloat16")]
     assert len(specs) > 1
     for spec in specs:
+        y = torch.full_like(x, float("nan"))
+        rn.normalize(spec, named, y)
+        assert _rel(y, ref) < 1e-2, spec.plan
+
+
+@pytest.mark.parametrize("hidden", [1024, 4096, 12288])
+@pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
+def test_deep_ring_and_one_pass_on_rows_with_a_large_mean(hidden, norm):
+    """Three rows of x ahead, the one-pass (Chan) reduction, tensors through L2, on rows
+    whose mean is 1000x their spread (where E[x^2] - E[x]^2 would lose every digit), on
+    more rows than the grid holds (the ring wraps many times)."""
+    rows = 2000
+    gen = torch.Generator(device="cuda").manual_seed(hidden)
+    x = (torch.randn(rows, hidden, device="cuda", generator=gen) + 1000.0).half()
+    w = torch.randn(hidden, device="cuda", generator=gen).half()
+    b = torch.randn(hidden, device="cuda", generator=gen).half()
+    make = getattr(NormalizationSpec, norm)
+    named = {"x": x, "weight": w} if norm == "rms_norm" else {"x": x, "weight": w, "bias": b}
+    base = make(rows, hidden)
+    ref = rn.reference(base, named)
+    t = min(512, hidden // 16)  # two or three 16-byte vectors a thread
+    for kw in (dict(param_cache="global", x_staged=True, stages=3, one_pass=True,
+                    threads_per_row=t),
+               dict(param_cache="shared", x_staged=True, stages=2, one_pass=True),
+               dict(param_cache="registers", x_staged=True, stages=2, one_pass=False)):
+        spec = dataclasses.replace(base, **kw)
         y = torch.full_like(x, float("nan"))
         rn.normalize(spec, named, y)
         assert _rel(y, ref) < 1e-2, spec.plan

@@ -369,9 +369,60 @@ def test_every_candidate_plan_compiles_without_spills(hidden):
         s = dataclasses.replace(spec, threads_per_row=cand.threads_per_row, batch=cand.batch,
                                 rows_per_block=cand.rows_per_block,
                                 param_cache=cand.param_cache, prefetch=cand.prefetch,
-                                x_staged=cand.x_staged or None)
+                                x_staged=cand.x_staged or None,
+                                stages=cand.stages if cand.x_staged else None,
+                                one_pass=cand.one_pass or None)
         assert s.plan == cand
         _check_compiled(s, _compile(s, "sm_90"))
+
+
+@pytest.mark.parametrize("hidden", [2048, 12288, 20480])
+def test_new_plan_dimensions_are_candidates(hidden):
+    """The sweep times deeper x rings, the one-pass reduction and tensors through L2."""
+    spec = NormalizationSpec.reference_fusion(8192, hidden)
+    cands = persistent_candidates(hidden, spec.plan.vector_width, 2, 8)
+    assert any(c.stages == 2 and c.x_staged for c in cands)
+    assert any(c.one_pass for c in cands)
+    assert any(c.param_cache == "global" and c.x_staged for c in cands)
+    assert all(not c.one_pass or c.warps_per_row > 1 for c in cands)
+
+
+def test_deeper_ring_one_pass_and_global_render():
+    spec = NormalizationSpec.reference_fusion(8192, 20480, param_cache="global", x_staged=True,
+                                              stages=2, one_pass=True, threads_per_row=640,
+                                              batch=4)
+    plan = spec.plan
+    assert (plan.stages, plan.one_pass, plan.param_cache) == (2, True, "global")
+    assert plan.describe() == "persistent/global t640 b4 v8 r1 prefetch/smem2 1pass"
+    assert plan.dynamic_shared_bytes == 3 * 640 * 4 * 8 * 2  # a ring of three rows, no tensors
+    src = render_normalization(spec)
+    assert "cp_async_wait_group<kStages - 1>()" in src and "constexpr int kStages = 2" in src
+    assert "__ldg" in src and "chan_merge" in src
+    body = src[src.index("#pragma unroll 1"):]
+    assert body.count("row_stats(n, m, q") == 1  # one reduction, one barrier a row
+    assert "parity ^= 1" in body
+    assert "__syncthreads" not in body  # the barrier is inside row_stats only
+
+
+def test_rms_norm_alternates_its_partials_in_the_persistent_loop():
+    """One reduction a row on one buffer would let a fast warp overwrite the partial a
+    slow warp still reads: the persistent kernel alternates two buffers by parity."""
+    spec = NormalizationSpec.rms_norm(8192, 4096, param_cache="shared", prefetch=True,
+                                      threads_per_row=256, batch=2)
+    src = render_normalization(spec)
+    assert "row_sum(s, partials[parity][row_in_block])" in src and "parity ^= 1" in src
+
+
+def test_stage_and_one_pass_overrides_are_checked():
+    with pytest.raises(LoweringError, match="stages"):
+        NormalizationSpec.reference_fusion(8, 4096, stages=4, x_staged=True)
+    with pytest.raises(LoweringError, match="x_staged"):
+        NormalizationSpec.reference_fusion(8, 4096, stages=2, x_staged=False)
+    with pytest.raises(LoweringError, match="one_pass"):
+        NormalizationSpec.reference_fusion(8, 4096, one_pass=True, param_cache="none")
+    spec = NormalizationSpec.reference_fusion(8, 4096, stages=2, one_pass=True)
+    assert spec.plan.x_staged and spec.plan.stages == 2 and spec.plan.one_pass
+    assert spec_from_params(spec_params(spec)) == spec
 
 
 def test_bf16_and_epilogue_compile():
