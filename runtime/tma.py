@@ -74,7 +74,7 @@ def tensor_maps(spec: MatmulSpec, a, b, M: int, N: int, K: int) -> int:
     import torch
 
     key = (a.device.index, spec.a_dtype, a.data_ptr(), b.data_ptr(), M, N, K, a.stride(0),
-           b.stride(0), spec.tile_m, spec.tile_n, spec.tile_k)
+           b.stride(0), spec.tile_m, spec.tile_n, spec.tile_k, spec.cluster_m)
     with _LOCK:
         buf = _CACHE.get(key)
         if buf is not None:
@@ -84,7 +84,7 @@ def tensor_maps(spec: MatmulSpec, a, b, M: int, N: int, K: int) -> int:
     blob = (encode_2d(a.data_ptr(), spec.a_dtype, K, M, a.stride(0) * esize, spec.tile_k,
                       spec.tile_m) +
             encode_2d(b.data_ptr(), spec.a_dtype, K, N, b.stride(0) * esize, spec.tile_k,
-                      spec.tile_n))
+                      spec.tile_n // spec.cluster_m))  # a cluster CTA loads its share of B
     host = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
     # Ordered on the current stream before the kernel that reads it.
     buf = host.to(a.device)

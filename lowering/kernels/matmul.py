@@ -61,7 +61,7 @@ TMA_PRODUCER_WARPS = 1
 # memory, are the `tmaps` kernel argument of a TMA kernel.
 TENSOR_MAP_BYTES = 128
 # Kernel-name suffix (and body key) of each feed.
-FEED_SUFFIX = {"sync": "", "ws": "_ws", "tma": "_tma", "ptma": "_ptma"}
+FEED_SUFFIX = {"sync": "", "ws": "_ws", "tma": "_tma", "ptma": "_ptma", "ctma": "_ctma"}
 # Alignment (bytes) of wgmma's shared-memory operands: one 128-byte swizzle atom (8 rows).
 SWIZZLE_ALIGN = 1024
 
@@ -108,6 +108,10 @@ class MatmulSpec:
     # producer loads the next unit while the warpgroups store this one's C straight from
     # registers (no shared fp32 C tile, no CTA-wide barrier between units).
     persistent: bool = False
+    # TMA, not persistent: CTAs in clusters of `cluster_m` along M (2: a pair of
+    # vertically adjacent tiles); each loads 1/cluster_m of the B tile they share and
+    # multicasts it to both, so B's L2-to-SM traffic halves.
+    cluster_m: int = 1
 
     def __post_init__(self):
         def need(cond: bool, what: str):
@@ -155,6 +159,9 @@ class MatmulSpec:
             need(not self.warp_specialized, "warp_specialized needs instr 'wgmma'")
         need(not self.tma or self.warp_specialized, "tma needs warp_specialized (and wgmma)")
         need(not self.persistent or self.tma, "persistent needs tma")
+        need(self.cluster_m in (1, 2), "cluster_m must be 1 or 2")
+        need(self.cluster_m == 1 or (self.tma and not self.persistent),
+             "cluster_m 2 needs the (non-persistent) tma feed")
         arch = 90 if self.instr == "wgmma" else 80
         need(self.smem_bytes <= MAX_SMEM_BYTES[arch],
              f"shared memory {self.smem_bytes} B exceeds {MAX_SMEM_BYTES[arch]} B (sm_{arch})")
@@ -180,7 +187,7 @@ class MatmulSpec:
         "ws" (producer warps, cp.async + mbarriers), "tma" (one producer thread, TMA) or
         "ptma" (TMA, persistent CTAs, C stored from registers)."""
         if self.tma:
-            return "ptma" if self.persistent else "tma"
+            return "ptma" if self.persistent else ("ctma" if self.cluster_m > 1 else "tma")
         return "ws" if self.warp_specialized else "sync"
 
     @property
@@ -218,7 +225,7 @@ class MatmulSpec:
         """The fields the generated source depends on (mode, split, bias are arguments)."""
         return (self.a_dtype, self.b_dtype, self.out_dtype, self.layout, self.tile_m,
                 self.tile_n, self.tile_k, self.warps_m, self.warps_n, self.stages, self.instr,
-                self.warp_specialized, self.tma, self.persistent)
+                self.warp_specialized, self.tma, self.persistent, self.cluster_m)
 
     def arch(self, major: int, minor: int) -> str:
         """The NVRTC target for a device of this compute capability: wgmma needs sm_90a."""
@@ -529,6 +536,23 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
 __device__ __forceinline__ void mbar_arrive_cp_async(unsigned bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(bar) : "memory");
 }
+// A compute warp is done with a ring slot: tell this CTA's producer and, in a cluster,
+// the peer's (it multicasts into this CTA's slot too; CLUSTER_M is 1 or 2).
+__device__ __forceinline__ void release_slot(unsigned bar) {
+  mbar_arrive(bar);
+  if constexpr (CLUSTER_M > 1) {
+    unsigned remote;
+    const unsigned peer = (blockIdx.x % CLUSTER_M) ^ 1u;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(bar), "r"(peer));
+    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n"
+                 :: "r"(remote) : "memory");
+  }
+}
+// Every thread of every CTA of the cluster (release/acquire at cluster scope).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\n"
+               "barrier.cluster.wait.acquire;\n" ::: "memory");
+}
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
   asm volatile(
       "{\n.reg .pred done;\nWAIT:\n"
@@ -550,6 +574,16 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, unsigned long long tma
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3}], [%4];\n"
       :: "r"(dst), "l"(tmap), "r"(c0), "r"(c1), "r"(bar) : "memory");
+}
+// The same box to offset `dst` of every CTA in `mask` (cluster ranks), completing bytes
+// on the barrier at offset `bar` of each.
+__device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, unsigned long long tmap,
+                                                      int c0, int c1, unsigned bar,
+                                                      unsigned short mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n"
+      :: "r"(dst), "l"(tmap), "r"(c0), "r"(c1), "r"(bar), "h"(mask) : "memory");
 }
 """,
     # Rendered per tile_n by `_wgmma_instr`: @N@, @REGS@, @OPERANDS@, @IDX_*@, @TYPE@.
@@ -662,11 +696,13 @@ WS_PROLOGUE = r"""
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(smem_addr(&full_bar[s]), FULL_ARRIVALS);
-      mbar_init(smem_addr(&empty_bar[s]), CONSUMER_WARPS);
+      mbar_init(smem_addr(&empty_bar[s]), CONSUMER_WARPS * CLUSTER_M);
     }
     mbar_fence_init();
   }
-  __syncthreads();
+  // A cluster's peer multicasts into this CTA's ring: both CTAs' barriers must be
+  // initialized before either producer starts.
+  if constexpr (CLUSTER_M > 1) cluster_sync(); else __syncthreads();
 
   float acc[MI][NACC];
 #pragma unroll
@@ -706,7 +742,16 @@ PRODUCER_TMA = r"""
         mbar_expect_tx(bar, STAGE_ELEMS * 2);
         const int k0 = (kt0 + kt) * BK;
         tma_load_2d(smem_addr(smem + s * STAGE_ELEMS), tmap_a, k0, m0, bar);
-        tma_load_2d(smem_addr(smem + s * STAGE_ELEMS + BM * BK), tmap_b, k0, n0, bar);
+        if constexpr (CLUSTER_M > 1) {
+          // This CTA's share of the B tile, to the same slot of every CTA of the cluster
+          // (each one's full barrier expects the whole tile).
+          constexpr int B_ROWS = BN / CLUSTER_M;
+          tma_load_2d_multicast(smem_addr(smem + s * STAGE_ELEMS + BM * BK + cl_rank * B_ROWS * BK),
+                                tmap_b, k0, n0 + cl_rank * B_ROWS, bar,
+                                (unsigned short)((1u << CLUSTER_M) - 1));
+        } else {
+          tma_load_2d(smem_addr(smem + s * STAGE_ELEMS + BM * BK), tmap_b, k0, n0, bar);
+        }
       }
     }
 """
@@ -733,12 +778,14 @@ WS_CONSUMER = r"""
       wgmma_commit();
       wgmma_wait<1>();  // K-tile kt-1's group retired: its slot goes back to the producer
       fence_acc(acc);
-      if (kt > 0 && lane == 0) mbar_arrive(smem_addr(&empty_bar[(kt - 1) % STAGES]));
+      if (kt > 0 && lane == 0) release_slot(smem_addr(&empty_bar[(kt - 1) % STAGES]));
     }
     wgmma_wait<0>();
     fence_acc(acc);
   }
-  __syncthreads();  // the ring's shared memory becomes the fp32 C tile
+  // The ring's shared memory becomes the fp32 C tile. In a cluster, also wait for the
+  // peer: its compute warps still arrive on this CTA's empty barriers.
+  if constexpr (CLUSTER_M > 1) cluster_sync(); else __syncthreads();
 
   float* sC = reinterpret_cast<float*>(smem_base);
   if (warp < CONSUMER_WARPS) {
@@ -922,15 +969,20 @@ MMA_SETUP = r"""
 """
 
 TILE_HEAD = r"""
-  // Which tile and K-slice: slices of a tile are consecutive CTAs (so a slice only ever
-  // waits for a CTA launched before it), tiles are rastered in groups of GROUP_M rows.
+  // Which tile and K-slice: slices of a tile are consecutive CTAs (or clusters), so a
+  // slice only ever waits for a CTA launched before it; tiles are rastered in groups of
+  // GROUP_M rows (of clusters). A cluster's CTAs take CLUSTER_M vertically adjacent
+  // tiles (same columns, same slice): the B tile they share is multicast.
+  const int cl_rank = blockIdx.x % CLUSTER_M, cl_id = blockIdx.x / CLUSTER_M;
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-  const int slice = blockIdx.x % split, tile = blockIdx.x / split;
+  const int tiles_mc = (tiles_m + CLUSTER_M - 1) / CLUSTER_M;
+  const int slice = cl_id % split, ctile = cl_id / split;
+  const int tile = ctile * CLUSTER_M + cl_rank;
   const int per_group = GROUP_M * tiles_n;
-  const int first_m = (tile / per_group) * GROUP_M;
-  const int group_rows = imin(tiles_m - first_m, GROUP_M);
-  const int tm = first_m + (tile % per_group) % group_rows;
-  const int tn = (tile % per_group) / group_rows;
+  const int first_m = (ctile / per_group) * GROUP_M;
+  const int group_rows = imin(tiles_mc - first_m, GROUP_M);
+  const int tm = (first_m + (ctile % per_group) % group_rows) * CLUSTER_M + cl_rank;
+  const int tn = (ctile % per_group) / group_rows;
   const int m0 = tm * BM, n0 = tn * BN;
 
   const int ktiles = (K + BK - 1) / BK;
@@ -1076,6 +1128,7 @@ BODIES: dict[str, tuple[str, ...]] = {
     "wgmma_ws": (WGMMA_SETUP, TILE_HEAD, WS_PROLOGUE, PRODUCER_CP_ASYNC, WS_CONSUMER, EPILOGUE),
     "wgmma_tma": (WGMMA_SETUP, TILE_HEAD, WS_PROLOGUE, PRODUCER_TMA, WS_CONSUMER, EPILOGUE),
     "wgmma_ptma": (WGMMA_SETUP, PTMA_BODY),
+    "wgmma_ctma": (WGMMA_SETUP, TILE_HEAD, WS_PROLOGUE, PRODUCER_TMA, WS_CONSUMER, EPILOGUE),
 }
 SNIPPET_NAMES: dict[str, tuple[str, ...]] = {
     "mma": ("convert", "min_max", "ptx", "semaphore", "swizzle", "load_stage",
@@ -1088,6 +1141,8 @@ SNIPPET_NAMES: dict[str, tuple[str, ...]] = {
                   "mbarrier", "tma", "store_out"),
     "wgmma_ptma": ("convert", "min_max", "ptx", "semaphore", "wgmma_ptx", "wgmma_instr",
                    "unit_coords", "mbarrier", "tma", "store_out"),
+    "wgmma_ctma": ("convert", "min_max", "ptx", "semaphore", "wgmma_ptx", "wgmma_instr",
+                   "mbarrier", "tma", "store_out"),
 }
 
 RENDERER = Renderer(extra=MATMUL_SNIPPETS)
@@ -1111,7 +1166,7 @@ def _prelude(spec: MatmulSpec) -> str:
         "WARPS_M": spec.warps_m, "WARPS_N": spec.warps_n, "THREADS": spec.threads,
         "STAGES": spec.stages, **tiling,
         "STAGE_ELEMS": (spec.tile_m + spec.tile_n) * spec.tile_k, "CLD": spec.tile_n + CPAD,
-        "GROUP_M": GROUP_M, "MODE_NONE": MODE_CODE["none"],
+        "GROUP_M": GROUP_M, "CLUSTER_M": spec.cluster_m, "MODE_NONE": MODE_CODE["none"],
         "MODE_SERIAL": MODE_CODE["serial"], "MODE_PARALLEL": MODE_CODE["parallel"],
         "B_KMAJOR": spec.layout == "TN",
         "OUT_IS_F32": spec.out_dtype == "fp32",
@@ -1179,7 +1234,8 @@ def render(spec: MatmulSpec) -> KernelSource:
     source = RENDERER.source(
         [], _prelude(spec),
         *[_snippet(s, spec) for s in SNIPPET_NAMES[kind]],
-        RENDERER.kernel(name, _params(spec), body, threads=spec.threads),
+        RENDERER.kernel(name, _params(spec), body, threads=spec.threads,
+                        cluster=spec.cluster_m),
         RENDERER.kernel(reduce_name, _reduce_params(), REDUCE_BODY, threads=REDUCE_THREADS))
 
     return KernelSource(spec=spec, source=source, kernel_name=name, reduce_name=reduce_name,
@@ -1209,5 +1265,7 @@ def reduce_launch(M: int, N: int, sm_count: int = 132) -> LaunchConfig:
 
 
 def tiles(spec: MatmulSpec, M: int, N: int) -> int:
-    """Output tiles of an M x N product (one serial-split-K semaphore each)."""
-    return -(-M // spec.tile_m) * -(-N // spec.tile_n)
+    """Output tiles of an M x N product (one serial-split-K semaphore each); with clusters
+    the tile rows round up to whole clusters (a CTA past the last row stores nothing)."""
+    rows = -(-M // (spec.tile_m * spec.cluster_m)) * spec.cluster_m
+    return rows * -(-N // spec.tile_n)

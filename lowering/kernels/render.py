@@ -103,9 +103,12 @@ class Renderer:
         return "\n".join(f"typedef {Renderer.ctype(d)} {alias};" for alias, d in values.items())
 
     def kernel(self, name: str, params: Sequence[tuple[str, str]], body: str,
-               threads: int | None = None) -> str:
-        """One `extern "C"` kernel (unmangled, so its name is the name we asked for)."""
+               threads: int | None = None, cluster: int = 1) -> str:
+        """One `extern "C"` kernel (unmangled, so its name is the name we asked for);
+        `cluster` > 1: compiled-in thread-block clusters of that many CTAs along x."""
         bounds = f"__launch_bounds__({threads}) " if (threads and self.launch_bounds) else ""
+        if cluster > 1:
+            bounds = f"__cluster_dims__({cluster}, 1, 1) " + bounds
         args = ", ".join(f"{t} {n}" for t, n in params)
         return f'extern "C" __global__ void {bounds}{name}({args}) {{\n{body.strip()}\n}}\n'
 
