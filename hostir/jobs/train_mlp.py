@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from hostir.jobs.results import commit
-from hostir.nn import ColumnParallelLinear, RowParallelLinear, shard_sequence
+from hostir.nn import ColumnParallelLinear, RowParallelLinear, fused_mlp, shard_sequence
 from runtime.device import DTYPES
 
 
@@ -60,6 +60,10 @@ def add_arguments(p) -> None:
                    help="pipelined: one collective a stage; ring: SendRecv beside the GEMMs "
                         "(AllGather+GEMM local rows first, GEMM+ReduceScatter local rows "
                         "last); auto: ring over the copy engine, else pipelined")
+    p.add_argument("--activation", default="gelu", choices=["gelu", "gelu_tanh"],
+                   help="gelu: exact (erf), unfused; gelu_tanh: the tanh approximation, fused "
+                        "into the GEMM epilogues (hostir.nn.ParallelMLP: cuBLASLt GELU_AUX "
+                        "forward, DGELU backward)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bench", action="store_true", help="time a step: ours vs plain vs ideal")
     p.add_argument("--iters", type=int, default=10)
@@ -154,15 +158,27 @@ def batch(args, step: int):
     return x, x + 0.5 * torch.tanh(x @ teacher)
 
 
-class MLPBlock(torch.nn.Module):
-    """``x + down(gelu(up(x)))`` over sequence-sharded tokens ``[T/D, hidden]``."""
+def gelu(x, activation: str = "gelu"):
+    """The activation: ``gelu`` exact, ``gelu_tanh`` the tanh approximation (cuBLASLt's)."""
+    return F.gelu(x, approximate="tanh" if activation == "gelu_tanh" else "none")
 
-    def __init__(self, up: ColumnParallelLinear, down: RowParallelLinear):
+
+class MLPBlock(torch.nn.Module):
+    """``x + down(gelu(up(x)))`` over sequence-sharded tokens ``[T/D, hidden]``. With
+    ``fused`` (``activation="gelu_tanh"`` only) the GELU runs in the GEMM epilogues
+    (``hostir.nn.fused_mlp``, the ``ParallelMLP`` computation)."""
+
+    def __init__(self, up: ColumnParallelLinear, down: RowParallelLinear,
+                 activation: str = "gelu", fused: bool = False):
         super().__init__()
+        if fused and activation != "gelu_tanh":
+            raise ValueError(f"MLPBlock: the fused GELU is gelu_tanh, got {activation!r}")
         self.up, self.down = up, down
+        self.activation, self.fused = activation, fused
 
     @classmethod
-    def from_weights(cls, w1, w2, dtype, device, **kw) -> "MLPBlock":
+    def from_weights(cls, w1, w2, dtype, device, activation="gelu", fused=False,
+                     **kw) -> "MLPBlock":
         def linear(w):
             lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device=device, dtype=dtype)
             with torch.no_grad():
@@ -170,10 +186,12 @@ class MLPBlock(torch.nn.Module):
             return lin
 
         return cls(ColumnParallelLinear.from_linear(linear(w1), **kw),
-                   RowParallelLinear.from_linear(linear(w2), **kw))
+                   RowParallelLinear.from_linear(linear(w2), **kw), activation, fused)
 
     def forward(self, x):
-        return x + self.down(F.gelu(self.up(x)))
+        if self.fused:
+            return x + fused_mlp(x, self.up, self.down)
+        return x + self.down(gelu(self.up(x), self.activation))
 
 
 def _loss(y, target, args):
@@ -186,7 +204,8 @@ def train(args) -> list[float]:
     rank, world, device = _setup(args)
     dt = DTYPES[args.dtype]
     w1, w2 = initial_weights(args)
-    block = MLPBlock.from_weights(w1, w2, dt, device, stages=args.stages,
+    block = MLPBlock.from_weights(w1, w2, dt, device, args.activation,
+                                  args.activation == "gelu_tanh", stages=args.stages,
                                   streams=args.streams, comm=args.comm,
                                   schedule=args.schedule)
     opt = torch.optim.SGD(block.parameters(), lr=args.lr)
@@ -217,7 +236,7 @@ def train_reference(args) -> list[float]:
     for step in range(args.steps):
         x, target = batch(args, step)
         x, target = x.to(dt), target.to(dt)
-        loss = _loss(x + down(F.gelu(up(x))), target, args)
+        loss = _loss(x + down(gelu(up(x), args.activation)), target, args)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
