@@ -17,7 +17,10 @@ at more stages, over NCCL, and the per-stage pipelines), the same layers written
 plain ``torch.distributed`` collectives (gather, then GEMM; GEMM, then reduce-scatter: no
 overlap), and the step's six GEMMs alone (ideal). Before timing it checks the pipelined
 and the ring layers against the plain ones (relative errors in the JSON); it writes
-``<--out>/tp_mlp_<device>.json``.
+``<--out>/tp_mlp_<device>.json``. With ``--activation gelu_tanh`` every variant, the plain
+layers and the compute-only step use the tanh GELU; the fused MLP (GELU in the GEMM
+epilogues, ``hostir.nn.fused_mlp``) is listed first, as the default, and checked against
+the plain layers too; the file is then ``tp_mlp_<device>_gelu_tanh.json``.
 
     mpirun -np 2 python -m hostir.run train_mlp --bench --hidden 8192 --tokens 16384
 """
@@ -355,14 +358,16 @@ def bench(args) -> dict:
     dy = torch.randn(m, h, generator=g, device=device).to(dt)
     params = [torch.nn.Parameter(w1.clone()), torch.nn.Parameter(w2.clone())]
 
+    act = args.activation
+
     def plain_step():
         xi = x.detach().requires_grad_()
-        hid = F.gelu(_PlainColumn.apply(xi, params[0], None))
+        hid = gelu(_PlainColumn.apply(xi, params[0], None), act)
         y = xi + _PlainRow.apply(hid, params[1], None)
         y.backward(dy)
         return y, xi.grad
 
-    def ours_block(stages, streams, comm, overlap, schedule="pipelined"):
+    def ours_block(stages, streams, comm, overlap, schedule="pipelined", fused=False):
         up = ColumnParallelLinear(h, f, stages=stages, streams=streams, comm=comm,
                                   device=device, dtype=dt, overlap_weight_grad=overlap,
                                   schedule=schedule)
@@ -372,7 +377,7 @@ def bench(args) -> dict:
         with torch.no_grad():
             up.weight.copy_(w1)
             down.weight.copy_(w2)
-        return MLPBlock(up, down)
+        return MLPBlock(up, down, act, fused)
 
     def ours_step(block):
         def step():
@@ -389,8 +394,8 @@ def bench(args) -> dict:
     # (the copy engine on GPUs; the group on the CPU).
     ring_comm = "copy_engine" if device.type == "cuda" else "torch"
 
-    def check_against_plain(stages, streams, comm, schedule):
-        block = ours_block(stages, streams, comm, False, schedule)
+    def check_against_plain(stages, streams, comm, schedule, fused=False):
+        block = ours_block(stages, streams, comm, False, schedule, fused)
         y_o, dx_o = ours_step(block)()
         for p in params:
             p.grad = None
@@ -401,6 +406,8 @@ def bench(args) -> dict:
 
     check = check_against_plain(1, 1, "torch", "pipelined")
     check_ring = check_against_plain(1, 2, ring_comm, "ring")
+    fuse = act == "gelu_tanh"
+    check_fused = check_against_plain(1, 2, ring_comm, "ring", True) if fuse else None
 
     # Ideal: the step's six GEMMs alone, local shapes, back to back.
     xs = torch.randn(t, h, device=device, dtype=dt)
@@ -414,17 +421,20 @@ def bench(args) -> dict:
     dy_full = torch.randn(t, h, device=device, dtype=dt)
 
     def compute_step():
-        """The step without communication: the same GEMMs, GELU and residual, one rank's
-        share of the work (what overlap can reach at best without fusing the GELU)."""
+        """The step without communication: the same GEMMs, GELU (the same activation,
+        unfused: torch's kernels) and residual, one rank's share of the work (what overlap
+        can reach at best without fusing the GELU)."""
         for p in params:
             p.grad = None
         xi = xs.detach().requires_grad_()
-        y = xi + F.gelu(xi @ params[0]) @ params[1]
+        y = xi + gelu(xi @ params[0], act) @ params[1]
         y.backward(dy_full)
 
     # The first variant is the layers' default transport and schedule (ring over the copy
     # engine where it can run) at one stage; then the ring's alternatives; then the
     # per-stage pipelines measured before (fields: stages, streams, comm, overlap, schedule).
+    # With gelu_tanh the fused MLP (GELU in the GEMM epilogues) comes first, as the
+    # default, then its alternatives; the unfused variants follow (field 6: fused).
     configs = [(1, 2, "auto", True, "auto"), (2, 2, "copy_engine", True, "ring"),
                (1, 2, "copy_engine", False, "ring"), (1, 2, "nccl", True, "ring"),
                (4, 2, "torch", True, "pipelined"), (2, 2, "torch", True, "pipelined"),
@@ -433,6 +443,13 @@ def bench(args) -> dict:
     if device.type == "cpu":  # a smoke test of the benchmark itself, over the gloo group
         configs = [(1, 2, "auto", True, "auto"), (1, 2, "torch", True, "ring"),
                    (2, 2, "torch", False, "ring"), (4, 2, "torch", True, "pipelined")]
+    configs = [c + (False,) for c in configs]
+    if fuse:
+        fused = [(1, 2, "auto", True, "auto", True), (2, 2, "copy_engine", True, "ring", True),
+                 (1, 2, "nccl", True, "ring", True), (4, 2, "torch", True, "pipelined", True)]
+        if device.type == "cpu":
+            fused = [(1, 2, "auto", True, "auto", True), (2, 2, "torch", True, "ring", True)]
+        configs = fused + configs
     from hostir.nn import _resolve
 
     # Every candidate is built and run once first (a variant that cannot run is
@@ -440,15 +457,15 @@ def bench(args) -> dict:
     # that clock and power drift over the run weigh on each alike.
     steps = {"ideal": gemms, "compute": compute_step, "plain": plain_step}
     variants, blocks = [], []
-    for stages, streams, comm, overlap, schedule in configs:
+    for stages, streams, comm, overlap, schedule, fused_gelu in configs:
         dist.barrier()
         kind, resolved = _resolve(device, None, comm, schedule)
         v = {"stages": stages, "streams": streams, "comm": kind, "schedule": resolved,
-             "overlap_weight_grad": overlap}
+             "overlap_weight_grad": overlap, "fused_gelu": fused_gelu}
         if (comm, schedule) != (kind, resolved):
             v["asked"] = f"comm={comm} schedule={schedule}"
         try:
-            block = ours_block(stages, streams, comm, overlap, schedule)
+            block = ours_block(stages, streams, comm, overlap, schedule, fused_gelu)
             step = ours_step(block)
             step()
             blocks.append(block)
@@ -476,7 +493,10 @@ def bench(args) -> dict:
     timed = [v for v in variants if "ms" in v]
     best = min(timed, key=lambda v: v["ms"]) if timed else None
     default = timed[0] if timed and timed[0] is variants[0] else None
+    unfused = [v for v in timed if not v["fused_gelu"]]
     return {"rank": rank, "world": world, "check": check, "check_ring": check_ring,
+            "check_fused": check_fused, "activation": act,
+            "best_unfused": min(unfused, key=lambda v: v["ms"]) if unfused else None,
             "ideal": ideal, "plain": plain,
             "compute": compute,
             "variants": variants, "best": best, "default": default}
@@ -490,25 +510,30 @@ def main(args) -> int:
             name = gpu.lower().replace(" ", "-")
             ours = r["best"]["ms"] if r["best"] else None
             result = {"hidden": args.hidden, "tokens": args.tokens, "ffn": args.hidden * args.ffn_mult,
-                      "world": r["world"], "dtype": "bfloat16",
+                      "world": r["world"], "dtype": "bfloat16", "activation": r["activation"],
                       "ours_ms": ours, "plain_ms": r["plain"], "ideal_ms": r["ideal"],
                       "compute_no_comm_ms": r["compute"],
                       "ours_config": r["best"], "ours_default_ms": (r["default"] or {}).get("ms"),
                       "variants": r["variants"], "check_vs_plain_rel_err": r["check"],
-                      "check_ring_vs_plain_rel_err": r["check_ring"]}
+                      "check_ring_vs_plain_rel_err": r["check_ring"],
+                      "check_fused_vs_plain_rel_err": r["check_fused"],
+                      "ours_unfused_best_ms": (r["best_unfused"] or {}).get("ms")}
             doc = {"device": f"{r['world']}x {gpu}",
                    "date": datetime.date.today().isoformat(), "commit": commit(),
-                   "note": "forward+backward of x + down(gelu(up(x))); ours_ms is the best "
-                           "variant listed; ideal_ms is the step's six GEMMs alone; medians, "
-                           "slowest rank",
+                   "note": "forward+backward of x + down(gelu(up(x))) (activation: gelu exact "
+                           "or gelu_tanh; plain and compute use the same one, unfused); ours_ms "
+                           "is the best variant listed (fused_gelu: GELU in the GEMM epilogues); "
+                           "ideal_ms is the step's six GEMMs alone; medians, slowest rank",
                    "results": [result]}
             os.makedirs(args.out, exist_ok=True)
-            path = os.path.join(args.out, f"tp_mlp_{name}.json")
+            suffix = "_gelu_tanh" if args.activation == "gelu_tanh" else ""
+            path = os.path.join(args.out, f"tp_mlp_{name}{suffix}.json")
             with open(path, "w") as fh:
                 json.dump(doc, fh, indent=2)
             print(json.dumps(doc, indent=2), flush=True)
             if ours:
-                print(f"tp_mlp hidden={args.hidden} tokens={args.tokens}: ours {ours:.2f} ms "
+                print(f"tp_mlp hidden={args.hidden} tokens={args.tokens} {args.activation}: "
+                      f"ours {ours:.2f} ms "
                       f"({ours / r['ideal']:.3f}x ideal), plain {r['plain']:.2f} ms "
                       f"({r['plain'] / r['ideal']:.3f}x), ideal {r['ideal']:.2f} ms -> {path}",
                       flush=True)
