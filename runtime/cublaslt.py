@@ -75,6 +75,11 @@ class CublasLtError(ExecutionError):
     """cuBLASLt missing, refusing a call, or offering no algorithm for it."""
 
 
+class NoAlgorithmError(CublasLtError):
+    """The heuristic offered no algorithm for this GEMM (shape, leading dimensions,
+    alignments, epilogue): the interpreter then runs torch ops instead, with a warning."""
+
+
 class _HeuristicResult(ctypes.Structure):  # cublasLtMatmulHeuristicResult_t
     _fields_ = [("algo", ctypes.c_uint64 * 8), ("workspaceSize", ctypes.c_size_t),
                 ("state", ctypes.c_int), ("wavesCount", ctypes.c_float),
@@ -235,7 +240,7 @@ class _Plan:
                                                   ctypes.byref(count)),
                f"cublasLtMatmulAlgoGetHeuristic for {_describe(key)}")
         if count.value < 1 or self.result.state != CUBLAS_STATUS_SUCCESS:
-            raise CublasLtError(f"cuBLASLt has no algorithm for {_describe(key)}")
+            raise NoAlgorithmError(f"cuBLASLt has no algorithm for {_describe(key)}")
         self.handle = _handle(device)
 
     def set_aux(self, ptr: int) -> None:

@@ -149,6 +149,16 @@ def matmul_epilogue(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, epilogu
         a2, out2, aux2 = (a.reshape(-1, a.shape[-1]), out.view(-1, out.shape[-1]),
                           aux.view(-1, aux.shape[-1]))
         if cublaslt.unsupported(a2, b, out2, epilogue, aux2) is None:
-            cublaslt.matmul(a2, b, out2, epilogue, aux2)
-            return
+            try:
+                cublaslt.matmul(a2, b, out2, epilogue, aux2)
+                return
+            except cublaslt.NoAlgorithmError as e:  # correct but slower: say so, once
+                if str(e) not in _WARNED:
+                    _WARNED.add(str(e))
+                    import warnings
+
+                    warnings.warn(f"{e}; running the epilogue as torch ops", stacklevel=2)
     cublaslt.reference(a, b, out, epilogue, aux)
+
+
+_WARNED: set = set()
