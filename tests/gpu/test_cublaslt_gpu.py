@@ -90,7 +90,7 @@ def test_side_stream_graph_capture_and_no_host_sync():
 
 def test_plans_are_cached():
     a, b = _operands(64, 64, 64, torch.bfloat16)
-    out, pre = torch.empty(64, 64, device="cuda", dtype=torch.bfloat16), None
+    out = torch.empty(64, 64, device="cuda", dtype=torch.bfloat16)
     cublaslt.matmul(a, b, out)
     before = len(cublaslt._PLANS)
     for _ in range(3):

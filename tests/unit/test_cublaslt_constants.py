@@ -2,7 +2,6 @@
 (cublasLt.h, cublas_api.h, library_types.h: torch's and CuPy's CUDA wheels ship them under
 site-packages/nvidia/cu13/include). Skips where no header is installed."""
 
-import glob
 import os
 import re
 import sys
