@@ -462,14 +462,28 @@ class Wait:
         _need("Wait", self.handle, CommHandle, "handle")
 
 
+MATMUL_EPILOGUES = ("gelu_aux", "dgelu")
+
+
 @dataclasses.dataclass(frozen=True, slots=True)
 class Matmul:
     """``out = a @ b`` on the current stream, written into the existing tensor ``out``
-    (batch axes of ``a`` broadcast against a 2-D ``b``)."""
+    (batch axes of ``a`` broadcast against a 2-D ``b``).
+
+    An optional ``epilogue`` runs on the product before it is stored, in the same GEMM on
+    CUDA (a cuBLASLt epilogue) or as torch ops after it elsewhere; the GELU is the tanh
+    approximation (cuBLASLt's), and ``aux`` has out's shape and dtype:
+
+    - ``gelu_aux``: ``out = gelu(a @ b)`` and ``aux = a @ b`` (written: the pre-activation
+      that the backward needs);
+    - ``dgelu``: ``out = (a @ b) * gelu'(aux)`` (``aux`` read: the saved pre-activation).
+    """
 
     out: Tensor
     a: Tensor
     b: Tensor
+    epilogue: str | None = None
+    aux: Tensor | None = None
 
     def __post_init__(self):
         where = f"matmul {getattr(self.out, 'name', '?')}"
@@ -485,6 +499,18 @@ class Matmul:
             _fail(where, f"expected out {list(a[:-1] + (b[1],))}, got {list(o)}")
         if not (self.a.dtype == self.b.dtype == self.out.dtype):
             _fail(where, f"dtypes differ: a {self.a.dtype}, b {self.b.dtype}, out {self.out.dtype}")
+        if self.epilogue is None:
+            if self.aux is not None:
+                _fail(where, f"aux {self.aux.name} without an epilogue")
+            return
+        if self.epilogue not in MATMUL_EPILOGUES:
+            _fail(where, f"unknown epilogue {self.epilogue!r}: expected one of {MATMUL_EPILOGUES}")
+        _need(where, self.aux, Tensor, f"aux of epilogue {self.epilogue}")
+        if self.aux.local_shape != o or self.aux.dtype != self.out.dtype:
+            _fail(where, f"aux {self.aux.name} is {self.aux.dtype}{list(self.aux.local_shape)}, "
+                         f"expected out's {self.out.dtype}{list(o)}")
+        if self.aux.name in (self.out.name, self.a.name, self.b.name):
+            _fail(where, f"aux {self.aux.name} must be a tensor of its own")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -59,6 +59,12 @@ copy engine and ``pipelined`` otherwise.
 
 The programs run on the caller's current CUDA stream (worker streams join back into it);
 under ``torch.autocast`` the GEMMs run in the autocast dtype.
+
+Fused GELU: ``ParallelMLP(hidden, ffn)`` is ``down(gelu(up(x), approximate="tanh"))`` with
+the GELU in the up projection's forward GEMM epilogue (cuBLASLt GELU_AUX, saving the
+pre-activation) and its derivative in the down projection's backward AllGather+GEMM
+epilogue (DGELU): no elementwise GELU kernel in a step. ``ColumnParallelLinear(...,
+activation="gelu_tanh")`` alone fuses the forward only.
 """
 
 from __future__ import annotations
@@ -75,10 +81,11 @@ from lowering.pipeline import lower
 from runtime.device import DTYPE_NAMES, make_backend
 from runtime.interpreter import Interpreter
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "shard_sequence", "sequence_rows",
-           "copy_engine_available"]
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "fused_mlp", "shard_sequence",
+           "sequence_rows", "copy_engine_available"]
 
 COMMS = ("auto", "torch", "nccl", "mpi", "copy_engine")
+ACTIVATIONS = (None, "gelu_tanh")
 SCHEDULES = ("auto", "pipelined", "ring")
 
 # The only state: runtimes per (device, communicator choice) and plans per shape.
@@ -227,10 +234,13 @@ def _as_input(run: Interpreter, index: int, x: torch.Tensor) -> torch.Tensor:
 
 class _Plan:
     """The two programs of one layer shape. ``m``: tokens a rank holds sequence-sharded
-    (T/D); ``k``, ``n``: the local weight is [k, n]; ``kind``: column or row."""
+    (T/D); ``k``, ``n``: the local weight is [k, n]; ``kind``: column or row.
+    ``epilogue``: ``gelu_aux`` on the column forward GEMMs (the output is gelu(x W), the
+    pre-activation a second output), ``dgelu`` on the row backward GEMMs (dx is multiplied
+    by gelu' of a pre-activation passed in)."""
 
     def __init__(self, kind, rt: _Runtime, m, k, n, stages, streams, dtype, overlap,
-                 schedule="pipelined"):
+                 schedule="pipelined", epilogue=None):
         d = rt.comm.world_size
         self.kind, self.rt, self.m, self.k, self.n = kind, rt, m, k, n
         self.S, self.D, self.overlap = stages, d, overlap and rt.backend.name == "cuda"
@@ -242,12 +252,19 @@ class _Plan:
                 f"expected a multiple of stages*ranks = {stages * d} tokens"
             )
         ag, rs = allgather_matmul, matmul_reduce_scatter
+        fwd_epilogue = epilogue if kind == "column" else None
+        bwd_epilogue = epilogue if kind == "row" else None
+        if (fwd_epilogue or bwd_epilogue) != epilogue:
+            raise LoweringError(f"{kind}-parallel layer: epilogue {epilogue!r} has no GEMM to "
+                                "go on (gelu_aux: column forward; dgelu: row backward)")
         if kind == "column":  # fwd: gather(x)[T, k] @ W[k, n]; bwd: rs(dy[T, n] @ W^T[n, k])
-            self.fwd = _interpreter(rt, ag(t, k, n, stages, d, dtype), streams, True, schedule)
+            self.fwd = _interpreter(rt, ag(t, k, n, stages, d, dtype, fwd_epilogue), streams,
+                                    True, schedule)
             self.bwd = _interpreter(rt, rs(t, n * d, k, stages, d, dtype), streams, False, schedule)
         else:  # fwd: rs(x[T, k] @ W[k, n]); bwd: gather(dy)[T, n] @ W^T[n, k]
             self.fwd = _interpreter(rt, rs(t, k * d, n, stages, d, dtype), streams, False, schedule)
-            self.bwd = _interpreter(rt, ag(t, n, k, stages, d, dtype), streams, True, schedule)
+            self.bwd = _interpreter(rt, ag(t, n, k, stages, d, dtype, bwd_epilogue), streams,
+                                    True, schedule)
 
     def _fill_local_rows(self, gathered: torch.Tensor, mine: torch.Tensor) -> None:
         """The ring multiplies this rank's rows from its own shard and never writes them
@@ -272,12 +289,13 @@ class _Plan:
         cur.wait_stream(side)  # dw and every later use of a and b are ordered after it
         return out, dw
 
-    # column: x [m, k] sequence-sharded -> y [T, n]
+    # column: x [m, k] sequence-sharded -> y [T, n] (and its pre-activation with gelu_aux)
     def column_forward(self, x, w):
         S, m = self.S, self.m // self.S
-        y, g = self.fwd(x.view(S, 1, m, self.k), w)
+        y, *pre, g = self.fwd(x.view(S, 1, m, self.k), w)
         self._fill_local_rows(g, x)
-        return y.view(-1, self.n), g.view(-1, self.k)
+        pre = pre[0].view(-1, self.n) if pre else None
+        return y.view(-1, self.n), g.view(-1, self.k), pre
 
     def column_backward(self, dy, gathered, w, need_x: bool, need_w: bool):
         wt = w.t().contiguous()
@@ -295,25 +313,34 @@ class _Plan:
         (y,) = self.fwd(_as_input(self.fwd, 0, x), _as_input(self.fwd, 1, w))
         return y.view(-1, self.n)
 
-    def row_backward(self, dy, x, w, need_w: bool):
+    def row_backward(self, dy, x, w, need_w: bool, pre=None):
+        """``pre``: with ``dgelu``, the pre-activation ``[T, k]`` whose gelu was ``x``;
+        dx is then the gradient of the pre-activation."""
         S, m = self.S, self.m // self.S
-        dx, g = self.bwd(dy.view(S, 1, m, self.n), w.t().contiguous())
+        args = (dy.view(S, 1, m, self.n), w.t().contiguous())
+        if pre is not None:
+            args += (_as_input(self.bwd, 2, pre),)
+        dx, g = self.bwd(*args)
         self._fill_local_rows(g, dy)
         g = g.view(-1, self.n)
         dw = x.t() @ g if need_w else None
         return dx.view(-1, self.k), dw
 
 
-def _plan(kind, layer, x: torch.Tensor) -> _Plan:
+def _plan(kind, layer, x: torch.Tensor, epilogue: str | None = None,
+          rows: int | None = None) -> _Plan:
+    """The plan for ``layer`` on inputs like ``x`` (``rows``: the input's rows, when
+    ``x`` only gives dtype and device)."""
+    rows = x.shape[0] if rows is None else rows
     comm, schedule = _resolve(x.device, layer.process_group, layer.comm, layer.schedule)
     rt = _runtime(x.device, layer.process_group, comm)
-    key = (kind, x.shape[0], layer._k, layer._n, x.dtype, str(x.device), layer.stages,
-           layer.streams, layer.overlap_weight_grad, schedule, id(rt))
+    key = (kind, rows, layer._k, layer._n, x.dtype, str(x.device), layer.stages,
+           layer.streams, layer.overlap_weight_grad, schedule, id(rt), epilogue)
     plan = _PLANS.get(key)
     if plan is None:
-        m = x.shape[0] if kind == "column" else x.shape[0] // rt.comm.world_size
+        m = rows if kind == "column" else rows // rt.comm.world_size
         plan = _Plan(kind, rt, m, layer._k, layer._n, layer.stages, layer.streams,
-                     DTYPE_NAMES[x.dtype], layer.overlap_weight_grad, schedule)
+                     DTYPE_NAMES[x.dtype], layer.overlap_weight_grad, schedule, epilogue)
         _PLANS[key] = plan
     return plan
 
@@ -325,21 +352,55 @@ def _no_autocast(device: torch.device):
 
 
 class _ColumnParallel(torch.autograd.Function):
+    """With the plan's ``gelu_aux`` the output is gelu_tanh(x W) and the backward first
+    takes the GELU's derivative (torch's gelu_backward on the saved pre-activation);
+    ``ParallelMLP`` fuses that derivative into the down projection's backward GEMM."""
+
     @staticmethod
     def forward(ctx, x, w, plan):
         with _no_autocast(x.device):
-            y, gathered = plan.column_forward(x, w)
+            y, gathered, pre = plan.column_forward(x, w)
         ctx.plan = plan
-        ctx.save_for_backward(gathered, w)
+        ctx.save_for_backward(gathered, w, pre)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        gathered, w = ctx.saved_tensors
+        gathered, w, pre = ctx.saved_tensors
+        dy = dy.to(w.dtype)
+        if pre is not None:
+            dy = torch.ops.aten.gelu_backward(dy, pre, approximate="tanh")
         with _no_autocast(dy.device):
-            dx, dw = ctx.plan.column_backward(dy.to(w.dtype).contiguous(), gathered, w,
+            dx, dw = ctx.plan.column_backward(dy.contiguous(), gathered, w,
                                               ctx.needs_input_grad[0], ctx.needs_input_grad[1])
         return dx, dw, None
+
+
+class _ParallelMLP(torch.autograd.Function):
+    """``down(gelu_tanh(up(x)))`` as one autograd node, so the GELU's derivative can be the
+    epilogue of the down projection's backward GEMM: forward AllGather+GEMM with
+    ``gelu_aux`` (h = gelu(pre), pre saved), GEMM+ReduceScatter; backward AllGather+GEMM
+    with ``dgelu`` (d_pre = (gather(dy) W2^T) * gelu'(pre)), then the up projection's
+    GEMM+ReduceScatter on d_pre. Weight gradients as the layers compute them."""
+
+    @staticmethod
+    def forward(ctx, x, w1, w2, up, down):
+        with _no_autocast(x.device):
+            h, gathered, pre = up.column_forward(x, w1)
+            y = down.row_forward(h, w2)
+        ctx.plans = up, down
+        ctx.save_for_backward(gathered, pre, h, w1, w2)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        gathered, pre, h, w1, w2 = ctx.saved_tensors
+        up, down = ctx.plans
+        need_x, need_w1, need_w2 = ctx.needs_input_grad[:3]
+        with _no_autocast(dy.device):
+            dpre, dw2 = down.row_backward(dy.to(w2.dtype).contiguous(), h, w2, need_w2, pre)
+            dx, dw1 = up.column_backward(dpre, gathered, w1, need_x, need_w1)
+        return dx, dw1, dw2, None, None
 
 
 class _RowParallel(torch.autograd.Function):
@@ -413,7 +474,14 @@ class ColumnParallelLinear(_ParallelLinear):
     def __init__(self, in_features: int, out_features: int, *, bias: bool = False,
                  stages: int = 2, streams: int = 2, process_group=None, comm: str = "auto",
                  device=None, dtype=None, overlap_weight_grad: bool = True,
-                 schedule: str = "auto"):
+                 schedule: str = "auto", activation: str | None = None):
+        """``activation="gelu_tanh"``: the output is ``gelu(x W, approximate="tanh")``,
+        computed in the forward GEMMs' epilogue (cuBLASLt GELU_AUX on CUDA); no bias then."""
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation={activation!r}: expected one of {ACTIVATIONS}")
+        if activation is not None and bias:
+            raise ValueError("ColumnParallelLinear: activation with a bias is not supported")
+        self.activation = activation
         rank, world = _world(process_group, comm)
         if out_features % world:
             raise ValueError(f"ColumnParallelLinear: out_features={out_features} is not "
@@ -439,7 +507,8 @@ class ColumnParallelLinear(_ParallelLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x, w = self._inputs(x)
-        y = _ColumnParallel.apply(x, w, _plan("column", self, x))
+        epilogue = "gelu_aux" if self.activation else None
+        y = _ColumnParallel.apply(x, w, _plan("column", self, x, epilogue))
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
 
@@ -484,3 +553,59 @@ class RowParallelLinear(_ParallelLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x, w = self._inputs(x)
         return _RowParallel.apply(x, w, _plan("row", self, x))
+
+
+class ParallelMLP(torch.nn.Module):
+    """``down(gelu_tanh(up(x)))``: a column-parallel up projection and a row-parallel down
+    projection (Megatron-LM's ``ParallelMLP``, sequence parallel), with the GELU fused into
+    GEMM epilogues: cuBLASLt GELU_AUX in the up projection's forward GEMMs and DGELU in
+    the down projection's backward (AllGather+GEMM) GEMMs; on the CPU the same math in torch
+    ops. Input and output are sequence-sharded ``[T/D, hidden]``; the residual is the
+    caller's. ``up`` and ``down`` are the two layers (their weights, their options).
+
+    >>> mlp = ParallelMLP(8192, 32768, stages=1, device="cuda", dtype=torch.bfloat16)  # doctest: +SKIP
+    >>> y = x + mlp(x)                                                                   # doctest: +SKIP
+    """
+
+    def __init__(self, hidden: int, ffn: int, *, activation: str = "gelu_tanh",
+                 stages: int = 2, streams: int = 2, process_group=None, comm: str = "auto",
+                 device=None, dtype=None, overlap_weight_grad: bool = True,
+                 schedule: str = "auto"):
+        super().__init__()
+        if activation != "gelu_tanh":
+            raise ValueError(f"activation={activation!r}: ParallelMLP fuses 'gelu_tanh' only")
+        kw = dict(stages=stages, streams=streams, process_group=process_group, comm=comm,
+                  device=device, dtype=dtype, overlap_weight_grad=overlap_weight_grad,
+                  schedule=schedule)
+        self.activation = activation
+        self.up = ColumnParallelLinear(hidden, ffn, activation=activation, **kw)
+        self.down = RowParallelLinear(ffn, hidden, **kw)
+
+    @classmethod
+    def from_linears(cls, up: torch.nn.Linear, down: torch.nn.Linear, **kw) -> "ParallelMLP":
+        """This rank's shards of two full bias-free ``torch.nn.Linear`` (same on every rank)."""
+        mlp = cls(up.in_features, up.out_features, device=up.weight.device,
+                  dtype=up.weight.dtype, **kw)
+        if up.bias is not None or down.bias is not None:
+            raise ValueError("ParallelMLP.from_linears: expected bias-free linears")
+        n, k, r = mlp.up._n, mlp.down._k, mlp.up.rank
+        with torch.no_grad():
+            mlp.up.weight.copy_(up.weight[r * n:(r + 1) * n].t())
+            mlp.down.weight.copy_(down.weight[:, r * k:(r + 1) * k].t())
+        return mlp
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return fused_mlp(x, self.up, self.down)
+
+
+def fused_mlp(x: torch.Tensor, up: ColumnParallelLinear, down: RowParallelLinear) -> torch.Tensor:
+    """``down(gelu_tanh(up(x)))`` with the GELU in the GEMM epilogues (see ``ParallelMLP``),
+    for any pair of layers built with the same stages (``up``'s own activation is not
+    applied twice: the fused GELU is the activation)."""
+    x, w1 = up._inputs(x)
+    w2 = down.weight.to(w1.dtype)
+    if down._k != up._n:
+        raise ValueError(f"fused_mlp: up gives {up._n} features a rank, down takes {down._k}")
+    up_plan = _plan("column", up, x, "gelu_aux")
+    down_plan = _plan("row", down, x, "dgelu", rows=x.shape[0] * up_plan.D)
+    return _ParallelMLP.apply(x, w1, w2, up_plan, down_plan)

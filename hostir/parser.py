@@ -281,12 +281,28 @@ class _Parser:
             a = self.lookup(line, ir.Tensor, "tensor")
             line.take(",")
             b = self.lookup(line, ir.Tensor, "tensor")
+            epilogue = aux = None
+            if op == "matmul" and line.peek() == ",":  # `, epilogue=NAME, aux=TENSOR`
+                line.take(",")
+                line.take("epilogue")
+                line.take("=")
+                epilogue = line.name()
+                if epilogue not in ir.MATMUL_EPILOGUES:
+                    line.i -= 1
+                    raise line.error(f"unknown epilogue {epilogue!r}: expected one of "
+                                     f"{ir.MATMUL_EPILOGUES}")
+                line.take(",")
+                line.take("aux")
+                line.take("=")
+                aux = self.lookup(line, ir.Tensor, "tensor")
             line.take(")")
             out = self.values.get(target)
             if not isinstance(out, ir.Tensor):
                 line.i = at
                 raise line.error(f"{op} writes into an existing tensor: {target!r} is not one")
-            return (ir.Matmul if op == "matmul" else ir.Add)(out, a, b)
+            if op == "matmul":
+                return ir.Matmul(out, a, b, epilogue, aux)
+            return ir.Add(out, a, b)
         if op == "Communication":
             return self.communication(line, target, at)
         line.i = at + 2

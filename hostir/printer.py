@@ -113,7 +113,8 @@ _FORMAT = {
     ),
     ir.Communication: _communication,
     ir.Wait: lambda s: f"Wait {s.handle.name}",
-    ir.Matmul: lambda s: f"{s.out.name} = matmul({s.a.name}, {s.b.name})",
+    ir.Matmul: lambda s: f"{s.out.name} = matmul({s.a.name}, {s.b.name}" + (
+        f", epilogue={s.epilogue}, aux={s.aux.name})" if s.epilogue else ")"),
     ir.Add: lambda s: f"{s.out.name} = add({s.a.name}, {s.b.name})",
     ir.LaunchKernel: _launch,
 }

@@ -9,7 +9,8 @@ checks what needs context:
   (``numberOfStreams``, ``rank``, ``worldSize``);
 - a ``Wait`` names a ``Communication`` of the same scope that was not waited yet, and
   every communication is waited in the scope that posted it;
-- a matmul or add writes into an existing tensor that is not an input;
+- a matmul or add writes into an existing tensor that is not an input (nor does a
+  ``gelu_aux`` matmul's pre-activation ``aux``; a ``dgelu`` one reads its ``aux``);
 - a program that switches streams captured the user's stream first, ends on it, and
   joins (``Synchronize``) every worker stream it issued work on after that work.
 
@@ -145,11 +146,18 @@ class _Verifier:
                 self.fail(s, f"{s.handle.name} is not a communication of this scope still in flight")
             del scope.pending[s.handle.name]
         elif isinstance(s, (ir.Matmul, ir.Add)):
-            for t in (s.a, s.b, s.out):
+            aux = getattr(s, "aux", None)
+            for t in (s.a, s.b, s.out) + ((aux,) if aux is not None else ()):
                 self.use(scope, t, s)
             if s.out.name in self.inputs:
                 what = "matmul" if isinstance(s, ir.Matmul) else "add"
                 self.fail(s, f"{what} writes into the program input {s.out.name}")
+            if aux is not None:
+                # shapes and dtypes equal out's (checked by Matmul itself); gelu_aux writes it
+                if (aux.local_shape, aux.dtype) != (s.out.local_shape, s.out.dtype):
+                    self.fail(s, f"aux {aux.name} differs from out {s.out.name} in shape or dtype")
+                if s.epilogue == "gelu_aux" and aux.name in self.inputs:
+                    self.fail(s, f"matmul writes its pre-activation into the program input {aux.name}")
         elif isinstance(s, ir.LaunchKernel):
             if s.kernel not in self.kernels:
                 self.fail(s, f"kernel {s.kernel} is not among the program's kernels "

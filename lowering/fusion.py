@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 
 from hostir.errors import LoweringError
-from hostir.ir import DTYPES, DeviceMesh, ParallelType
+from hostir.ir import DTYPES, MATMUL_EPILOGUES, DeviceMesh, ParallelType
 
 __all__ = ["Fusion", "TensorView", "Op", "DeviceMesh", "ParallelType"]
 
@@ -107,6 +107,7 @@ class Op:
     inputs: tuple[TensorView, ...]
     output: TensorView
     attrs: tuple[tuple[str, object], ...] = ()
+    aux: "TensorView | None" = None  # a matmul epilogue's pre-activation (out or in)
 
     def attr(self, key: str, default=None):
         return dict(self.attrs).get(key, default)
@@ -140,8 +141,15 @@ class Fusion:
         self._own(t, "add_output")
         self.outputs.append(t)
 
-    def matmul(self, a: TensorView, b: TensorView) -> TensorView:
-        """``a @ b`` with ``b`` of rank 2; batch axes of ``a`` carry over to the output."""
+    def matmul(self, a: TensorView, b: TensorView, epilogue: str | None = None,
+               aux: TensorView | None = None):
+        """``a @ b`` with ``b`` of rank 2; batch axes of ``a`` carry over to the output.
+
+        ``epilogue="gelu_aux"`` returns ``(gelu(a @ b), a @ b)``: the output and its
+        pre-activation, a second tensor of the output's shape; ``epilogue="dgelu"``
+        returns ``(a @ b) * gelu'(aux)`` for an input ``aux`` of the output's shape (the
+        saved pre-activation). The GELU is the tanh approximation (``ir.Matmul``). Shard
+        the pre-activation as the output."""
         self._own(a, "matmul")
         self._own(b, "matmul")
         if len(b.shape) != 2 or len(a.shape) < 2:
@@ -156,10 +164,25 @@ class Fusion:
             )
         if a.dtype != b.dtype:
             raise LoweringError(f"matmul: {a.name} is {a.dtype} but {b.name} is {b.dtype}")
+        if epilogue not in (None,) + MATMUL_EPILOGUES:
+            raise LoweringError(f"matmul: unknown epilogue {epilogue!r}; expected one of "
+                                f"{MATMUL_EPILOGUES}")
+        if (epilogue == "dgelu") != (aux is not None):
+            raise LoweringError("matmul: epilogue dgelu takes aux (the saved pre-activation); "
+                                f"epilogue {epilogue} takes none")
         out = self._new(a.shape[:-1] + [b.shape[1]], a.dtype)
         out.mesh = a.mesh
-        self.ops.append(Op("matmul", (a, b), out))
-        return out
+        attrs = (("epilogue", epilogue),) if epilogue else ()
+        if epilogue == "dgelu":
+            self._own(aux, "matmul")
+            if aux.shape != out.shape or aux.dtype != out.dtype:
+                raise LoweringError(f"matmul: aux {aux.name} is {aux.dtype}{aux.shape}, expected "
+                                    f"the output's {out.dtype}{out.shape}")
+        elif epilogue == "gelu_aux":
+            aux = self._new(list(out.shape), out.dtype)
+            aux.mesh = a.mesh
+        self.ops.append(Op("matmul", (a, b), out, attrs, aux))
+        return (out, aux) if epilogue == "gelu_aux" else out
 
     # ---- pointwise and normalization ops (lowered by the normalization pass)
     def add(self, a: TensorView, b: TensorView) -> TensorView:

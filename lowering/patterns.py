@@ -7,9 +7,14 @@ from lowering.fusion import DeviceMesh, Fusion, ParallelType
 
 
 def allgather_matmul(m: int, k: int, n: int, stages: int, world_size: int,
-                     dtype: str = "float32") -> Fusion:
+                     dtype: str = "float32", epilogue: str | None = None) -> Fusion:
     """``A[M, K] @ B[K, N]`` with A's rows split into ``stages`` stages and each stage's
     rows sharded over ``world_size`` devices: A[Stream(S), DIDx(D), M/(S*D), K].
+
+    ``epilogue`` (``ir.Matmul``): ``gelu_aux`` adds a second output, the pre-activation
+    ``[Stream(S), D, M/(S*D), N]`` laid out as C; ``dgelu`` a third input of that type,
+    the saved pre-activation. Every per-stage (or per-row-block) GEMM gets the epilogue
+    and its rows of the pre-activation.
 
     >>> fd = allgather_matmul(1024, 256, 512, stages=2, world_size=2)
     >>> fd.inputs[0]
@@ -30,9 +35,18 @@ def allgather_matmul(m: int, k: int, n: int, stages: int, world_size: int,
     a.set_mesh(DeviceMesh(tuple(range(world_size))))
     a.parallelize(0, ParallelType.Stream)
     a.parallelize(1, ParallelType.DIDx)
-    c = fd.matmul(a, b)
-    c.parallelize(0, ParallelType.Stream)
+    pre = None
+    if epilogue == "dgelu":
+        pre = fd.define_tensor([m, n], dtype)
+        pre.split(0, stages)
+        pre.split(1, world_size)
+    result = fd.matmul(a, b, epilogue, pre)
+    c, pre = result if epilogue == "gelu_aux" else (result, pre)
+    for t in (c, pre) if pre is not None else (c,):
+        t.parallelize(0, ParallelType.Stream)
     fd.add_output(c)
+    if epilogue == "gelu_aux":
+        fd.add_output(pre)
     return fd
 
 
@@ -44,7 +58,7 @@ def shard_rows(a, stages: int, world_size: int, rank: int):
 
 
 def matmul_reduce_scatter(m: int, k: int, n: int, stages: int, world_size: int,
-                          dtype: str = "float32") -> Fusion:
+                          dtype: str = "float32", epilogue: str | None = None) -> Fusion:
     """``A[M, K] @ B[K, N]`` with the contraction axis K sharded over ``world_size`` devices
     and the result reduce-scattered over rows, stage by stage (the row-parallel side):
 
@@ -53,7 +67,14 @@ def matmul_reduce_scatter(m: int, k: int, n: int, stages: int, world_size: int,
     >>> fd = matmul_reduce_scatter(1024, 256, 512, stages=2, world_size=2)
     >>> fd.inputs[0], fd.inputs[1], fd.outputs[0]
     (T0: float32[Stream(2), 512, DIDx(2), 128], T1: float32[DIDx(2), 128, 512], T2: float32[Stream(2), DIDx(2), 256, 512])
+
+    ``epilogue`` must be None: each rank's GEMM yields a partial sum, and a GELU (or its
+    derivative) of a partial sum is not one of the sum; it belongs after the reduction.
     """
+    if epilogue is not None:
+        raise LoweringError(
+            f"matmul_reduce_scatter: epilogue {epilogue!r} would apply to each rank's partial "
+            "sum, not to the reduced product; expected None (apply it after the reduce-scatter)")
     if stages < 1:
         raise LoweringError(f"tensor T0 (A) axis 0: expected at least 1 stage, got {stages}")
     if m % (stages * world_size):

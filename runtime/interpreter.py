@@ -386,6 +386,11 @@ def _wait(it: Interpreter, s: ir.Wait, f: _Frame) -> None:
 
 def _matmul(it: Interpreter, s: ir.Matmul, f: _Frame) -> None:
     a, b, out = f.env[s.a.name], f.env[s.b.name], f.env[s.out.name]
+    if s.epilogue is not None:
+        from runtime.kernels import matmul_epilogue
+
+        matmul_epilogue(a, b, out, s.epilogue, f.env[s.aux.name])
+        return
     if a.is_contiguous() and out.is_contiguous():
         # One GEMM over all batch rows instead of a batched call; cuBLAS or generated.
         it.matmul.run(a.reshape(-1, a.shape[-1]), b, out.view(-1, out.shape[-1]))

@@ -78,7 +78,7 @@ class MatmulChoice:
         self.measured: dict[tuple, str] = {}
         if mode == "codegen" and program is not None:
             for s in ir.walk(program.body):
-                if isinstance(s, ir.Matmul) and (backend_name != "cuda"
+                if isinstance(s, ir.Matmul) and s.epilogue is None and (backend_name != "cuda"
                                                  or s.a.dtype not in ("float16", "bfloat16")):
                     raise ExecutionError(
                         f"`{format_statement(s)}`: --matmul codegen runs fp16/bf16 matmuls on "
@@ -128,11 +128,37 @@ def _key(a: torch.Tensor, b: torch.Tensor) -> tuple:
 
 
 def matmul_shapes(program: ir.Program):
-    """(M, N, K) of every Matmul statement, with batch axes folded into M."""
+    """(M, N, K) of every Matmul statement without an epilogue (those run on cuBLASLt),
+    with batch axes folded into M."""
     for s in ir.walk(program.body):
-        if isinstance(s, ir.Matmul):
+        if isinstance(s, ir.Matmul) and s.epilogue is None:
             a = s.a.local_shape
             m = 1
             for n in a[:-1]:
                 m *= n
             yield (m, s.b.local_shape[1], a[-1])
+
+
+def matmul_epilogue(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, epilogue: str,
+                    aux: torch.Tensor) -> None:
+    """``out = epilogue(a @ b)`` with its ``aux`` (see ``ir.Matmul``): one cuBLASLt GEMM
+    when it can take the operands, else torch ops computing the same (tanh GELU)."""
+    from runtime import cublaslt
+
+    if a.is_cuda and a.is_contiguous() and out.is_contiguous() and aux.is_contiguous():
+        a2, out2, aux2 = (a.reshape(-1, a.shape[-1]), out.view(-1, out.shape[-1]),
+                          aux.view(-1, aux.shape[-1]))
+        if cublaslt.unsupported(a2, b, out2, epilogue, aux2) is None:
+            try:
+                cublaslt.matmul(a2, b, out2, epilogue, aux2)
+                return
+            except cublaslt.NoAlgorithmError as e:  # correct but slower: say so, once
+                if str(e) not in _WARNED:
+                    _WARNED.add(str(e))
+                    import warnings
+
+                    warnings.warn(f"{e}; running the epilogue as torch ops", stacklevel=2)
+    cublaslt.reference(a, b, out, epilogue, aux)
+
+
+_WARNED: set = set()

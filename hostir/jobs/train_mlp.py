@@ -17,7 +17,10 @@ at more stages, over NCCL, and the per-stage pipelines), the same layers written
 plain ``torch.distributed`` collectives (gather, then GEMM; GEMM, then reduce-scatter: no
 overlap), and the step's six GEMMs alone (ideal). Before timing it checks the pipelined
 and the ring layers against the plain ones (relative errors in the JSON); it writes
-``<--out>/tp_mlp_<device>.json``.
+``<--out>/tp_mlp_<device>.json``. With ``--activation gelu_tanh`` every variant, the plain
+layers and the compute-only step use the tanh GELU; the fused MLP (GELU in the GEMM
+epilogues, ``hostir.nn.fused_mlp``) is listed first, as the default, and checked against
+the plain layers too; the file is then ``tp_mlp_<device>_gelu_tanh.json``.
 
     mpirun -np 2 python -m hostir.run train_mlp --bench --hidden 8192 --tokens 16384
 """
@@ -35,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from hostir.jobs.results import commit
-from hostir.nn import ColumnParallelLinear, RowParallelLinear, shard_sequence
+from hostir.nn import ColumnParallelLinear, RowParallelLinear, fused_mlp, shard_sequence
 from runtime.device import DTYPES
 
 
@@ -60,6 +63,10 @@ def add_arguments(p) -> None:
                    help="pipelined: one collective a stage; ring: SendRecv beside the GEMMs "
                         "(AllGather+GEMM local rows first, GEMM+ReduceScatter local rows "
                         "last); auto: ring over the copy engine, else pipelined")
+    p.add_argument("--activation", default="gelu", choices=["gelu", "gelu_tanh"],
+                   help="gelu: exact (erf), unfused; gelu_tanh: the tanh approximation, fused "
+                        "into the GEMM epilogues (hostir.nn.ParallelMLP: cuBLASLt GELU_AUX "
+                        "forward, DGELU backward)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bench", action="store_true", help="time a step: ours vs plain vs ideal")
     p.add_argument("--iters", type=int, default=10)
@@ -154,15 +161,27 @@ def batch(args, step: int):
     return x, x + 0.5 * torch.tanh(x @ teacher)
 
 
-class MLPBlock(torch.nn.Module):
-    """``x + down(gelu(up(x)))`` over sequence-sharded tokens ``[T/D, hidden]``."""
+def gelu(x, activation: str = "gelu"):
+    """The activation: ``gelu`` exact, ``gelu_tanh`` the tanh approximation (cuBLASLt's)."""
+    return F.gelu(x, approximate="tanh" if activation == "gelu_tanh" else "none")
 
-    def __init__(self, up: ColumnParallelLinear, down: RowParallelLinear):
+
+class MLPBlock(torch.nn.Module):
+    """``x + down(gelu(up(x)))`` over sequence-sharded tokens ``[T/D, hidden]``. With
+    ``fused`` (``activation="gelu_tanh"`` only) the GELU runs in the GEMM epilogues
+    (``hostir.nn.fused_mlp``, the ``ParallelMLP`` computation)."""
+
+    def __init__(self, up: ColumnParallelLinear, down: RowParallelLinear,
+                 activation: str = "gelu", fused: bool = False):
         super().__init__()
+        if fused and activation != "gelu_tanh":
+            raise ValueError(f"MLPBlock: the fused GELU is gelu_tanh, got {activation!r}")
         self.up, self.down = up, down
+        self.activation, self.fused = activation, fused
 
     @classmethod
-    def from_weights(cls, w1, w2, dtype, device, **kw) -> "MLPBlock":
+    def from_weights(cls, w1, w2, dtype, device, activation="gelu", fused=False,
+                     **kw) -> "MLPBlock":
         def linear(w):
             lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device=device, dtype=dtype)
             with torch.no_grad():
@@ -170,10 +189,12 @@ class MLPBlock(torch.nn.Module):
             return lin
 
         return cls(ColumnParallelLinear.from_linear(linear(w1), **kw),
-                   RowParallelLinear.from_linear(linear(w2), **kw))
+                   RowParallelLinear.from_linear(linear(w2), **kw), activation, fused)
 
     def forward(self, x):
-        return x + self.down(F.gelu(self.up(x)))
+        if self.fused:
+            return x + fused_mlp(x, self.up, self.down)
+        return x + self.down(gelu(self.up(x), self.activation))
 
 
 def _loss(y, target, args):
@@ -186,7 +207,8 @@ def train(args) -> list[float]:
     rank, world, device = _setup(args)
     dt = DTYPES[args.dtype]
     w1, w2 = initial_weights(args)
-    block = MLPBlock.from_weights(w1, w2, dt, device, stages=args.stages,
+    block = MLPBlock.from_weights(w1, w2, dt, device, args.activation,
+                                  args.activation == "gelu_tanh", stages=args.stages,
                                   streams=args.streams, comm=args.comm,
                                   schedule=args.schedule)
     opt = torch.optim.SGD(block.parameters(), lr=args.lr)
@@ -217,7 +239,7 @@ def train_reference(args) -> list[float]:
     for step in range(args.steps):
         x, target = batch(args, step)
         x, target = x.to(dt), target.to(dt)
-        loss = _loss(x + down(F.gelu(up(x))), target, args)
+        loss = _loss(x + down(gelu(up(x), args.activation)), target, args)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -336,14 +358,16 @@ def bench(args) -> dict:
     dy = torch.randn(m, h, generator=g, device=device).to(dt)
     params = [torch.nn.Parameter(w1.clone()), torch.nn.Parameter(w2.clone())]
 
+    act = args.activation
+
     def plain_step():
         xi = x.detach().requires_grad_()
-        hid = F.gelu(_PlainColumn.apply(xi, params[0], None))
+        hid = gelu(_PlainColumn.apply(xi, params[0], None), act)
         y = xi + _PlainRow.apply(hid, params[1], None)
         y.backward(dy)
         return y, xi.grad
 
-    def ours_block(stages, streams, comm, overlap, schedule="pipelined"):
+    def ours_block(stages, streams, comm, overlap, schedule="pipelined", fused=False):
         up = ColumnParallelLinear(h, f, stages=stages, streams=streams, comm=comm,
                                   device=device, dtype=dt, overlap_weight_grad=overlap,
                                   schedule=schedule)
@@ -353,7 +377,7 @@ def bench(args) -> dict:
         with torch.no_grad():
             up.weight.copy_(w1)
             down.weight.copy_(w2)
-        return MLPBlock(up, down)
+        return MLPBlock(up, down, act, fused)
 
     def ours_step(block):
         def step():
@@ -370,8 +394,8 @@ def bench(args) -> dict:
     # (the copy engine on GPUs; the group on the CPU).
     ring_comm = "copy_engine" if device.type == "cuda" else "torch"
 
-    def check_against_plain(stages, streams, comm, schedule):
-        block = ours_block(stages, streams, comm, False, schedule)
+    def check_against_plain(stages, streams, comm, schedule, fused=False):
+        block = ours_block(stages, streams, comm, False, schedule, fused)
         y_o, dx_o = ours_step(block)()
         for p in params:
             p.grad = None
@@ -382,6 +406,8 @@ def bench(args) -> dict:
 
     check = check_against_plain(1, 1, "torch", "pipelined")
     check_ring = check_against_plain(1, 2, ring_comm, "ring")
+    fuse = act == "gelu_tanh"
+    check_fused = check_against_plain(1, 2, ring_comm, "ring", True) if fuse else None
 
     # Ideal: the step's six GEMMs alone, local shapes, back to back.
     xs = torch.randn(t, h, device=device, dtype=dt)
@@ -395,17 +421,20 @@ def bench(args) -> dict:
     dy_full = torch.randn(t, h, device=device, dtype=dt)
 
     def compute_step():
-        """The step without communication: the same GEMMs, GELU and residual, one rank's
-        share of the work (what overlap can reach at best without fusing the GELU)."""
+        """The step without communication: the same GEMMs, GELU (the same activation,
+        unfused: torch's kernels) and residual, one rank's share of the work (what overlap
+        can reach at best without fusing the GELU)."""
         for p in params:
             p.grad = None
         xi = xs.detach().requires_grad_()
-        y = xi + F.gelu(xi @ params[0]) @ params[1]
+        y = xi + gelu(xi @ params[0], act) @ params[1]
         y.backward(dy_full)
 
     # The first variant is the layers' default transport and schedule (ring over the copy
     # engine where it can run) at one stage; then the ring's alternatives; then the
     # per-stage pipelines measured before (fields: stages, streams, comm, overlap, schedule).
+    # With gelu_tanh the fused MLP (GELU in the GEMM epilogues) comes first, as the
+    # default, then its alternatives; the unfused variants follow (field 6: fused).
     configs = [(1, 2, "auto", True, "auto"), (2, 2, "copy_engine", True, "ring"),
                (1, 2, "copy_engine", False, "ring"), (1, 2, "nccl", True, "ring"),
                (4, 2, "torch", True, "pipelined"), (2, 2, "torch", True, "pipelined"),
@@ -414,6 +443,13 @@ def bench(args) -> dict:
     if device.type == "cpu":  # a smoke test of the benchmark itself, over the gloo group
         configs = [(1, 2, "auto", True, "auto"), (1, 2, "torch", True, "ring"),
                    (2, 2, "torch", False, "ring"), (4, 2, "torch", True, "pipelined")]
+    configs = [c + (False,) for c in configs]
+    if fuse:
+        fused = [(1, 2, "auto", True, "auto", True), (2, 2, "copy_engine", True, "ring", True),
+                 (1, 2, "nccl", True, "ring", True), (4, 2, "torch", True, "pipelined", True)]
+        if device.type == "cpu":
+            fused = [(1, 2, "auto", True, "auto", True), (2, 2, "torch", True, "ring", True)]
+        configs = fused + configs
     from hostir.nn import _resolve
 
     # Every candidate is built and run once first (a variant that cannot run is
@@ -421,15 +457,15 @@ def bench(args) -> dict:
     # that clock and power drift over the run weigh on each alike.
     steps = {"ideal": gemms, "compute": compute_step, "plain": plain_step}
     variants, blocks = [], []
-    for stages, streams, comm, overlap, schedule in configs:
+    for stages, streams, comm, overlap, schedule, fused_gelu in configs:
         dist.barrier()
         kind, resolved = _resolve(device, None, comm, schedule)
         v = {"stages": stages, "streams": streams, "comm": kind, "schedule": resolved,
-             "overlap_weight_grad": overlap}
+             "overlap_weight_grad": overlap, "fused_gelu": fused_gelu}
         if (comm, schedule) != (kind, resolved):
             v["asked"] = f"comm={comm} schedule={schedule}"
         try:
-            block = ours_block(stages, streams, comm, overlap, schedule)
+            block = ours_block(stages, streams, comm, overlap, schedule, fused_gelu)
             step = ours_step(block)
             step()
             blocks.append(block)
@@ -457,7 +493,10 @@ def bench(args) -> dict:
     timed = [v for v in variants if "ms" in v]
     best = min(timed, key=lambda v: v["ms"]) if timed else None
     default = timed[0] if timed and timed[0] is variants[0] else None
+    unfused = [v for v in timed if not v["fused_gelu"]]
     return {"rank": rank, "world": world, "check": check, "check_ring": check_ring,
+            "check_fused": check_fused, "activation": act,
+            "best_unfused": min(unfused, key=lambda v: v["ms"]) if unfused else None,
             "ideal": ideal, "plain": plain,
             "compute": compute,
             "variants": variants, "best": best, "default": default}
@@ -471,25 +510,30 @@ def main(args) -> int:
             name = gpu.lower().replace(" ", "-")
             ours = r["best"]["ms"] if r["best"] else None
             result = {"hidden": args.hidden, "tokens": args.tokens, "ffn": args.hidden * args.ffn_mult,
-                      "world": r["world"], "dtype": "bfloat16",
+                      "world": r["world"], "dtype": "bfloat16", "activation": r["activation"],
                       "ours_ms": ours, "plain_ms": r["plain"], "ideal_ms": r["ideal"],
                       "compute_no_comm_ms": r["compute"],
                       "ours_config": r["best"], "ours_default_ms": (r["default"] or {}).get("ms"),
                       "variants": r["variants"], "check_vs_plain_rel_err": r["check"],
-                      "check_ring_vs_plain_rel_err": r["check_ring"]}
+                      "check_ring_vs_plain_rel_err": r["check_ring"],
+                      "check_fused_vs_plain_rel_err": r["check_fused"],
+                      "ours_unfused_best_ms": (r["best_unfused"] or {}).get("ms")}
             doc = {"device": f"{r['world']}x {gpu}",
                    "date": datetime.date.today().isoformat(), "commit": commit(),
-                   "note": "forward+backward of x + down(gelu(up(x))); ours_ms is the best "
-                           "variant listed; ideal_ms is the step's six GEMMs alone; medians, "
-                           "slowest rank",
+                   "note": "forward+backward of x + down(gelu(up(x))) (activation: gelu exact "
+                           "or gelu_tanh; plain and compute use the same one, unfused); ours_ms "
+                           "is the best variant listed (fused_gelu: GELU in the GEMM epilogues); "
+                           "ideal_ms is the step's six GEMMs alone; medians, slowest rank",
                    "results": [result]}
             os.makedirs(args.out, exist_ok=True)
-            path = os.path.join(args.out, f"tp_mlp_{name}.json")
+            suffix = "_gelu_tanh" if args.activation == "gelu_tanh" else ""
+            path = os.path.join(args.out, f"tp_mlp_{name}{suffix}.json")
             with open(path, "w") as fh:
                 json.dump(doc, fh, indent=2)
             print(json.dumps(doc, indent=2), flush=True)
             if ours:
-                print(f"tp_mlp hidden={args.hidden} tokens={args.tokens}: ours {ours:.2f} ms "
+                print(f"tp_mlp hidden={args.hidden} tokens={args.tokens} {args.activation}: "
+                      f"ours {ours:.2f} ms "
                       f"({ours / r['ideal']:.3f}x ideal), plain {r['plain']:.2f} ms "
                       f"({r['plain'] / r['ideal']:.3f}x), ideal {r['ideal']:.2f} ms -> {path}",
                       flush=True)

@@ -18,6 +18,9 @@ program's.
         SetCurrentStream to Stream 0
         Wait C0
         ... = matmul(rows of rank (rank + j) % D)
+
+A matmul epilogue carries over: each row block's GEMM gets it with the same rows of the
+pre-activation (written for ``gelu_aux``, read for ``dgelu``).
 """
 
 from __future__ import annotations
@@ -31,28 +34,35 @@ COMM, COMPUTE = 1, 0
 
 
 def _pattern(program: ir.Program):
-    """The pieces of a ``lower_communication`` stage loop, or a LoweringError."""
+    """The pieces of a ``lower_communication`` stage loop, or a LoweringError: the loop,
+    the gathered buffer, the output, the team, and the matmul (its epilogue, if any, and
+    the tensor its aux is a stage of)."""
     loops = [s for s in program.body if isinstance(s, ir.ForLoop)]
     allocs = [s for s in program.body if isinstance(s, ir.Allocate)]
-    if len(loops) != 1 or len(allocs) != 2 or len(program.inputs) != 2:
+    if len(loops) != 1 or len(allocs) not in (2, 3) or len(program.inputs) not in (2, 3):
         raise LoweringError(
-            "collective_permute: expected the stage loop of lower_communication (inputs A, B; "
-            "two allocations; one FOR), got another program"
+            "collective_permute: expected the stage loop of lower_communication (inputs A, B "
+            "and a dgelu pre-activation if any; two allocations and a gelu_aux pre-activation "
+            "if any; one FOR), got another program"
         )
     loop = loops[0]
     kinds = [type(s) for s in loop.body]
-    if kinds != [ir.Select, ir.Select, ir.Communication, ir.Wait, ir.Select, ir.Matmul] or \
-            loop.body[2].type is not ir.CommunicationType.Allgather:
+    plain = [ir.Select, ir.Select, ir.Communication, ir.Wait, ir.Select, ir.Matmul]
+    with_aux = plain[:-1] + [ir.Select, ir.Matmul]
+    if kinds not in (plain, with_aux) or loop.body[2].type is not ir.CommunicationType.Allgather:
         raise LoweringError("collective_permute: expected [select, select, Allgather, Wait, "
-                            f"select, matmul] in the stage loop, got {[k.__name__ for k in kinds]}")
-    return loop, allocs[0].out, allocs[1].out, loop.body[2].team
+                            "select, (select of the pre-activation,) matmul] in the stage loop, "
+                            f"got {[k.__name__ for k in kinds]}")
+    mm = loop.body[-1]
+    pre = loop.body[-2].input if mm.epilogue is not None else None
+    return loop, allocs[0].out, allocs[1].out, loop.body[2].team, mm, pre
 
 
 def collective_permute(program: ir.Program, number_of_streams: int = 2) -> ir.Program:
     if number_of_streams < 1:
         raise LoweringError(f"numberOfStreams must be a positive int, got {number_of_streams!r}")
-    loop, gathered, out, team = _pattern(program)
-    a, b = program.inputs
+    loop, gathered, out, team, mm, pre = _pattern(program)
+    a, b = program.inputs[:2]
     names = iter(f"T{n}" for n in range(_next_tensor_number(program), 10**9))
     rank, world = ir.Var("rank"), ir.Var("worldSize")
     i, j = loop.index, ir.IndexVar("j")
@@ -67,6 +77,17 @@ def collective_permute(program: ir.Program, number_of_streams: int = 2) -> ir.Pr
     handle = ir.CommHandle("C0")
     comm = ir.PoolStream(COMM)
     compute = ir.PoolStream(COMPUTE)
+
+    def gemm(c_rows, g_rows, p_i, index) -> tuple:
+        """The matmul of one rank's rows, with the epilogue on the same rows of the
+        pre-activation."""
+        if pre is None:
+            return (ir.Matmul(c_rows, g_rows, b),)
+        p_rows = row(p_i)
+        return (ir.Select(p_rows, p_i, 0, index),
+                ir.Matmul(c_rows, g_rows, b, mm.epilogue, p_rows))
+
+    p_i = row(pre) if pre is not None else None
     ring = ir.ForLoop(j, 1, len(team), (
         ir.SetCurrentStream(comm),
         ir.Select(g_peer, g_i, 0, peer),
@@ -75,22 +96,23 @@ def collective_permute(program: ir.Program, number_of_streams: int = 2) -> ir.Pr
         ir.SetCurrentStream(compute),
         ir.Wait(handle),
         ir.Select(c_peer, c_i, 0, peer),
-        ir.Matmul(c_peer, g_peer, b),
+        *gemm(c_peer, g_peer, p_i, peer),
     ))
     stage = ir.ForLoop(i, loop.start, loop.stop, (
         ir.Select(a_i, a, 0, i.name),
         ir.Select(mine, a_i, 0, 0),
         ir.Select(g_i, gathered, 0, i.name),
         ir.Select(c_i, out, 0, i.name),
+        *((ir.Select(p_i, pre, 0, i.name),) if pre is not None else ()),
         ir.Select(c_mine, c_i, 0, rank),
-        ir.Matmul(c_mine, mine, b),
+        *gemm(c_mine, mine, p_i, rank),
         ring,
     ))
     user = ir.StreamValue("s0")
+    allocations = tuple(s for s in program.body if isinstance(s, ir.Allocate))
     body = (
         ir.GetCurrentStream(user),
-        ir.Allocate(gathered),
-        ir.Allocate(out),
+        *allocations,
         ir.SetCurrentStream(comm),
         ir.Synchronize(user),
         ir.SetCurrentStream(compute),
@@ -112,7 +134,7 @@ def _next_tensor_number(program: ir.Program) -> int:
 def _tensors(program: ir.Program):
     yield from program.inputs
     for s in ir.walk(program.body):
-        for f in ("out", "input", "output", "a", "b"):
+        for f in ("out", "input", "output", "a", "b", "aux"):
             t = getattr(s, f, None)
             if isinstance(t, ir.Tensor):
                 yield t

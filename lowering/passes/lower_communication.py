@@ -7,7 +7,9 @@ The supported pattern (AllGather + GEMM, Megatron's column-parallel input side):
 Each rank holds slice ``rank`` of A's DIDx axis. For each stage ``i`` the program gathers
 stage i of A from every rank and multiplies it with B into stage i of C. All of it runs on
 the current stream here; ``assign_streams`` spreads the stages over worker streams.
-Without a Stream axis (A[DIDx(D), M/D, K]) there is one stage.
+Without a Stream axis (A[DIDx(D), M/D, K]) there is one stage. A matmul epilogue
+(``gelu_aux``: a second output, the pre-activation, allocated like C; ``dgelu``: a third
+input, the saved pre-activation) goes on every stage's GEMM with that stage's rows of it.
 
 Every refusal names the tensor, the axis and what was expected.
 """
@@ -108,6 +110,18 @@ def _check_matmul(op: Op, fusion: Fusion, world_size: int):
             f"tensor {c.name} axis {c.parallel.index(P.DIDx)} is DIDx: the output of "
             f"AllGather+GEMM is replicated; expected no DIDx axis on it"
         )
+    epilogue = op.attr("epilogue")
+    if epilogue == "dgelu" and op.aux not in fusion.inputs:
+        raise LoweringError(f"matmul {c.name}: the dgelu pre-activation {op.aux.name} must be "
+                            "a fusion input")
+    if epilogue == "gelu_aux" and op.aux not in fusion.outputs:
+        raise LoweringError(f"matmul {c.name}: the gelu_aux pre-activation {op.aux.name} must "
+                            "be a fusion output")
+    if op.aux is not None and [p is P.Stream for p in op.aux.parallel] != \
+            [p is P.Stream for p in c.parallel]:
+        raise LoweringError(f"tensor {op.aux.name} (the pre-activation): parallel types "
+                            f"{[p.value for p in op.aux.parallel]}; expected {c.name}'s "
+                            f"{[p.value for p in c.parallel]}")
     return a, b, c, stages, mesh
 
 
@@ -136,9 +150,29 @@ def lower_communication(fusion: Fusion, world_size: int) -> ir.Program:
         raise LoweringError(f"tensor {a.name}: mesh {list(team)} must list devices in rank order")
     m, K, N = a.shape[-2], a.shape[-1], b.shape[1]
     S = max(stages, 1)
+    op = fusion.ops[0]
+    epilogue = op.attr("epilogue")
     gathered = ir.Tensor(names.tensor(), (S, D, m, K), a.dtype)
     out = ir.Tensor(c.name, (S, D, m, N), c.dtype)
     body: list = [ir.Allocate(gathered), ir.Allocate(out)]
+    inputs, outputs = (A, B), (out,)
+    pre = None  # the pre-activation: the same layout as out, written or read per stage
+    if epilogue == "gelu_aux":
+        pre = ir.Tensor(op.aux.name, (S, D, m, N), c.dtype)
+        body.append(ir.Allocate(pre))
+        outputs += (pre,)
+    elif epilogue == "dgelu":
+        pre = _to_ir(op.aux)
+        inputs += (pre,)
+
+    def gemm(c_i: ir.Tensor, g_i: ir.Tensor, index) -> list:
+        if pre is None:
+            return [ir.Matmul(c_i, g_i, B)]
+        if len(pre.shape) == len(c_i.shape):  # an unstaged input: already one stage
+            return [ir.Matmul(c_i, g_i, B, epilogue, pre)]
+        p_i = ir.select_type(names.tensor(), pre, 0)
+        return [ir.Select(p_i, pre, 0, index), ir.Matmul(c_i, g_i, B, epilogue, p_i)]
+
     if stages:
         i = ir.IndexVar("i")
         a_i = ir.select_type(names.tensor(), A, 0)
@@ -151,7 +185,7 @@ def lower_communication(fusion: Fusion, world_size: int) -> ir.Program:
             ir.Communication(h, ir.CommunicationType.Allgather, team, a_i, g_i),
             ir.Wait(h),
             ir.Select(c_i, out, 0, i.name),
-            ir.Matmul(c_i, g_i, B),
+            *gemm(c_i, g_i, i.name),
         ]
         body.append(ir.ForLoop(i, 0, S, tuple(loop)))
     else:
@@ -163,6 +197,6 @@ def lower_communication(fusion: Fusion, world_size: int) -> ir.Program:
             ir.Communication(h, ir.CommunicationType.Allgather, team, A, g0),
             ir.Wait(h),
             ir.Select(c0, out, 0, 0),
-            ir.Matmul(c0, g0, B),
+            *gemm(c0, g0, 0),
         ]
-    return ir.Program((A, B), (out,), tuple(body), 1, provenance="lower_communication")
+    return ir.Program(inputs, outputs, tuple(body), 1, provenance="lower_communication")

@@ -70,6 +70,10 @@ def _check(fusion: Fusion, world_size: int):
     op = fusion.ops[0]
     a, b = op.inputs
     c = op.output
+    if op.attr("epilogue") is not None:
+        raise LoweringError(
+            f"matmul {c.name}: epilogue {op.attr('epilogue')} on GEMM+ReduceScatter would apply "
+            "to each rank's partial sum, not to the reduced product; expected none")
     if a not in fusion.inputs or b not in fusion.inputs:
         raise LoweringError(f"matmul {c.name}: expected both operands to be fusion inputs")
     if c not in fusion.outputs:

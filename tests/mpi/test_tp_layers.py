@@ -191,7 +191,7 @@ def test_ring_layers_send_and_receive_only(world, comm):
         for run in (plan.fwd, plan.bwd):
             kinds = {s.type for s in ir.walk(run.program.body) if isinstance(s, ir.Communication)}
             assert kinds == {ir.CommunicationType.SendRecv}, (kind, kinds)
-    _, gathered = tp._plan("column", up, x).column_forward(x, up.weight.detach())
+    _, gathered, _ = tp._plan("column", up, x).column_forward(x, up.weight.detach())
     from mpi4py import MPI
 
     every = MPI.COMM_WORLD.allgather(x)

@@ -16,7 +16,7 @@ def lowered(m=64, k=32, n=16, stages=2, world=2, streams=2, dtype="float32") -> 
 @st.composite
 def programs(draw) -> ir.Program:
     """Random well-formed programs: allocations, selects, collectives with their waits,
-    matmuls, adds, kernel launches and FOR loops over worker streams."""
+    matmuls (with or without a GELU epilogue), adds, kernel launches and FOR loops over worker streams."""
     d = draw(st.integers(1, 4))
     team = tuple(range(d))
     dtype = draw(st.sampled_from(["float32", "bfloat16", "float16"]))
@@ -33,6 +33,7 @@ def programs(draw) -> ir.Program:
     body: list = [ir.GetCurrentStream(user)]
     tensors = [b]
     outputs = []
+    extra_inputs: list = []
     for _ in range(draw(st.integers(0, 3))):
         t = ir.Tensor(name(), tuple(draw(st.lists(st.integers(1, 5), min_size=1, max_size=3))), dtype)
         body.append(ir.Allocate(t))
@@ -67,7 +68,20 @@ def programs(draw) -> ir.Program:
             loop.append(ir.Communication(h, ir.CommunicationType.Allreduce, team, row, row,
                                          reduce_op=draw(st.sampled_from(ir.REDUCE_OPS))))
     loop.append(ir.Wait(h))
-    loop += [ir.Select(c_i, c, 0, idx.name), ir.Matmul(c_i, g_i, b)]
+    loop.append(ir.Select(c_i, c, 0, idx.name))
+    epilogue = draw(st.sampled_from([None, "gelu_aux", "dgelu"]))
+    if epilogue is None:
+        loop.append(ir.Matmul(c_i, g_i, b))
+    else:  # the pre-activation: written (an allocation) or read (an input)
+        pre = ir.Tensor(name(), c.shape, dtype)
+        if epilogue == "gelu_aux":
+            body.insert(1, ir.Allocate(pre))
+            if draw(st.booleans()):
+                outputs.append(pre)
+        else:
+            extra_inputs.append(pre)
+        pre_i = ir.select_type(name(), pre, 0)
+        loop += [ir.Select(pre_i, pre, 0, idx.name), ir.Matmul(c_i, g_i, b, epilogue, pre_i)]
     if draw(st.booleans()):  # an accumulate: in place, or into another allocation
         into = draw(st.sampled_from([c_i] + [t for t in tensors if t.shape == c_i.shape]))
         loop.append(ir.Add(into, c_i, draw(st.sampled_from([c_i, into]))))
@@ -82,5 +96,5 @@ def programs(draw) -> ir.Program:
                                     tuple(draw(st.lists(st.integers(-5, 5), max_size=2)))))
     loop += [ir.SetCurrentStream(user), ir.Synchronize(worker)]
     body.append(ir.ForLoop(idx, 0, stages, tuple(loop)))
-    return ir.Program((a, b), tuple(outputs), tuple(body), draw(st.integers(1, 4)),
+    return ir.Program((a, b, *extra_inputs), tuple(outputs), tuple(body), draw(st.integers(1, 4)),
                       kernels=kernels)

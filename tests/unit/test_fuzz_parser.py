@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hostir.errors import ParseError, VerificationError
 from hostir.parser import parse
 from hostir.printer import print_program
-from lowering.patterns import matmul_reduce_scatter
+from lowering.patterns import allgather_matmul, matmul_reduce_scatter
 from lowering.pipeline import lower
 from tests.unit.programs import lowered, programs
 
@@ -19,13 +19,16 @@ FUZZ = settings(max_examples=400, deadline=None,
 VALID = [print_program(lowered(stages=s, world=w, streams=n))
          for s, w, n in [(1, 1, 1), (2, 2, 2), (4, 2, 3)]] + [
     # the ring GEMM+ReduceScatter: SendRecv, add, nested FOR
-    print_program(lower(matmul_reduce_scatter(64, 16, 8, 2, 4), 4, 2, schedule="ring"))]
+    print_program(lower(matmul_reduce_scatter(64, 16, 8, 2, 4), 4, 2, schedule="ring"))] + [
+    # matmul epilogues: a written pre-activation, a read one
+    print_program(lower(allgather_matmul(64, 16, 8, 2, 2, "bfloat16", e), 2, 2, schedule=s))
+    for e, s in [("gelu_aux", "ring"), ("dgelu", "pipelined")]]
 # Tokens a mutation may swap in: the language's own words, and near misses.
 TOKENS = ["FOR", "in", "range", "(", ")", "[", "]", ",", "=", ":", "%", "//", "+", "-", "*",
           "Stream", "DIDx", "ALLOCATE", "select", "matmul", "add", "Communication", "Wait",
           "Allgather", "SendRecv", "LaunchKernel", "Synchronize", "SetCurrentStream",
           "GetCurrentStream", "into", "to", "axis", "index", "team", "in", "out", "root", "op",
-          "grid", "block", "smem", "scalars", "mesh", "float32", "bfloat16", "T0", "T1", "T3",
+          "grid", "block", "smem", "scalars", "epilogue", "aux", "gelu_aux", "dgelu", "mesh", "float32", "bfloat16", "T0", "T1", "T3",
           "s0", "C0", "i", "numberOfStreams", "rank", "worldSize", "0", "1", "-1", "2",
           "99999999999999999999", "inputs", "outputs", "{", "}", "%HostIr", "\t", " ", ""]
 
