@@ -226,7 +226,7 @@ class _Plan:
         _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "cublasLtMatmulPreferenceCreate")
         setp = lib.cublasLtMatmulPreferenceSetAttribute
         _set(setp, pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ctypes.c_uint64(MAX_WORKSPACE))
-        a_al, b_al, o_al = aligns  # cuBLASLt's A is our b, its B our a, C = D our out
+        a_al, b_al, o_al = aligns[:3]  # (the aux alignment is the 4th) cuBLASLt's A is our b, its B our a, C = D our out
         for attr, al in ((CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, b_al),
                          (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, a_al),
                          (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, o_al),

@@ -57,8 +57,12 @@ WGMMA_CONFIGS: tuple[tuple[int, int, int, int, int, int, str], ...] = (
     (128, 256, 64, 8, 1, 4, "ptma"),  # TMA, persistent CTAs, C stored from registers
     (256, 128, 64, 8, 1, 4, "ptma"),
     (128, 128, 64, 8, 1, 6, "ptma"),
-    (128, 256, 64, 8, 1, 4, "ctma"),  # TMA, 2-CTA clusters along M multicasting B
-    (256, 128, 64, 8, 1, 4, "ctma"),
+)
+# 2-CTA clusters multicasting B (feed "ctma"): correct on the H200 (wgmma check, e3c8c5d,
+# every variant) but 0.2-0.7 of cuBLAS, about half the TMA feed's speed, cause not found
+# yet; not offered to the heuristics or the autotuner (`spec_for` still builds them).
+CLUSTER_CONFIGS: tuple[tuple[int, int, int, int, int, int, str], ...] = (
+    (128, 256, 64, 8, 1, 4, "ctma"), (256, 128, 64, 8, 1, 4, "ctma"),
     (128, 128, 64, 8, 1, 6, "ctma"),
 )
 FEEDS = {"sync": {}, "ws": {"warp_specialized": True},
@@ -82,9 +86,6 @@ TILE_EFFICIENCY = {
     # Persistent TMA: not measured yet; the TMA feed's figures (ties go to the TMA tile).
     ("wgmma", 128, 256, 64, 8, 1, 4, "ptma"): 2.01, ("wgmma", 256, 128, 64, 8, 1, 4, "ptma"): 2.03,
     ("wgmma", 128, 128, 64, 8, 1, 6, "ptma"): 1.81,
-    # 2-CTA clusters (B multicast): not measured yet; the TMA feed's figures.
-    ("wgmma", 128, 256, 64, 8, 1, 4, "ctma"): 2.01, ("wgmma", 256, 128, 64, 8, 1, 4, "ctma"): 2.03,
-    ("wgmma", 128, 128, 64, 8, 1, 6, "ctma"): 1.81,
     ("wgmma", 128, 256, 64, 8, 1, 4, "sync"): 1.83, ("wgmma", 256, 128, 64, 8, 1, 4, "sync"): 1.66,
     ("wgmma", 128, 128, 64, 8, 1, 5, "sync"): 1.45,
     ("wgmma", 128, 256, 64, 8, 1, 4, "ws"): 0.95, ("wgmma", 256, 128, 64, 8, 1, 4, "ws"): 0.82,

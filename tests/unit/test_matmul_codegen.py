@@ -201,8 +201,7 @@ def test_gpu_wgmma_check_plan_and_crash_bookkeeping(tmp_path):
 
     groups = check.plan(((512, 512, 4096), (4096, 4096, 1024)))
     names = [g["name"] for g in groups]
-    assert names == ["wgmma_sync", "wgmma_ws", "wgmma_tma", "wgmma_ptma", "wgmma_ctma",
-                     "heuristics"]
+    assert names == ["wgmma_sync", "wgmma_ws", "wgmma_tma", "wgmma_ptma", "heuristics"]
     for g in groups:
         for v in g["variants"]:
             MatmulSpec(**v["spec"])  # valid
@@ -223,3 +222,18 @@ def test_gpu_wgmma_check_plan_and_crash_bookkeeping(tmp_path):
     assert status["128x256x64 tma none s1"] == "ok" and status["128x256x64 ws serial s2"] == "ok"
     assert status["128x256x64 tma serial s2"].startswith("skipped")
     assert doc["shapes"]["512x512x4096"]["best_ratio"] == 0.9
+
+
+def test_cluster_feed_compiles_without_spills():
+    """The 2-CTA cluster feed (B multicast) is out of the heuristics (slower on the
+    H200) but still generated and compiled: sm_90a, no spills, cluster dims in source."""
+    from lowering.kernels.heuristics import CLUSTER_CONFIGS, spec_for
+    from runtime import jit
+
+    for config in CLUSTER_CONFIGS:
+        spec = spec_for(config)
+        assert spec.feed == "ctma" and spec.cluster_m == 2
+        src = render(spec)
+        assert "__cluster_dims__(2, 1, 1)" in src.source and "multicast::cluster" in src.source
+        ck = jit.compile(src.source, src.names, "sm_90a")
+        assert ck.spill_bytes.get(src.kernel_name, 0) == 0
