@@ -86,7 +86,32 @@ def main() -> None:
     def up_gemm_lt_gelu():  # cuBLASLt GELU epilogue (tanh form), through torch
         torch._addmm_activation(zero_bias, xs, w1.detach(), use_gelu=True)
 
-    fns = {"gemms": gemms, "step": step(), "step_tanh": step("tanh"),
+    # The fused epilogues of hostir's ParallelMLP (cuBLASLt, tanh GELU) against the GEMM
+    # and the separate elementwise pass, on the up projection's forward and the down
+    # projection's input-gradient GEMM.
+    from runtime import cublaslt
+    up_out, up_pre = torch.empty(t, fl, device=dev, dtype=dt), torch.empty(t, fl, device=dev, dtype=dt)
+    w1d, w2t = w1.detach(), w2.detach().t().contiguous()
+
+    def up_lt_gelu_aux():
+        cublaslt.matmul(xs, w1d, up_out, "gelu_aux", up_pre)
+
+    def up_lt_plain():
+        cublaslt.matmul(xs, w1d, up_out)
+
+    def up_mm_then_gelu():
+        F.gelu(xs @ w1d, approximate="tanh")
+
+    def dgrad_lt_dgelu():
+        cublaslt.matmul(dy, w2t, up_out, "dgelu", hs)
+
+    def dgrad_mm_then_gelu_backward():
+        torch.ops.aten.gelu_backward(dy @ w2t, hs, approximate="tanh")
+
+    fused = {"up_lt_gelu_aux": up_lt_gelu_aux, "up_lt_plain": up_lt_plain,
+             "up_mm_then_gelu": up_mm_then_gelu, "dgrad_lt_dgelu": dgrad_lt_dgelu,
+             "dgrad_mm_then_gelu_backward": dgrad_mm_then_gelu_backward}
+    fns = {**fused, "gemms": gemms, "step": step(), "step_tanh": step("tanh"),
            "step_no_residual": no_residual, "gelu_fwd": gelu_fwd, "gelu_bwd": gelu_bwd,
            "residual_add": residual, "up_gemm": up_gemm, "up_gemm_lt_gelu": up_gemm_lt_gelu}
     ms = side_by_side(fns)
