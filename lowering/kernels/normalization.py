@@ -159,8 +159,9 @@ class LaunchPlan:
       tensor once, before the row loop, and keeps it packed (two 16-bit values a 32-bit
       register), so the row loop reads only x and writes only y.
     - ``"shared"``: the same loop, with the 1-D tensors staged once per block in shared
-      memory: for rows whose slices do not fit the registers, and with the prefetch in
-      registers, where the registers they free buy occupancy (see `choose_persistent`).
+      memory: for rows whose slices do not fit the registers beside the row (16384 at
+      fp16; see `choose_persistent`), and with the prefetch in registers, where the
+      registers they free buy occupancy (a pinned plan: the planner stages x instead).
     - ``"global"``: the same loop, the 1-D tensors re-read every row through the
       read-only data path (``__ldg``: L1, then L2), neither registers nor shared memory
       held for them: for the longest rows, whose tensors (8 bytes a column in the
@@ -425,35 +426,47 @@ def bytes_in_flight(plan: LaunchPlan, value_bytes: int) -> int:
 
 IN_FLIGHT_TARGET = 32 * 1024
 MAX_EXTRA_PADDING = 0.2
-# Rule 3 of `choose_persistent`: a row spread over a whole 128-thread block (or more) at
-# 16 values a thread, with no more padding than this over the least.
-SIXTEEN_VALUES = 16
-SIXTEEN_PADDING = 0.02
+# Rule 4 of `choose_persistent`: the fewest values a thread for which the cp.async ring
+# pays for its shared-memory round trip.
+STAGED_MIN_VALUES = 16
+# Rule 6: where the 1-D tensors go, best first.
+CACHE_ORDER = ("registers", "shared", "global")
+# Rule 7: bytes in flight compared in steps of this (the block counts are estimates).
+FLIGHT_STEP = 4 * 1024
 
-# The measurements the rules below cite: benchmarks/results/layer_norm_nvidia-h200.json,
-# "sweep" (H200, commit 342d088, 8192 rows, fp16, the reference fusion: 265 plans). A
-# ratio "1.03x" is that plan's time over the best time measured at its size; "regs" are
-# what ptxas reported for it. benchmarks/sweep_rules.py prints the table.
+# The measurements the rules below cite: benchmarks/results/
+# layer_norm_nvidia-h200_sweep_75f9994.json, "sweep" (H200, commit 75f9994, 8192 rows,
+# fp16, the reference fusion: 600 plans, the cp.async ring, the one-pass reduction and
+# the L2 tensors among them). A ratio "1.03x" is that plan's time over the best time
+# measured at its size; "regs" are what ptxas reported for it. benchmarks/sweep_rules.py
+# prints the table; tests/unit/test_normalization_sweep.py holds the planner to it.
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class PlannerRules:
     """The switches of `choose_persistent` for the plan dimensions added after the
     8f4eff6 sweep (``stages``, ``one_pass``, ``param_cache="global"``). Each is a general
-    rule with a threshold; the defaults keep those dimensions out of the default plan
-    until a sweep that times them says otherwise: ``python benchmarks/sweep_rules.py
-    --fit RESULTS.json`` scores every combination of the values in `RULE_GRID` against
-    a sweep and prints the one to set `RULES` to.
+    rule with a threshold; ``python benchmarks/sweep_rules.py --fit RESULTS.json``
+    scores every combination of the values in `RULE_GRID` against a sweep and prints
+    the one to set `RULES` to. The defaults here keep the dimensions out; `RULES` is
+    what the 75f9994 sweep fits (worst 1.009x; the next, ``deep_below`` always, 1.032x).
 
     - ``deep_below``: a deeper cp.async ring (``stages`` 2) where one row ahead leaves
       fewer than this many bytes of x in flight an SM (`bytes_in_flight` x 2): Little's
-      law, the target of rule 1 with room to spare. 0: never.
+      law with room to spare. 0: never. Fitted: 64 KiB. Two rows ahead is the best at
+      every size up to 12288 (one block of 512 threads, 24 KiB a row: 1.000x against
+      1.119x one row ahead); from 16384 (32 KiB a row and up) one row ahead holds enough
+      and the third buffer only takes shared memory (16384 1.004x/1.000x, 20480
+      1.000x/1.032x).
     - ``one_pass_warps``: the one-pass reduction (one block barrier a row) for rows on
       at least this many warps (a barrier waits for the slowest warp of the row: the
-      more warps, the more it costs). 0: never.
+      more warps, the more it costs). 0: never. Fitted: never; every one-pass plan of
+      the 75f9994 sweep is 1.16-2.7x its two-pass twin (its per-thread exact mean and
+      the pairwise Chan combine cost more than the barrier they save).
     - ``global_params``: read the 1-D tensors through L1/L2 every row (``"global"``)
       rather than staging them in shared memory, where staging them leaves no room
-      for the prefetch of x (no shared-cache plan with the prefetch fits).
+      for the prefetch of x (no shared-cache plan with the prefetch fits). Fitted: on
+      (20480: 1.000x, where the shared tensors without the prefetch were 1.198x).
     """
 
     deep_below: int = 0
@@ -461,7 +474,7 @@ class PlannerRules:
     global_params: bool = False
 
 
-RULES = PlannerRules()
+RULES = PlannerRules(deep_below=64 * 1024, one_pass_warps=0, global_params=True)
 RULE_GRID = {"deep_below": (0, 32 * 1024, 48 * 1024, 64 * 1024, 1 << 30),
              "one_pass_warps": (0, 2, 4, 8, 16),
              "global_params": (False, True)}
@@ -469,51 +482,60 @@ RULE_GRID = {"deep_below": (0, 32 * 1024, 48 * 1024, 64 * 1024, 1 << 30),
 
 def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
                       rules: PlannerRules | None = None) -> LaunchPlan:
-    """The persistent plan the heuristic runs, by these rules in order (see the note above
-    for where the numbers come from):
+    """The persistent plan the heuristic runs: the first of ``plans`` by these rules in
+    order (the note above says where the numbers come from; "1.007x" is a plan's time
+    over the best measured at its size):
 
-    1. Enough bytes in flight an SM (`bytes_in_flight` >= 32 KiB, counting a prefetched
-       row twice since its loads overlap the current row's reduction): below it DRAM
-       latency is exposed whatever else the plan does.
+    0. The plan dimensions of `PlannerRules` (``rules``, default `RULES`): a plan that
+       breaks one (a ring depth, a reduction or a tensor placement the rules do not ask
+       for) ranks after every plan that keeps them.
+    1. Enough bytes of x requested an SM (`bytes_in_flight`, times the rows a prefetch
+       keeps ahead, >= 32 KiB): below it DRAM latency is exposed whatever else the plan
+       does.
     2. Padding within 20% of the least: idle lanes cost issue slots, not bandwidth, so
-       some padding is worth more values a thread (the row-wise sweep: at 1280, 64
-       threads x 24 values with 17% padding beat 160 x 8 with none by 6%).
-    3. A row that fills a 128-thread block on its own at 16 values a thread, with (near)
-       no padding, keeps the 1-D tensors in registers and prefetches x by cp.async into
-       shared memory: ptxas gives it 76-78 registers (6 blocks of 128, 5 of 160, 3 of 256
-       resident), where 32 values a thread with the tensors and the prefetched row in
-       registers take 136-142 (2-3 blocks of 128-192). Best or within 3.1% at every size
-       that has one: 2048 (t128 b2, 1.011x), 2560 (t160 b2, 1.031x; the register
-       prefetch there is the best, but 1.042x / 1.082x at 2048 / 4096, where ptxas gave
-       it 95 / 108 registers), 4096 (t256 b2, the best); the
-       same rows at 32 values (the previous rule's t64 b4 / t96 b4 / t128 b4 register
-       prefetch) 1.041x / 1.073x / 1.029x. Not at 1600 (t128 b2 pads 22%, 1.099x) nor
-       with narrower vectors (5140: t352 b4 v4, 9% padding against 4%, 1.066x).
-    4. Prefetch on: it is what keeps DRAM busy through the barriers of the reduction
-       (the best plan without it: 1.02-1.14x at 1280-12288, 1.28x at 16384); into
-       registers where they allow, else through shared memory (cp.async, `x_staged`):
-       16384 at fp16.
-    5. With the prefetch in registers, the 1-D tensors in shared memory rather than in
-       registers: the packed tensors cost a register per value (four fp16 tensors), and
-       with the prefetched row on top ptxas took 112-146 registers where the staged
-       tensors took 71-95, a third more resident threads; reading 8 bytes a column from
-       shared memory each row is cheap beside that. Staged vs in registers, same row
-       geometry: 1280 1.029x/1.012x, 1536 1.000x/1.043x, 1600 1.000x/1.025x, 5140 (t192
-       b7) 1.004x/1.025x, 12288 (t384 b4) 1.020x/1.011x. (ptxas sometimes hoists every
-       staged load of an unpredicated 32-value slice: 152-164 registers at 1024 t32 b4
-       and 2048 t64 b4, 1.09x; within the launch bounds, so nothing spills. Rule 3 takes
-       2048; a zero-padding 32-value two-warp row elsewhere, e.g. 3072 at t96 b4 would
-       not reach rule 5 either, it takes rule 3's t192 b2.)
-    6. Fewer warps a row (fewer, cheaper block barriers per row; a one-warp row needs
-       none), then less padding, then fewer registers (more resident warps).
+       some padding is worth more values a thread (1280: t64 b3, 17% padding, 1.007x,
+       where t160 b1 with none pays 1.131x for its 8 values a thread).
+    3. Prefetch on: it keeps DRAM busy through the barriers of the reduction and the
+       stores (without it, the best plan of every size from 1280 up: 1.02-1.20x).
+    4. At least 16 values a thread (`STAGED_MIN_VALUES`): the cp.async copy lands in
+       shared memory and every value is read back once, a round trip that a thread
+       with 8 values has too little work to hide: every 8-value plan with x staged is
+       1.10-1.28x (768-4096).
+    5. The prefetch through shared memory (cp.async, ``x_staged``) rather than into
+       registers: the next row costs no registers, so the row slice keeps its
+       occupancy, and the copy needs no thread to wait on it. Same geometry, staged
+       (ring of 2) vs in registers: 1536 1.000x/1.052x, 2560 1.000x/1.064x, 4096
+       1.000x/1.031x, 5140 1.000x/1.089x, 12288 1.000x/1.111x.
+    6. The 1-D tensors in registers, else staged in shared memory, else through L2
+       (`CACHE_ORDER`): in registers they cost no instruction a row; with x staged the
+       registers are free for them (4096 t128 b4 with the ring: registers 1.000x,
+       shared 1.023x). Shared memory where they do not fit the registers (16384: t512
+       x 32 values x 8 bytes a column is 128 registers on top of the row), L2 where
+       staging them leaves no room for the ring (20480: 160 KiB of tensors).
+    7. More bytes of x in flight an SM (`bytes_in_flight` in 4 KiB steps, from the
+       blocks the register estimate lets an SM hold): the plans that pass rule 1 still
+       differ by up to a third in what they keep queued at DRAM, and the one that keeps
+       more wins: 1536 t64 b3 (4 blocks of 128, 24 KiB) 1.000x against t96 b2 (3 of
+       192, 18 KiB) 1.094x; 1600 t64 b4 (24 KiB) 1.002x against t128 b2 (20 KiB)
+       1.085x; 4096 t128 b4 (24 KiB) 1.000x against t256 b2 (16 KiB) 1.028x and t192
+       b3 (18 KiB) 1.054x; 2560 t128 b3 (24 KiB, 17% padding) 1.000x against t160 b2
+       (20 KiB, none) 1.107x.
+    8. Less padding (to 1%).
+    9. With several blocks an SM, smaller blocks: blocks drift out of phase, so one
+       block's barriers and stores overlap the others' loads, and a smaller block has
+       fewer warps to wait for at each barrier (2560 t128 b3 r1 1.000x against t96 b4
+       r2, a 192-thread block with the same 24 KiB in flight, 1.096x; 5140 t192 b7 v4
+       against t224 b6, 1.080x). With one block an SM (the longest rows) nothing
+       overlaps the block's barriers and its reduction and stores, so the larger block
+       wins: the same work spread over more warps finishes each row sooner (12288 t512
+       b3 1.000x against t384 b4 1.065x, both one block and 24 KiB a row).
+    10. Fewer registers.
 
-    Rows one warp covers never get here by default: `plan_launch` gives them the
-    row-wise kernel (its rule 0).
-
-    The dimensions added since (``stages``, ``one_pass``, ``param_cache="global"``)
-    enter by `PlannerRules` (``rules``, default `RULES`): a plan that breaks a rule
-    (a ring depth, a reduction or a tensor placement the rule does not ask for) ranks
-    after every plan that keeps them, before rule 1.
+    Against the 75f9994 sweep (benchmarks/sweep_rules.py) the picks are the best plan or
+    within 1%: 1.007x at 1280, 1.000 at 1536, 1.002 at 1600, 1.009 at 2048, 1.000 at
+    2560, 4096, 5140, 12288, 1.004 at 16384 (the ring one row deep, `PlannerRules`),
+    1.000 at 20480. Rows one warp covers never get here by default: `plan_launch` gives
+    them the row-wise kernel (its rule 0: 1.008x at 768, 1.000x at 1024).
     """
     rules = rules or RULES
     staged_fits = any(p.prefetch and p.param_cache != "global" for p in plans)
@@ -541,18 +563,20 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
     plans = [p for p in plans if breaks_rules(p) == min(map(breaks_rules, plans))]
     least = min(padding(p, hidden) for p in plans)
 
-    def sixteen(p: LaunchPlan) -> bool:
-        return (p.batch * p.vector_width == SIXTEEN_VALUES
-                and p.threads_per_row >= MIN_THREADS_PER_BLOCK
-                and padding(p, hidden) <= least + SIXTEEN_PADDING
-                and p.param_cache == "registers" and p.prefetch and p.x_staged)
-
     def key(p: LaunchPlan):
-        flight = bytes_in_flight(p, value_bytes) * ((1 + p.stages) if p.prefetch else 1)
-        return (flight < IN_FLIGHT_TARGET, padding(p, hidden) > least + MAX_EXTRA_PADDING,
-                not sixteen(p), not p.prefetch, p.x_staged,
-                p.param_cache != ("shared" if p.prefetch and not p.x_staged else "registers"),
-                p.warps_per_row, round(padding(p, hidden), 2), p.register_estimate)
+        flight = bytes_in_flight(p, value_bytes)
+        ahead = flight * ((1 + p.stages) if p.prefetch else 1)
+        one_block = p.min_blocks_per_sm == 1
+        return (ahead < IN_FLIGHT_TARGET,                                  # rule 1
+                padding(p, hidden) > least + MAX_EXTRA_PADDING,            # rule 2
+                not p.prefetch,                                            # rule 3
+                p.batch * p.vector_width < STAGED_MIN_VALUES,              # rule 4
+                not p.x_staged,                                            # rule 5
+                CACHE_ORDER.index(p.param_cache),                          # rule 6
+                -(flight // FLIGHT_STEP),                                  # rule 7
+                round(padding(p, hidden), 2),                              # rule 8
+                -p.block_threads if one_block else p.block_threads,        # rule 9
+                p.register_estimate)
 
     return min(plans, key=key)
 
@@ -660,12 +684,12 @@ def plan_launch(
         # the row-wise kernel re-reads the 1-D tensors every row, but a column's are 8
         # bytes (a few KiB a row) and stay in L1, and it needs the fewest registers:
         # 70 at 768 and 92 at 1024 against 95-152 for the persistent kernel with the
-        # tensors or the prefetched row in registers. Measured (the sweep cited at
-        # `choose_persistent`): rowwise t32 b3 r4 the best at 768 (0.904 of copy
-        # bandwidth; the best persistent plan, the previous choice, 1.031x), rowwise t32
-        # b4 r4 1.001x at 1024 (0.883; the previous choice 1.054x). The persistent plan
-        # that stages both tensors and x in shared memory ties at 1024 (the best, 92
-        # registers) but is 1.050x at 768.
+        # tensors or the prefetched row in registers. Measured (the 342d088 sweep):
+        # rowwise t32 b3 r4 the best at 768 (0.904 of copy bandwidth; the best
+        # persistent plan then, 1.031x), rowwise t32 b4 r4 1.001x at 1024. The 75f9994
+        # sweep (the one cited at `choose_persistent`), with the cp.async ring: 1.008x
+        # at 768 against the tensors in registers with a ring of two rows of x (the
+        # best, 0.910; 105 registers, 4 blocks of 128), 1.000x at 1024 (tied with it).
         best = min(one_warp, key=lambda p: p.batch)
     elif param_cache == "none":
         best = _plan_rowwise(hidden, vector_width, value_bytes)

@@ -149,7 +149,7 @@ def test_one_warp_rows_default_to_the_rowwise_kernel(hidden):
 @pytest.mark.parametrize("hidden", [h for h in BENCH_HIDDEN if h > 1024])
 def test_default_plan_is_persistent_with_a_resident_grid(hidden):
     plan = NormalizationSpec.reference_fusion(8192, hidden).plan
-    assert plan.persistent and plan.param_cache in ("registers", "shared")
+    assert plan.persistent and plan.param_cache in ("registers", "shared", "global")
     groups = -(-8192 // plan.rows_per_block)
     assert plan.grid(8192) == min(groups, DEFAULT_SM_COUNT * plan.min_blocks_per_sm)
     assert plan.grid(8192, sm_count=78) == min(groups, 78 * plan.min_blocks_per_sm)
