@@ -9,6 +9,8 @@ between CUDA events, medians), each checked against cuBLAS first:
   coupled     + each ring slot released to both CTAs' producers (remote mbarrier
               arrives), each CTA still loading its whole B tile itself
   multicast   the ctma feed: + each CTA loads half of B and multicasts it to both
+  multicast_release_cluster  the same with .release.cluster remote arrives (the first
+              version: 0.62-0.65 of tma on the H200, 77c9b2d)
 
     python benchmarks/cluster_probe.py --out probe.json
 """
@@ -47,7 +49,12 @@ def builds(config):
     assert coupled != src.source and cluster != coupled
     tsrc = render(base)
     # (name, source, kernel name, spec for grid/smem, spec for the tensor maps' boxes)
+    cluster_fence = src.source.replace(
+        'asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\\n"',
+        'asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\\n"')
+    assert cluster_fence != src.source
     return [("tma", tsrc.source, tsrc.kernel_name, base, base),
+            ("multicast_release_cluster", cluster_fence, src.kernel_name, ctma, ctma),
             ("cluster", cluster, src.kernel_name, ctma, base),
             ("coupled", coupled, src.kernel_name, ctma, base),
             ("multicast", src.source, src.kernel_name, ctma, ctma)]

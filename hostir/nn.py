@@ -379,16 +379,17 @@ class _ColumnParallel(torch.autograd.Function):
 class _ParallelMLP(torch.autograd.Function):
     """``down(gelu_tanh(up(x)))`` as one autograd node, so the GELU's derivative can be the
     epilogue of the down projection's backward GEMM: forward AllGather+GEMM with
-    ``gelu_aux`` (h = gelu(pre), pre saved), GEMM+ReduceScatter; backward AllGather+GEMM
-    with ``dgelu`` (d_pre = (gather(dy) W2^T) * gelu'(pre)), then the up projection's
-    GEMM+ReduceScatter on d_pre. Weight gradients as the layers compute them."""
+    ``gelu_aux`` (h = gelu(pre), pre saved), GEMM+ReduceScatter; backward AllGather+GEMM,
+    with ``dgelu`` when ``fuse_backward`` (d_pre = (gather(dy) W2^T) * gelu'(pre)) or
+    followed by torch's gelu_backward, then the up projection's GEMM+ReduceScatter on
+    d_pre. Weight gradients as the layers compute them."""
 
     @staticmethod
-    def forward(ctx, x, w1, w2, up, down):
+    def forward(ctx, x, w1, w2, up, down, fuse_backward):
         with _no_autocast(x.device):
             h, gathered, pre = up.column_forward(x, w1)
             y = down.row_forward(h, w2)
-        ctx.plans = up, down
+        ctx.plans, ctx.fuse_backward = (up, down), fuse_backward
         ctx.save_for_backward(gathered, pre, h, w1, w2)
         return y
 
@@ -398,9 +399,14 @@ class _ParallelMLP(torch.autograd.Function):
         up, down = ctx.plans
         need_x, need_w1, need_w2 = ctx.needs_input_grad[:3]
         with _no_autocast(dy.device):
-            dpre, dw2 = down.row_backward(dy.to(w2.dtype).contiguous(), h, w2, need_w2, pre)
+            dy = dy.to(w2.dtype).contiguous()
+            if ctx.fuse_backward:
+                dpre, dw2 = down.row_backward(dy, h, w2, need_w2, pre)
+            else:
+                dh, dw2 = down.row_backward(dy, h, w2, need_w2)
+                dpre = torch.ops.aten.gelu_backward(dh, pre, approximate="tanh")
             dx, dw1 = up.column_backward(dpre, gathered, w1, need_x, need_w1)
-        return dx, dw1, dw2, None, None
+        return dx, dw1, dw2, None, None, None
 
 
 class _RowParallel(torch.autograd.Function):
@@ -598,14 +604,26 @@ class ParallelMLP(torch.nn.Module):
         return fused_mlp(x, self.up, self.down)
 
 
-def fused_mlp(x: torch.Tensor, up: ColumnParallelLinear, down: RowParallelLinear) -> torch.Tensor:
-    """``down(gelu_tanh(up(x)))`` with the GELU in the GEMM epilogues (see ``ParallelMLP``),
-    for any pair of layers built with the same stages (``up``'s own activation is not
-    applied twice: the fused GELU is the activation)."""
+# Whether the down projection's backward takes the GELU derivative in its GEMM (cuBLASLt
+# DGELU) by default. Measured on the H200 at the bench's shapes (77c9b2d,
+# benchmarks/results/profile_mlp_step_nvidia-h200.json): the DGELU GEMM 7.78 ms against
+# 7.03 ms for the plain GEMM and torch's gelu_backward after it, so the derivative is a
+# separate pass; the forward's GELU_AUX GEMM (6.73 ms vs 6.90 ms unfused) stays fused.
+FUSE_DGELU = False
+
+
+def fused_mlp(x: torch.Tensor, up: ColumnParallelLinear, down: RowParallelLinear,
+              fuse_backward: bool | None = None) -> torch.Tensor:
+    """``down(gelu_tanh(up(x)))`` with the GELU in the up projection's GEMM epilogue (see
+    ``ParallelMLP``), for any pair of layers built with the same stages (``up``'s own
+    activation is not applied twice: the fused GELU is the activation). ``fuse_backward``
+    (default ``FUSE_DGELU``): the derivative in the down projection's backward GEMM too."""
+    fuse_backward = FUSE_DGELU if fuse_backward is None else fuse_backward
     x, w1 = up._inputs(x)
     w2 = down.weight.to(w1.dtype)
     if down._k != up._n:
         raise ValueError(f"fused_mlp: up gives {up._n} features a rank, down takes {down._k}")
     up_plan = _plan("column", up, x, "gelu_aux")
-    down_plan = _plan("row", down, x, "dgelu", rows=x.shape[0] * up_plan.D)
-    return _ParallelMLP.apply(x, w1, w2, up_plan, down_plan)
+    down_plan = _plan("row", down, x, "dgelu" if fuse_backward else None,
+                      rows=x.shape[0] * up_plan.D)
+    return _ParallelMLP.apply(x, w1, w2, up_plan, down_plan, fuse_backward)

@@ -57,14 +57,15 @@ WGMMA_CONFIGS: tuple[tuple[int, int, int, int, int, int, str], ...] = (
     (128, 256, 64, 8, 1, 4, "ptma"),  # TMA, persistent CTAs, C stored from registers
     (256, 128, 64, 8, 1, 4, "ptma"),
     (128, 128, 64, 8, 1, 6, "ptma"),
-)
-# 2-CTA clusters multicasting B (feed "ctma"): correct on the H200 (wgmma check, e3c8c5d,
-# every variant) but 0.2-0.7 of cuBLAS, about half the TMA feed's speed, cause not found
-# yet; not offered to the heuristics or the autotuner (`spec_for` still builds them).
-CLUSTER_CONFIGS: tuple[tuple[int, int, int, int, int, int, str], ...] = (
-    (128, 256, 64, 8, 1, 4, "ctma"), (256, 128, 64, 8, 1, 4, "ctma"),
+    # 2-CTA clusters multicasting B (feed "ctma"). The first version ran at half the TMA
+    # feed's speed: its remote slot releases were .release.cluster arrives (a
+    # cluster-scope fence per warp per K-tile; benchmarks/cluster_probe.py). The
+    # autotuner times them; the model does not know them yet (no TILE_EFFICIENCY entry).
+    (128, 256, 64, 8, 1, 4, "ctma"),
+    (256, 128, 64, 8, 1, 4, "ctma"),
     (128, 128, 64, 8, 1, 6, "ctma"),
 )
+CLUSTER_CONFIGS = tuple(c for c in WGMMA_CONFIGS if c[6] == "ctma")
 FEEDS = {"sync": {}, "ws": {"warp_specialized": True},
          "tma": {"warp_specialized": True, "tma": True},
          "ptma": {"warp_specialized": True, "tma": True, "persistent": True},

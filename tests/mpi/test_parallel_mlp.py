@@ -54,10 +54,21 @@ def _reference(x, up, down, dy):
     return y.detach(), x.grad, w1.grad, w2.grad
 
 
+@pytest.fixture(params=[False, True], ids=["dgelu_separate", "dgelu_fused"])
+def fuse_backward(request, monkeypatch):
+    """Both backward forms: the GELU derivative as its own pass (the default) and in the
+    down projection's backward GEMM (the dgelu epilogue)."""
+    from hostir import nn as tp
+
+    monkeypatch.setattr(tp, "FUSE_DGELU", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("schedule", ["pipelined", "ring"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("stages", [1, 2])
-def test_parallel_mlp_matches_the_reference(world, comm, stages, dtype, schedule):
+def test_parallel_mlp_matches_the_reference(world, comm, stages, dtype, schedule,
+                                            fuse_backward):
     rank, d = world
     t, h, f = 4 * stages * d, 16, 8 * d
     up, down, g = _linears(h, f, dtype, seed=stages)

@@ -201,7 +201,8 @@ def test_gpu_wgmma_check_plan_and_crash_bookkeeping(tmp_path):
 
     groups = check.plan(((512, 512, 4096), (4096, 4096, 1024)))
     names = [g["name"] for g in groups]
-    assert names == ["wgmma_sync", "wgmma_ws", "wgmma_tma", "wgmma_ptma", "heuristics"]
+    assert names == ["wgmma_sync", "wgmma_ws", "wgmma_tma", "wgmma_ptma", "wgmma_ctma",
+                     "heuristics"]
     for g in groups:
         for v in g["variants"]:
             MatmulSpec(**v["spec"])  # valid
@@ -225,8 +226,8 @@ def test_gpu_wgmma_check_plan_and_crash_bookkeeping(tmp_path):
 
 
 def test_cluster_feed_compiles_without_spills():
-    """The 2-CTA cluster feed (B multicast) is out of the heuristics (slower on the
-    H200) but still generated and compiled: sm_90a, no spills, cluster dims in source."""
+    """The 2-CTA cluster feed (B multicast): sm_90a, no spills, cluster dims and the
+    multicast in the source, remote slot releases at CTA scope (not .release.cluster)."""
     from lowering.kernels.heuristics import CLUSTER_CONFIGS, spec_for
     from runtime import jit
 
@@ -235,5 +236,7 @@ def test_cluster_feed_compiles_without_spills():
         assert spec.feed == "ctma" and spec.cluster_m == 2
         src = render(spec)
         assert "__cluster_dims__(2, 1, 1)" in src.source and "multicast::cluster" in src.source
+        assert "mbarrier.arrive.shared::cluster.b64" in src.source
+        assert "arrive.release.cluster" not in src.source
         ck = jit.compile(src.source, src.names, "sm_90a")
         assert ck.spill_bytes.get(src.kernel_name, 0) == 0
