@@ -189,12 +189,12 @@ class LaunchPlan:
     cancellation of E[x^2] - E[x]^2 on rows with a large mean. Rows spanning several
     warps only (a one-warp row has no barrier to save).
 
-    ``l2_hint`` (``x_staged`` with 16-byte vectors; "" none): an L2 hint on the cp.async
+    ``l2_hint`` (``x_staged``; "" none): an L2 hint on the cp.async
     of x, which is read once. ``"evict_first"``: an L2::evict_first cache policy
     (``createpolicy``), so the lines of x go before the 1-D tensors (re-read every row
     through L2 with ``param_cache="global"``) and before y's lines waiting to be written
     back. ``"prefetch_256b"``: ``.L2::256B``, the L2 fetches the whole 256-byte block
-    around each 16-byte request, so a warp's 512 contiguous bytes arrive as two DRAM
+    around each request, so a warp's 512 contiguous bytes arrive as two DRAM
     bursts the row needs anyway rather than sector by sector. The y stores are
     ``__stcs`` (evict-first) in every plan.
     """
@@ -211,7 +211,7 @@ class LaunchPlan:
     x_bytes: int = 2  # bytes of an element of x
     stages: int = 1  # rows of x prefetched ahead (x_staged: a ring of stages + 1 buffers)
     one_pass: bool = False  # mean and variance in one reduction, one barrier a row
-    l2_hint: str = ""  # x_staged, 16-byte vectors: an L2 hint on the cp.async of x (L2_HINTS)
+    l2_hint: str = ""  # x_staged: an L2 hint on the cp.async of x (L2_HINTS)
 
     @property
     def persistent(self) -> bool:
@@ -480,7 +480,7 @@ class PlannerRules:
       for the prefetch of x (no shared-cache plan with the prefetch fits). Fitted: on
       (20480: 1.000x, where the shared tensors without the prefetch were 1.198x).
     - ``l2_hint``: the `L2_HINTS` hint the chosen plan puts on the cp.async of x when it
-      stages x with 16-byte vectors. Not yet timed (the sweep after 75f9994 times each
+      stages x. Not yet timed (the sweep after 75f9994 times each
       hint on the planner's first two plans a size): "" until a sweep says otherwise.
     """
 
@@ -596,7 +596,7 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
                 p.register_estimate)
 
     best = min(plans, key=key)
-    if rules.l2_hint and best.x_staged and best.vector_width * value_bytes == 16:
+    if rules.l2_hint and best.x_staged:
         best = dataclasses.replace(best, l2_hint=rules.l2_hint)
     return best
 
@@ -604,10 +604,8 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
 def hint_variants(plans: list[LaunchPlan], hidden: int, value_bytes: int,
                   base: int = 2) -> list[LaunchPlan]:
     """The plans a sweep times with each `L2_HINTS` hint: the first ``base`` plans of
-    ``plans`` by `choose_persistent`'s order that can take one (x staged, 16-byte
-    vectors), not the cross product of every candidate with every hint."""
-    fit = [p for p in plans if p.x_staged and p.vector_width * value_bytes == 16
-           and not p.l2_hint]
+    ``plans`` by `choose_persistent`'s order that can take one (x staged), not the cross product of every candidate with every hint."""
+    fit = [p for p in plans if p.x_staged and not p.l2_hint]
     picked: list[LaunchPlan] = []
     rules = dataclasses.replace(RULES, l2_hint="")
     while fit and len(picked) < base:
@@ -680,9 +678,9 @@ def plan_launch(
         best = plan_launch(hidden, vector_width, value_bytes, threads_per_row, batch,
                            rows_per_block, param_cache, prefetch, param_bytes, x_staged,
                            bf16, stages, one_pass)
-        if not (best.x_staged and best.vector_width * value_bytes == 16):
+        if not best.x_staged:
             raise LoweringError(f"normalization plan: l2_hint {l2_hint!r} is a hint on the "
-                                "cp.async of x: it needs x_staged and 16-byte vectors")
+                                "cp.async of x: it needs x_staged")
         return dataclasses.replace(best, l2_hint=l2_hint)
     if threads_per_row is not None or batch is not None:
         t = threads_per_row or _round_up(-(-vectors // batch), WARP)
@@ -1368,29 +1366,29 @@ __device__ __forceinline__ Vec<T, kVec> ldg_vec(const T* __restrict__ p, int vec
         if p.one_pass and isinstance(s.norm, LayerNorm):
             helper += self._row_stats_helper()
         if p.x_staged:
-            cp16 = {
-                "": '    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\\n" '
-                    ':: "r"(d), "l"(src), "r"(n) : "memory");',
+            # .cg (L2 only) takes 16 bytes; narrower copies go .ca. The hint is the same.
+            level = {"": "", "evict_first": ".L2::cache_hint", "prefetch_256b": ".L2::256B"}[p.l2_hint]
+            policy = ""
+            if p.l2_hint == "evict_first":
                 # x is read once: its lines are the first the L2 evicts
-                "evict_first": '    unsigned long long policy;\n'
-                    '    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\\n" : "=l"(policy));\n'
-                    '    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\\n" '
-                    ':: "r"(d), "l"(src), "r"(n), "l"(policy) : "memory");',
-                # the L2 fetches the 256-byte block around the request (the row is contiguous)
-                "prefetch_256b": '    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\\n" '
-                    ':: "r"(d), "l"(src), "r"(n) : "memory");',
-            }[p.l2_hint]
+                policy = ('  unsigned long long policy;\n'
+                          '  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\\n" : "=l"(policy));\n')
+            pol_arg, pol_op = (', %3', ', "l"(policy)') if p.l2_hint == "evict_first" else ("", "")
+            pol_arg_ca = ', %4' if p.l2_hint == "evict_first" else ""
+            cp16 = (f'    asm volatile("cp.async.cg.shared.global{level} [%0], [%1], 16, %2{pol_arg};\\n" '
+                    f':: "r"(d), "l"(src), "r"(n){pol_op} : "memory");')
+            cpn = (f'    asm volatile("cp.async.ca.shared.global{level} [%0], [%1], %2, %3{pol_arg_ca};\\n" '
+                   f':: "r"(d), "l"(src), "n"(Bytes), "r"(n){pol_op} : "memory");')
             helper += f"""\
 // cp.async of one vector, global -> shared; zero-filled (nothing read) when !pred.
 template <int Bytes>
 __device__ __forceinline__ void cp_async(void* dst, const void* src, bool pred) {{
   const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
   const int n = pred ? Bytes : 0;
-  if constexpr (Bytes == 16) {{
+{policy}  if constexpr (Bytes == 16)
 {cp16}
-  }}
   else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\\n" :: "r"(d), "l"(src), "n"(Bytes), "r"(n) : "memory");
+{cpn}
 }}
 __device__ __forceinline__ void cp_async_wait_all() {{ asm volatile("cp.async.wait_all;\\n" ::: "memory"); }}
 template <int N>

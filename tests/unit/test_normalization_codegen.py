@@ -467,10 +467,11 @@ def test_reference_rms_norm_in_float32_is_close_to_float64():
 
 
 @pytest.mark.parametrize("hint", ["evict_first", "prefetch_256b"])
-@pytest.mark.parametrize("hidden", [768, 2048, 12288, 16384, 20480])
+@pytest.mark.parametrize("hidden", [768, 2048, 5140, 12288, 16384, 20480])
 def test_l2_hint_variants_render_and_compile_without_spills(hidden, hint):
     """The sweep's L2 hints on the cp.async of x: the planner's first two plans that
-    stage x with 16-byte vectors, each hint; the hint is in the PTX, nothing spills."""
+    stage x (16-byte vectors, 8-byte ones at 5140), each hint; the hint is in the
+    source, nothing spills."""
     from lowering.kernels.normalization import hint_variants
 
     spec = NormalizationSpec.reference_fusion(8192, hidden)
@@ -490,11 +491,9 @@ def test_l2_hint_variants_render_and_compile_without_spills(hidden, hint):
         _check_compiled(s, _compile(s, "sm_90"))
 
 
-def test_l2_hint_needs_16_byte_staged_vectors():
+def test_l2_hint_needs_staged_x():
     with pytest.raises(LoweringError, match="l2_hint"):
         NormalizationSpec.reference_fusion(8192, 4096, param_cache="registers", prefetch=True,
                                            x_staged=False, l2_hint="evict_first")
-    with pytest.raises(LoweringError, match="l2_hint"):
-        NormalizationSpec.reference_fusion(8192, 5140, x_staged=True, l2_hint="evict_first")
     with pytest.raises(LoweringError, match="l2_hint"):
         NormalizationSpec.reference_fusion(8192, 4096, l2_hint="evict_last")
