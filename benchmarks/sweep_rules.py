@@ -4,7 +4,7 @@
     PYTHONPATH=. python benchmarks/sweep_rules.py RESULTS.json --fit
 
 ``--fit``: every combination of `RULE_GRID` (the switches of `PlannerRules`: deeper x
-ring, one-pass reduction, tensors through L2) is scored against the sweep: for each size
+ring, one-pass reduction, tensors through L2, the L2 hint on x) is scored against the sweep: for each size
 the plan the planner would pick under it, its time over the best measured time. The
 combinations are ranked by the worst size, then the mean (one that picks an unmeasured
 plan is out); the first is what `RULES` in lowering/kernels/normalization.py should be.

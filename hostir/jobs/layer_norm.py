@@ -224,26 +224,33 @@ def _past_deadline() -> bool:
 
 def sweep_specs(spec):
     """The plans the sweep times for ``spec``: every row-wise candidate (the kernel before
-    the persistent one, at its default rows per block) and every persistent candidate.
-    The heuristic's own plan is among them (marked ``chosen``); so are the plan
-    dimensions the heuristic does not use yet (deeper x rings, the one-pass reduction,
-    tensors read through L2: see `PlannerRules`), which is what lets
-    benchmarks/sweep_rules.py --fit pick its rules from this run."""
+    the persistent one, at its default rows per block) and every persistent candidate
+    but the one-pass ones (1.16-2.7x their twins in the 75f9994 sweep), and the L2
+    hints on the cp.async of x (`L2_HINTS`) for the planner's first two plans only
+    (`hint_variants`). The heuristic's own plan is among them (marked ``chosen``); so
+    are the plan dimensions it does not use (ring depths, tensors through L2, the
+    hints: see `PlannerRules`), which is what lets benchmarks/sweep_rules.py --fit
+    pick its rules from this run."""
     from lowering.kernels.normalization import (
-        DTYPE_BYTES, candidate_plans, persistent_candidates)
+        DTYPE_BYTES, candidate_plans, hint_variants, persistent_candidates)
 
     width, value_bytes = spec.plan.vector_width, DTYPE_BYTES[spec.input_dtype]
     param_bytes = sum(DTYPE_BYTES[d] for d in spec.parameter_dtypes()[1:-1])
     plans = [dataclasses.replace(p, param_cache="none")
              for p in candidate_plans(spec.hidden, width, value_bytes)]
-    plans += persistent_candidates(spec.hidden, width, value_bytes, param_bytes,
-                                   "bfloat16" in spec.parameter_dtypes())
+    persistent = persistent_candidates(spec.hidden, width, value_bytes, param_bytes,
+                                       "bfloat16" in spec.parameter_dtypes())
+    # the one-pass reduction was 1.16-2.7x its two-pass twin at every size of the
+    # 75f9994 sweep: not timed again (pin one_pass=True to time it)
+    plans += [p for p in persistent if not p.one_pass]
+    # the L2 hints on the cp.async of x: on the planner's two first plans only
+    plans += hint_variants(persistent, spec.hidden, value_bytes)
     return [dataclasses.replace(spec, threads_per_row=p.threads_per_row, batch=p.batch,
                                 rows_per_block=p.rows_per_block, param_cache=p.param_cache,
                                 prefetch=p.prefetch if p.persistent else None,
                                 x_staged=p.x_staged or None,
                                 stages=p.stages if p.x_staged else None,
-                                one_pass=p.one_pass or None)
+                                one_pass=p.one_pass or None, l2_hint=p.l2_hint or None)
             for p in plans]
 
 
@@ -343,7 +350,7 @@ def bench(rows: int, hidden: int, eps: float, replays: int, sweep: bool):
                              batch=p.batch, rows_per_block=p.rows_per_block,
                              vector_width=p.vector_width, param_cache=p.param_cache,
                              prefetch=p.prefetch, x_staged=p.x_staged,
-                             stages=p.stages, one_pass=p.one_pass,
+                             stages=p.stages, one_pass=p.one_pass, l2_hint=p.l2_hint,
                              register_estimate=p.register_estimate,
                              shared_bytes=p.dynamic_shared_bytes + p.shared_bytes,
                              chosen=p == plan)

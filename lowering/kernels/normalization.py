@@ -137,6 +137,7 @@ def _check_eps(eps: float) -> None:
 
 
 PARAM_CACHES = ("none", "registers", "shared", "global")
+L2_HINTS = ("", "evict_first", "prefetch_256b")  # LaunchPlan.l2_hint
 MAX_STAGES = 3  # rows of x a cp.async ring may hold ahead of the current one
 # the depths `persistent_candidates` offers: two rows ahead already doubles the bytes in
 # flight of a one-block-per-SM plan (see LaunchPlan.stages); 3 stays a manual override
@@ -187,6 +188,15 @@ class LaunchPlan:
     (count, mean, M2) triples pairwise (Chan et al.), which has none of the
     cancellation of E[x^2] - E[x]^2 on rows with a large mean. Rows spanning several
     warps only (a one-warp row has no barrier to save).
+
+    ``l2_hint`` (``x_staged``; "" none): an L2 hint on the cp.async
+    of x, which is read once. ``"evict_first"``: an L2::evict_first cache policy
+    (``createpolicy``), so the lines of x go before the 1-D tensors (re-read every row
+    through L2 with ``param_cache="global"``) and before y's lines waiting to be written
+    back. ``"prefetch_256b"``: ``.L2::256B``, the L2 fetches the whole 256-byte block
+    around each request, so a warp's 512 contiguous bytes arrive as two DRAM
+    bursts the row needs anyway rather than sector by sector. The y stores are
+    ``__stcs`` (evict-first) in every plan.
     """
 
     vector_width: int  # elements per global access (16 bytes when alignment allows)
@@ -201,6 +211,7 @@ class LaunchPlan:
     x_bytes: int = 2  # bytes of an element of x
     stages: int = 1  # rows of x prefetched ahead (x_staged: a ring of stages + 1 buffers)
     one_pass: bool = False  # mean and variance in one reduction, one barrier a row
+    l2_hint: str = ""  # x_staged: an L2 hint on the cp.async of x (L2_HINTS)
 
     @property
     def persistent(self) -> bool:
@@ -268,7 +279,8 @@ class LaunchPlan:
                 f"r{self.rows_per_block}"
                 + (" prefetch" + ("/smem" if self.x_staged else "") if self.prefetch else "")
                 + (str(self.stages) if self.x_staged and self.stages > 1 else "")
-                + (" 1pass" if self.one_pass else ""))
+                + (" 1pass" if self.one_pass else "")
+                + (f" {self.l2_hint}" if self.l2_hint else ""))
 
 
 def vector_width_for(hidden: int, dtype_bytes: tuple[int, ...], alignment: int) -> int:
@@ -467,17 +479,22 @@ class PlannerRules:
       rather than staging them in shared memory, where staging them leaves no room
       for the prefetch of x (no shared-cache plan with the prefetch fits). Fitted: on
       (20480: 1.000x, where the shared tensors without the prefetch were 1.198x).
+    - ``l2_hint``: the `L2_HINTS` hint the chosen plan puts on the cp.async of x when it
+      stages x. Not yet timed (the sweep after 75f9994 times each
+      hint on the planner's first two plans a size): "" until a sweep says otherwise.
     """
 
     deep_below: int = 0
     one_pass_warps: int = 0
     global_params: bool = False
+    l2_hint: str = ""
 
 
 RULES = PlannerRules(deep_below=64 * 1024, one_pass_warps=0, global_params=True)
 RULE_GRID = {"deep_below": (0, 32 * 1024, 48 * 1024, 64 * 1024, 1 << 30),
              "one_pass_warps": (0, 2, 4, 8, 16),
-             "global_params": (False, True)}
+             "global_params": (False, True),
+             "l2_hint": L2_HINTS}
 
 
 def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
@@ -578,7 +595,24 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
                 -p.block_threads if one_block else p.block_threads,        # rule 9
                 p.register_estimate)
 
-    return min(plans, key=key)
+    best = min(plans, key=key)
+    if rules.l2_hint and best.x_staged:
+        best = dataclasses.replace(best, l2_hint=rules.l2_hint)
+    return best
+
+
+def hint_variants(plans: list[LaunchPlan], hidden: int, value_bytes: int,
+                  base: int = 2) -> list[LaunchPlan]:
+    """The plans a sweep times with each `L2_HINTS` hint: the first ``base`` plans of
+    ``plans`` by `choose_persistent`'s order that can take one (x staged), not the cross product of every candidate with every hint."""
+    fit = [p for p in plans if p.x_staged and not p.l2_hint]
+    picked: list[LaunchPlan] = []
+    rules = dataclasses.replace(RULES, l2_hint="")
+    while fit and len(picked) < base:
+        best = choose_persistent(fit, hidden, value_bytes, rules)
+        picked.append(best)
+        fit = [p for p in fit if p != best]
+    return [dataclasses.replace(p, l2_hint=h) for p in picked for h in L2_HINTS if h]
 
 
 def plan_launch(
@@ -595,6 +629,7 @@ def plan_launch(
     bf16: bool = False,
     stages: int | None = None,
     one_pass: bool | None = None,
+    l2_hint: str | None = None,
 ) -> LaunchPlan:
     """Pick the kernel (row-wise or persistent), threads per row, the persistent batch
     and rows per block for ``hidden``.
@@ -637,6 +672,16 @@ def plan_launch(
                             "needs x_staged")
     if one_pass and param_cache == "none":
         raise LoweringError("normalization plan: one_pass needs the persistent kernel")
+    if l2_hint is not None and l2_hint not in L2_HINTS:
+        raise LoweringError(f"normalization plan: l2_hint {l2_hint!r}: expected one of {list(L2_HINTS)}")
+    if l2_hint:
+        best = plan_launch(hidden, vector_width, value_bytes, threads_per_row, batch,
+                           rows_per_block, param_cache, prefetch, param_bytes, x_staged,
+                           bf16, stages, one_pass)
+        if not best.x_staged:
+            raise LoweringError(f"normalization plan: l2_hint {l2_hint!r} is a hint on the "
+                                "cp.async of x: it needs x_staged")
+        return dataclasses.replace(best, l2_hint=l2_hint)
     if threads_per_row is not None or batch is not None:
         t = threads_per_row or _round_up(-(-vectors // batch), WARP)
         b = batch or -(-vectors // t)
@@ -755,7 +800,7 @@ class NormalizationSpec:
     prologue, ``weight`` and ``bias`` of the norm (when present), one per `AddBroadcast`
     of the epilogue, the output ``y``, and ``rows`` (int32). `parameter_names` lists
     the tensors. ``alignment`` is the byte alignment every base pointer is known to
-    have (torch allocations: 256; a slice: less). The last seven fields override the
+    have (torch allocations: 256; a slice: less). The last nine fields override the
     heuristic plan (benchmark sweeps, tests): ``param_cache="none"`` is the row-wise
     kernel, ``"registers"``/``"shared"`` the persistent one (see `LaunchPlan`).
     """
@@ -776,6 +821,7 @@ class NormalizationSpec:
     x_staged: bool | None = None
     stages: int | None = None
     one_pass: bool | None = None
+    l2_hint: str | None = None
 
     def __post_init__(self):
         for what, n in (("rows", self.rows), ("hidden", self.hidden)):
@@ -858,6 +904,7 @@ class NormalizationSpec:
             bf16="bfloat16" in dtypes,
             stages=self.stages,
             one_pass=self.one_pass,
+            l2_hint=self.l2_hint,
         )
 
     @property
@@ -1319,16 +1366,29 @@ __device__ __forceinline__ Vec<T, kVec> ldg_vec(const T* __restrict__ p, int vec
         if p.one_pass and isinstance(s.norm, LayerNorm):
             helper += self._row_stats_helper()
         if p.x_staged:
+            # .cg (L2 only) takes 16 bytes; narrower copies go .ca. The hint is the same.
+            level = {"": "", "evict_first": ".L2::cache_hint", "prefetch_256b": ".L2::256B"}[p.l2_hint]
+            policy = ""
+            if p.l2_hint == "evict_first":
+                # x is read once: its lines are the first the L2 evicts
+                policy = ('  unsigned long long policy;\n'
+                          '  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\\n" : "=l"(policy));\n')
+            pol_arg, pol_op = (', %3', ', "l"(policy)') if p.l2_hint == "evict_first" else ("", "")
+            pol_arg_ca = ', %4' if p.l2_hint == "evict_first" else ""
+            cp16 = (f'    asm volatile("cp.async.cg.shared.global{level} [%0], [%1], 16, %2{pol_arg};\\n" '
+                    f':: "r"(d), "l"(src), "r"(n){pol_op} : "memory");')
+            cpn = (f'    asm volatile("cp.async.ca.shared.global{level} [%0], [%1], %2, %3{pol_arg_ca};\\n" '
+                   f':: "r"(d), "l"(src), "n"(Bytes), "r"(n){pol_op} : "memory");')
             helper += f"""\
 // cp.async of one vector, global -> shared; zero-filled (nothing read) when !pred.
 template <int Bytes>
 __device__ __forceinline__ void cp_async(void* dst, const void* src, bool pred) {{
   const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
   const int n = pred ? Bytes : 0;
-  if constexpr (Bytes == 16)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\\n" :: "r"(d), "l"(src), "r"(n) : "memory");
+{policy}  if constexpr (Bytes == 16)
+{cp16}
   else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\\n" :: "r"(d), "l"(src), "n"(Bytes), "r"(n) : "memory");
+{cpn}
 }}
 __device__ __forceinline__ void cp_async_wait_all() {{ asm volatile("cp.async.wait_all;\\n" ::: "memory"); }}
 template <int N>
@@ -1583,7 +1643,7 @@ def spec_params(spec: NormalizationSpec) -> tuple[tuple[str, object], ...]:
                ("prologue", _ops_to_text(spec.prologue)),
                ("epilogue", _ops_to_text(spec.epilogue)), ("alignment", spec.alignment)]
     for key in ("threads_per_row", "batch", "rows_per_block", "param_cache", "prefetch",
-                "x_staged", "stages", "one_pass"):
+                "x_staged", "stages", "one_pass", "l2_hint"):
         if getattr(spec, key) is not None:
             params.append((key, getattr(spec, key)))
     return tuple(params)
@@ -1604,6 +1664,6 @@ def spec_from_params(params) -> NormalizationSpec:
             _ops_from_text(p["prologue"], "prologue"), _ops_from_text(p["epilogue"], "epilogue"),
             p["alignment"], p.get("threads_per_row"), p.get("batch"), p.get("rows_per_block"),
             p.get("param_cache"), p.get("prefetch"), p.get("x_staged"), p.get("stages"),
-            p.get("one_pass"))
+            p.get("one_pass"), p.get("l2_hint"))
     except KeyError as e:
         raise LoweringError(f"normalization kernel: parameter {e.args[0]!r} is missing") from None

@@ -126,7 +126,8 @@ def test_every_candidate_plan_matches_float64(hidden, dtype):
 @pytest.mark.parametrize("hidden", [1024, 4096, 12288])
 @pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
 def test_deep_ring_and_one_pass_on_rows_with_a_large_mean(hidden, norm):
-    """Three rows of x ahead, the one-pass (Chan) reduction, tensors through L2, on rows
+    """Three rows of x ahead, the one-pass (Chan) reduction, tensors through L2, the L2
+    hints on the cp.async of x, on rows
     whose mean is 1000x their spread (where E[x^2] - E[x]^2 would lose every digit), on
     more rows than the grid holds (the ring wraps many times)."""
     rows = 2000
@@ -142,7 +143,9 @@ def test_deep_ring_and_one_pass_on_rows_with_a_large_mean(hidden, norm):
     for kw in (dict(param_cache="global", x_staged=True, stages=3, one_pass=True,
                     threads_per_row=t),
                dict(param_cache="shared", x_staged=True, stages=2, one_pass=True),
-               dict(param_cache="registers", x_staged=True, stages=2, one_pass=False)):
+               dict(param_cache="registers", x_staged=True, stages=2, one_pass=False),
+               dict(param_cache="registers", x_staged=True, stages=2, l2_hint="evict_first"),
+               dict(param_cache="shared", x_staged=True, l2_hint="prefetch_256b")):
         spec = dataclasses.replace(base, **kw)
         y = torch.full_like(x, float("nan"))
         rn.normalize(spec, named, y)

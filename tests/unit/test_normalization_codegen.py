@@ -464,3 +464,36 @@ def test_reference_rms_norm_in_float32_is_close_to_float64():
     a = reference(spec, {"x": x, "weight": w}, torch.float32).double()
     b = reference(spec, {"x": x, "weight": w})
     assert float((a - b).norm() / b.norm()) < 1e-6
+
+
+@pytest.mark.parametrize("hint", ["evict_first", "prefetch_256b"])
+@pytest.mark.parametrize("hidden", [768, 2048, 5140, 12288, 16384, 20480])
+def test_l2_hint_variants_render_and_compile_without_spills(hidden, hint):
+    """The sweep's L2 hints on the cp.async of x: the planner's first two plans that
+    stage x (16-byte vectors, 8-byte ones at 5140), each hint; the hint is in the
+    source, nothing spills."""
+    from lowering.kernels.normalization import hint_variants
+
+    spec = NormalizationSpec.reference_fusion(8192, hidden)
+    cands = persistent_candidates(hidden, spec.plan.vector_width, 2, 8)
+    variants = [p for p in hint_variants(cands, hidden, 2) if p.l2_hint == hint]
+    assert len(variants) == 2 and all(p.x_staged for p in variants)
+    for cand in variants:
+        s = dataclasses.replace(spec, threads_per_row=cand.threads_per_row, batch=cand.batch,
+                                rows_per_block=cand.rows_per_block, param_cache=cand.param_cache,
+                                prefetch=True, x_staged=True, stages=cand.stages,
+                                l2_hint=hint)
+        assert s.plan == cand and s.plan.describe().endswith(" " + hint)
+        src = render_normalization(s)
+        assert ("L2::cache_hint" in src) == (hint == "evict_first")
+        assert ("L2::256B" in src) == (hint == "prefetch_256b")
+        assert s.kernel_name != dataclasses.replace(s, l2_hint=None).kernel_name
+        _check_compiled(s, _compile(s, "sm_90"))
+
+
+def test_l2_hint_needs_staged_x():
+    with pytest.raises(LoweringError, match="l2_hint"):
+        NormalizationSpec.reference_fusion(8192, 4096, param_cache="registers", prefetch=True,
+                                           x_staged=False, l2_hint="evict_first")
+    with pytest.raises(LoweringError, match="l2_hint"):
+        NormalizationSpec.reference_fusion(8192, 4096, l2_hint="evict_last")
