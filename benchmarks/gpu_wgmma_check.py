@@ -64,10 +64,8 @@ def plan(shapes, quick: bool = False) -> list[dict]:
         variants = groups.setdefault(f"wgmma_{base.feed}", [])
         kernel = base.kernel_name
         # Edge checks first: a layout or descriptor bug shows here in milliseconds.
-        edges = (("none", 1, "bf16"), ("serial", 3, "fp32"), ("parallel", 4, "bf16"))
-        if base.persistent:
-            edges += (("stream", 1, "fp32"),)
-        for mode, split, out_dtype in edges:
+        for mode, split, out_dtype in (("none", 1, "bf16"), ("serial", 3, "fp32"),
+                                       ("parallel", 4, "bf16")):
             spec = dataclasses.replace(base, split_k=split, split_mode=mode, bias=True,
                                        out_dtype=out_dtype)
             variants.append({"label": f"{base.tile} {base.feed} edge {mode} s{split} "
@@ -82,8 +80,6 @@ def plan(shapes, quick: bool = False) -> list[dict]:
             pairs = _splits_for_shape(M, N, K)
             if quick:
                 pairs = pairs[:2]
-            if base.persistent:
-                pairs = list(pairs) + [("stream", 1)]
             for mode, split in pairs:
                 spec = dataclasses.replace(base, split_k=split, split_mode=mode)
                 ktiles = -(-K // spec.tile_k)

@@ -174,9 +174,6 @@ def launch(spec: MatmulSpec, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     elif spec.split_mode == "parallel":
         ws = arena.partials(spec.split_k * M * N)
     cfg = launch_config(spec, M, N, K, sm_count(a.device))  # this spec's split_k
-    if spec.split_mode == "stream":  # two fp32 tile slots a CTA, one semaphore a tile
-        sems = arena.semaphores(tiles(spec, M, N))
-        ws = arena.partials(2 * cfg.grid[0] * spec.tile_m * spec.tile_n)
     i32 = np.int32
     args = (_ptr(a), _ptr(b), _ptr(out), _ptr(bias), _ptr(ws), _ptr(sems), i32(M), i32(N),
             i32(K), i32(a.stride(0)), i32(b.stride(0)), i32(out.stride(0)),

@@ -184,8 +184,7 @@ def _splits_for(K: int, tile_k: int) -> list[int]:
 
 
 def candidates(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str = "bf16",
-               layout: str = "TN", bias: bool = False,
-               modes=("none", "serial", "parallel", "stream"),
+               layout: str = "TN", bias: bool = False, modes=("none", "serial", "parallel"),
                sm_count: int = DEFAULT_SM_COUNT, arch: str | None = None,
                prefer_wgmma: bool = False) -> list[MatmulSpec]:
     """Every spec the autotuner may time for this problem: tiles x split factors x modes.
@@ -203,9 +202,7 @@ def candidates(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str 
             if split > 1 and many_waves:
                 continue
             for mode in modes:
-                if (mode in ("none", "stream")) != (split == 1):
-                    continue
-                if mode == "stream" and not base.persistent:  # stream-K: persistent only
+                if (mode == "none") != (split == 1):
                     continue
                 out.append(dataclasses.replace(base, split_k=split, split_mode=mode))
     return out

@@ -38,9 +38,9 @@ from lowering.kernels.render import DTYPE_BYTES, FROM_FLOAT, PACK2, TO_FLOAT, Re
 IN_DTYPES = ("bf16", "fp16")
 OUT_DTYPES = ("bf16", "fp16", "fp32")
 LAYOUTS = ("TN", "NN")
-SPLIT_MODES = ("none", "serial", "parallel", "stream")
+SPLIT_MODES = ("none", "serial", "parallel")
 INSTRS = ("mma", "wgmma")
-MODE_CODE = {"none": 0, "serial": 1, "parallel": 2, "stream": 3}
+MODE_CODE = {"none": 0, "serial": 1, "parallel": 2}
 
 # Shared memory per CTA that an sm_80 / sm_90 part can give a kernel (opt-in maximum).
 MAX_SMEM_BYTES = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
@@ -136,10 +136,8 @@ class MatmulSpec:
              "NN layout needs tile_n a multiple of 64 (swizzled rows of 8 chunks)")
         need(2 <= self.stages <= 6, "stages must be in [2, 6]")
         need(self.split_k >= 1, "split_k must be >= 1")
-        need((self.split_mode in ("none", "stream")) == (self.split_k == 1),
-             "split_k == 1 exactly when split_mode is 'none' or 'stream'")
-        need(self.split_mode != "stream" or self.persistent,
-             "split_mode 'stream' (stream-K) needs the persistent kernel")
+        need((self.split_mode == "none") == (self.split_k == 1),
+             "split_k == 1 exactly when split_mode == 'none'")
         need(self.accumulators_per_thread <= 128,
              "warp tile too large: more than 128 fp32 accumulators per thread spill")
         loaders = 32 * self.producer_warps if self.warp_specialized else self.threads
@@ -499,48 +497,22 @@ template <int A, int B> __device__ __forceinline__ void fence_acc(float (&d)[A][
 }
 """,
     "unit_coords": r"""
-// Output tile `tile`'s origin, tiles rastered in groups of GROUP_M tile rows (CTAs running
-// together share A rows and B columns in L2).
-__device__ __forceinline__ void tile_coords(int tile, int tiles_m, int tiles_n, int& m0,
-                                            int& n0) {
+// Work unit u of a matmul (u = tile * split + slice): its output tile, rastered in groups
+// of GROUP_M tile rows (CTAs running together share A rows and B columns in L2), and the
+// K-tiles [kt0, kt0 + nk) of its slice.
+__device__ __forceinline__ void unit_coords(int u, int tiles_m, int tiles_n, int ktiles,
+                                            int split, int& tile, int& slice, int& m0,
+                                            int& n0, int& kt0, int& nk) {
+  slice = u % split;
+  tile = u / split;
   const int per_group = GROUP_M * tiles_n;
   const int first_m = (tile / per_group) * GROUP_M;
   const int group_rows = imin(tiles_m - first_m, GROUP_M);
   m0 = (first_m + (tile % per_group) % group_rows) * BM;
   n0 = ((tile % per_group) / group_rows) * BN;
-}
-// Work item i of this CTA in a persistent kernel: its tile, slice and K-tiles
-// [kt0, kt0 + nk); false past the last. Split modes: unit u = blockIdx.x + i * gridDim.x
-// (u = tile * split + slice, the non-persistent grid's order). Stream-K: the CTA owns the
-// K-tiles [b * per, (b + 1) * per) of all tiles laid end to end (per = ceil(total / grid),
-// every SM the same work); item 0 may start inside a tile, the last may end inside one.
-__device__ __forceinline__ bool work_item(int i, int mode, int split, int tiles_m,
-                                          int tiles_n, int ktiles, int& tile, int& slice,
-                                          int& m0, int& n0, int& kt0, int& nk) {
-  if (mode == MODE_STREAM) {
-    const long long total = (long long)tiles_m * tiles_n * ktiles;
-    const long long per = (total + gridDim.x - 1) / gridDim.x;
-    const long long g0 = (long long)blockIdx.x * per;
-    const long long g1 = total < g0 + per ? total : g0 + per;
-    const long long t = g0 / ktiles + i;
-    if (g0 >= g1 || t * ktiles >= g1) return false;
-    tile = (int)t;
-    slice = 0;
-    kt0 = i == 0 ? (int)(g0 - t * ktiles) : 0;
-    const long long end = g1 - t * ktiles;
-    nk = (int)((end < ktiles ? end : ktiles) - kt0);
-    tile_coords(tile, tiles_m, tiles_n, m0, n0);
-    return true;
-  }
-  const int u = blockIdx.x + i * gridDim.x;
-  if (u >= tiles_m * tiles_n * split) return false;
-  slice = u % split;
-  tile = u / split;
-  tile_coords(tile, tiles_m, tiles_n, m0, n0);
   const int per_slice = (ktiles + split - 1) / split;
   kt0 = imin(slice * per_slice, ktiles);
   nk = imin(ktiles, kt0 + per_slice) - kt0;
-  return true;
 }
 // The compute warps' own barrier (named barrier 1): the producer warp never joins.
 __device__ __forceinline__ void consumer_sync() {
@@ -830,7 +802,6 @@ PTMA_BODY = r"""
   // store this unit's C from registers. Ring slot and phase follow a running K-tile
   // count `it`, the same sequence on both sides.
   __shared__ __align__(8) unsigned long long full_bar[STAGES], empty_bar[STAGES];
-  __shared__ int stream_last;  // stream-K: this CTA took a tile's last ticket
   if (tid == 0) {
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) {
@@ -842,6 +813,7 @@ PTMA_BODY = r"""
   __syncthreads();  // the last CTA-wide barrier: the producer warp leaves early
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
   const int ktiles = (K + BK - 1) / BK;
+  const int units = tiles_m * tiles_n * split;
   int tile, slice, m0, n0, kt0, nk;
 
   if (warp >= CONSUMER_WARPS) {
@@ -849,8 +821,8 @@ PTMA_BODY = r"""
       const unsigned long long tmap_a = reinterpret_cast<unsigned long long>(tmaps);
       const unsigned long long tmap_b = tmap_a + TENSOR_MAP_BYTES;
       int it = 0;
-      for (int item = 0; work_item(item, mode, split, tiles_m, tiles_n, ktiles, tile, slice,
-                                   m0, n0, kt0, nk); ++item) {
+      for (int u = blockIdx.x; u < units; u += gridDim.x) {
+        unit_coords(u, tiles_m, tiles_n, ktiles, split, tile, slice, m0, n0, kt0, nk);
         for (int kt = 0; kt < nk; ++kt, ++it) {
           const int s = it % STAGES;
           if (it >= STAGES) mbar_wait(smem_addr(&empty_bar[s]), ((it / STAGES) + 1) & 1);
@@ -868,8 +840,8 @@ PTMA_BODY = r"""
   const unsigned base = smem_addr(smem) + wg * WG_ROWS * BK * 2;
   float acc[MI][NACC];
   int it = 0;
-  for (int item = 0; work_item(item, mode, split, tiles_m, tiles_n, ktiles, tile, slice, m0,
-                               n0, kt0, nk); ++item) {
+  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+    unit_coords(u, tiles_m, tiles_n, ktiles, split, tile, slice, m0, n0, kt0, nk);
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
@@ -901,79 +873,6 @@ PTMA_BODY = r"""
     // the wgmma accumulator layout. A later serial slice first waits its turn, then loads
     // the running sum for all its elements before it stores any (the loads batch).
     int* sem = sems + tile;
-    // Stream-K, a tile whose K is spread over several CTAs: each piece leaves its fp32
-    // partial in a workspace slot of its CTA (slot 1 for the piece that starts the tile's
-    // K, slot 0 for any other: a CTA has at most one of each), in the threads' fragment
-    // order (coalesced float4s), and takes a ticket from the tile's semaphore. The last
-    // to arrive sums the pieces in K order (the same order whoever it is: deterministic),
-    // stores C and puts the semaphore back to 0. Nobody waits for anybody.
-    if (mode == MODE_STREAM && nk < ktiles) {
-      constexpr int CT = CONSUMER_WARPS * 32, CHUNKS = MI * NACC / 4, QUADS = NACC / 4;
-      float4* ws4 = reinterpret_cast<float4*>(ws);
-      float4* mine = ws4 + (size_t)(2 * blockIdx.x + (kt0 == 0)) * CHUNKS * CT + tid;
-#pragma unroll
-      for (int c = 0; c < CHUNKS; ++c) {
-        const int q = (c % QUADS) * 4, mi = c / QUADS;
-        __stcg(mine + (size_t)c * CT,
-               make_float4(acc[mi][q], acc[mi][q + 1], acc[mi][q + 2], acc[mi][q + 3]));
-      }
-      const long long per =
-          ((long long)tiles_m * tiles_n * ktiles + gridDim.x - 1) / gridDim.x;
-      const int first = (int)((long long)tile * ktiles / per);
-      const int pieces = (int)((((long long)tile + 1) * ktiles - 1) / per) - first + 1;
-      __threadfence();
-      consumer_sync();
-      if (tid == 0) {
-        int old;
-        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n"
-                     : "=r"(old) : "l"(sem) : "memory");
-        stream_last = old == pieces - 1;
-      }
-      consumer_sync();
-      if (!stream_last) continue;
-      const int row0 = m0 + wg * WG_ROWS + wq * 16 + (lane >> 2);
-      const int col0 = n0 + (lane & 3) * 2;
-      const bool pairs = (ldc % 2) == 0 && (N % 2) == 0 &&
-                         (reinterpret_cast<size_t>(C) % (2 * sizeof(out_t))) == 0;
-#pragma unroll 2
-      for (int c = 0; c < CHUNKS; ++c) {
-        float4 v = __ldcg(ws4 + ((size_t)(2 * first + 1) * CHUNKS + c) * CT + tid);
-        for (int o = 1; o < pieces; ++o) {
-          const float4 w = __ldcg(ws4 + ((size_t)(2 * (first + o)) * CHUNKS + c) * CT + tid);
-          v.x += w.x; v.y += w.y; v.z += w.z; v.w += w.w;
-        }
-        // Chunk c holds acc[mi][q..q+3]: the pair at columns 8 (q / 4) + 2 (lane % 4)
-        // of rows r (x, y) and r + 8 (z, w).
-        const int mi = c / QUADS, col = col0 + (c % QUADS) * 8;
-        if (col >= N) continue;
-        const bool two = col + 1 < N;
-        float b0 = 0.f, b1 = 0.f;
-        if (bias != nullptr) {
-          b0 = TO_FLOAT_OUT(bias[col]);
-          if (two) b1 = TO_FLOAT_OUT(bias[col + 1]);
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = row0 + mi * 64 + h * 8;
-          if (row >= M) continue;
-          const float x0 = (h ? v.z : v.x) + b0, x1 = (h ? v.w : v.y) + b1;
-          out_t* q = C + (size_t)row * ldc + col;
-          if (pairs) {
-            if constexpr (OUT_IS_F32) {
-              *reinterpret_cast<float2*>(q) = make_float2(x0, x1);
-            } else {
-              *reinterpret_cast<unsigned*>(q) = PACK2_OUT(x0, x1);
-            }
-          } else {
-            q[0] = FROM_FLOAT_OUT(x0);
-            if (two) q[1] = FROM_FLOAT_OUT(x1);
-          }
-        }
-      }
-      consumer_sync();         // every compute thread has read the pieces
-      if (tid == 0) *sem = 0;  // back to zero for the next matmul on this stream
-      continue;
-    }
     const bool last = slice == split - 1;
     const bool add_earlier = mode == MODE_SERIAL && slice > 0;
     const bool to_workspace = mode == MODE_PARALLEL || (mode == MODE_SERIAL && !last);
@@ -1272,7 +1171,6 @@ def _prelude(spec: MatmulSpec) -> str:
         "STAGE_ELEMS": (spec.tile_m + spec.tile_n) * spec.tile_k, "CLD": spec.tile_n + CPAD,
         "GROUP_M": GROUP_M, "CLUSTER_M": spec.cluster_m, "MODE_NONE": MODE_CODE["none"],
         "MODE_SERIAL": MODE_CODE["serial"], "MODE_PARALLEL": MODE_CODE["parallel"],
-        "MODE_STREAM": MODE_CODE["stream"],
         "B_KMAJOR": spec.layout == "TN",
         "OUT_IS_F32": spec.out_dtype == "fp32",
     }
@@ -1358,8 +1256,6 @@ def launch_config(spec: MatmulSpec, M: int, N: int, K: int,
     with: specs that share a source differ in split_k.
     """
     units = tiles(spec, M, N) * spec.split_k
-    if spec.split_mode == "stream":  # every SM, at most one CTA per K-tile
-        units = tiles(spec, M, N) * -(-K // spec.tile_k)
     grid = min(units, sm_count) if spec.persistent else units
     return LaunchConfig((grid, 1, 1), (spec.threads, 1, 1), spec.smem_bytes)
 
