@@ -519,6 +519,36 @@ __device__ __forceinline__ void consumer_sync() {
   asm volatile("bar.sync 1, %0;\n" :: "n"(CONSUMER_WARPS * 32) : "memory");
 }
 """,
+    "issue_stage": r"""
+// The wgmmas of one K-tile in shared memory (A at a0, this warpgroup's rows; B at b0),
+// committed as one group. Accumulators are fenced first: wgmma reads them asynchronously.
+__device__ __forceinline__ void issue_stage(float (&acc)[MI][NACC], unsigned a0, unsigned b0) {
+  fence_acc(acc);
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < BK / 16; ++kk)
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+      wgmma_tile(acc[mi], sw128_desc(a0 + mi * 64 * BK * 2 + kk * 32), sw128_desc(b0 + kk * 32));
+  wgmma_commit();
+}
+""",
+    "consume_stage": r"""
+// A compute warp's step of the warp-specialized ring: wait until slot s holds its K-tile
+// (phase parity `parity`), issue the tile's wgmmas on it, and return once the previous
+// K-tile's group retired (one group stays in flight): that slot may go back.
+__device__ __forceinline__ void consume_stage(float (&acc)[MI][NACC], unsigned a_base,
+                                              const in_t* smem, int s, unsigned full,
+                                              unsigned parity) {
+  mbar_wait(full, parity);
+  // cp.async copies are generic-proxy writes: fence them before wgmma reads them
+  // (TMA writes through the async proxy already).
+  if constexpr (!USE_TMA) fence_proxy_async();
+  issue_stage(acc, a_base + s * STAGE_ELEMS * 2, smem_addr(smem + s * STAGE_ELEMS + BM * BK));
+  wgmma_wait<1>();
+  fence_acc(acc);
+}
+""",
     "mbarrier": r"""
 // mbarriers of the warp-specialized ring (PTX ISA, "mbarrier"): `full[s]` completes a
 // phase when every producer thread's copies into slot s have landed (cp.async's own
@@ -661,16 +691,8 @@ WGMMA_MAINLOOP = r"""
     fence_proxy_async();
     __syncthreads();  // K-tile kt landed for everyone; K-tile kt-2's slot is free
     const int cs = kt % STAGES;
-    const unsigned a0 = smem_addr(smem + cs * STAGE_ELEMS) + wg * WG_ROWS * BK * 2;
-    const unsigned b0 = smem_addr(smem + cs * STAGE_ELEMS + BM * BK);
-    fence_acc(acc);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk)
-#pragma unroll
-      for (int mi = 0; mi < MI; ++mi)
-        wgmma_tile(acc[mi], sw128_desc(a0 + mi * 64 * BK * 2 + kk * 32), sw128_desc(b0 + kk * 32));
-    wgmma_commit();
+    issue_stage(acc, smem_addr(smem + cs * STAGE_ELEMS) + wg * WG_ROWS * BK * 2,
+                smem_addr(smem + cs * STAGE_ELEMS + BM * BK));
     // The copies of K-tile kt+STAGES-2 overlap the tensor cores' work on K-tile kt.
     const int pre = kt + STAGES - 2;
     if (pre < nk) {
@@ -764,23 +786,8 @@ WS_CONSUMER = r"""
     const unsigned base = smem_addr(smem) + wg * WG_ROWS * BK * 2;
     for (int kt = 0; kt < nk; ++kt) {
       const int s = kt % STAGES;
-      mbar_wait(smem_addr(&full_bar[s]), (kt / STAGES) & 1);
-      // cp.async copies are generic-proxy writes: fence them before wgmma reads them
-      // (TMA writes through the async proxy already).
-      if constexpr (!USE_TMA) fence_proxy_async();
-      const unsigned a0 = base + s * STAGE_ELEMS * 2;
-      const unsigned b0 = smem_addr(smem + s * STAGE_ELEMS + BM * BK);
-      fence_acc(acc);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk)
-#pragma unroll
-        for (int mi = 0; mi < MI; ++mi)
-          wgmma_tile(acc[mi], sw128_desc(a0 + mi * 64 * BK * 2 + kk * 32),
-                     sw128_desc(b0 + kk * 32));
-      wgmma_commit();
-      wgmma_wait<1>();  // K-tile kt-1's group retired: its slot goes back to the producer
-      fence_acc(acc);
+      consume_stage(acc, base, smem, s, smem_addr(&full_bar[s]), (kt / STAGES) & 1);
+      // K-tile kt-1's group retired: its slot goes back to the producer(s)
       if (kt > 0 && lane == 0) release_slot(smem_addr(&empty_bar[(kt - 1) % STAGES]));
     }
     wgmma_wait<0>();
@@ -848,20 +855,8 @@ PTMA_BODY = r"""
       for (int j = 0; j < NACC; ++j) acc[mi][j] = 0.f;
     for (int kt = 0; kt < nk; ++kt, ++it) {
       const int s = it % STAGES;
-      mbar_wait(smem_addr(&full_bar[s]), (it / STAGES) & 1);
-      const unsigned a0 = base + s * STAGE_ELEMS * 2;
-      const unsigned b0 = smem_addr(smem + s * STAGE_ELEMS + BM * BK);
-      fence_acc(acc);
-      wgmma_fence();
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk)
-#pragma unroll
-        for (int mi = 0; mi < MI; ++mi)
-          wgmma_tile(acc[mi], sw128_desc(a0 + mi * 64 * BK * 2 + kk * 32),
-                     sw128_desc(b0 + kk * 32));
-      wgmma_commit();
-      wgmma_wait<1>();  // K-tile it-1's group retired: its slot goes back to the producer
-      fence_acc(acc);
+      consume_stage(acc, base, smem, s, smem_addr(&full_bar[s]), (it / STAGES) & 1);
+      // K-tile it-1's group retired: its slot goes back to the producer
       if (kt > 0 && lane == 0) mbar_arrive(smem_addr(&empty_bar[(it - 1) % STAGES]));
     }
     wgmma_wait<0>();
@@ -1137,15 +1132,16 @@ SNIPPET_NAMES: dict[str, tuple[str, ...]] = {
     "mma": ("convert", "min_max", "ptx", "semaphore", "swizzle", "load_stage",
             "compute_stage", "store_out"),
     "wgmma": ("convert", "min_max", "ptx", "semaphore", "swizzle", "load_stage",
-              "wgmma_ptx", "wgmma_instr", "store_out"),
+              "wgmma_ptx", "wgmma_instr", "issue_stage", "store_out"),
     "wgmma_ws": ("convert", "min_max", "ptx", "semaphore", "swizzle", "load_stage",
-                 "wgmma_ptx", "wgmma_instr", "mbarrier", "store_out"),
+                 "wgmma_ptx", "wgmma_instr", "issue_stage", "mbarrier", "consume_stage",
+                 "store_out"),
     "wgmma_tma": ("convert", "min_max", "ptx", "semaphore", "wgmma_ptx", "wgmma_instr",
-                  "mbarrier", "tma", "store_out"),
+                  "issue_stage", "mbarrier", "consume_stage", "tma", "store_out"),
     "wgmma_ptma": ("convert", "min_max", "ptx", "semaphore", "wgmma_ptx", "wgmma_instr",
-                   "unit_coords", "mbarrier", "tma", "store_out"),
+                   "issue_stage", "unit_coords", "mbarrier", "consume_stage", "tma", "store_out"),
     "wgmma_ctma": ("convert", "min_max", "ptx", "semaphore", "wgmma_ptx", "wgmma_instr",
-                   "mbarrier", "tma", "store_out"),
+                   "issue_stage", "mbarrier", "consume_stage", "tma", "store_out"),
 }
 
 RENDERER = Renderer(extra=MATMUL_SNIPPETS)

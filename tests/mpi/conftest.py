@@ -6,6 +6,24 @@ import sys
 import pytest
 
 
+@pytest.fixture(scope="module")
+def world():
+    """(rank, world size) of MPI_COMM_WORLD."""
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+
+
+@pytest.fixture(scope="module", params=["mpi", "torch"])
+def comm(request):
+    """The layers over MPI, and over a torch.distributed (gloo) process group."""
+    if request.param == "torch":
+        from runtime.session import init_torch_distributed_from_mpi
+
+        init_torch_distributed_from_mpi("gloo")
+    return request.param
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

@@ -8,31 +8,11 @@ import torch.nn.functional as F
 
 from hostir import ir
 from hostir.nn import ColumnParallelLinear, ParallelMLP, sequence_rows, shard_sequence
+from tests.numerics import rel_err as _err
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
 TOL = {"float32": 1e-5, "bfloat16": 2e-2}
-
-
-def _err(got, ref):
-    got, ref = got.detach().double(), ref.detach().double()
-    return float(torch.linalg.norm(got - ref) / torch.linalg.norm(ref))
-
-
-@pytest.fixture(scope="module")
-def world():
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
-
-
-@pytest.fixture(scope="module", params=["mpi", "torch"])
-def comm(request):
-    if request.param == "torch":
-        from runtime.session import init_torch_distributed_from_mpi
-
-        init_torch_distributed_from_mpi("gloo")
-    return request.param
 
 
 def _linears(h, f, dtype, seed):

@@ -10,34 +10,13 @@ from hostir.nn import ColumnParallelLinear, RowParallelLinear, sequence_rows, sh
 from lowering.patterns import matmul_reduce_scatter, shard_columns, stage_rows
 from lowering.pipeline import lower
 from runtime.interpreter import Interpreter
+from tests.numerics import rel_err as _err
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
 # Relative Frobenius error vs a float64 reference: fp32 differs in summation order; bf16
 # rounds inputs, partial sums and outputs.
 TOL = {"float32": 1e-5, "bfloat16": 2e-2}
-
-
-def _err(got, ref):
-    got, ref = got.detach().double(), ref.detach().double()
-    return float(torch.linalg.norm(got - ref) / torch.linalg.norm(ref))
-
-
-@pytest.fixture(scope="module")
-def world():
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
-
-
-@pytest.fixture(scope="module", params=["mpi", "torch"])
-def comm(request):
-    """The layers over MPI, and over a torch.distributed (gloo) process group."""
-    if request.param == "torch":
-        from runtime.session import init_torch_distributed_from_mpi
-
-        init_torch_distributed_from_mpi("gloo")
-    return request.param
 
 
 # ----------------------------------------------------------------- the reduce-scatter program

@@ -6,6 +6,7 @@ layers, and compares outputs and every gradient with a float64 reference on its 
 
 import pytest
 import torch
+from tests.numerics import rel_err as _err
 
 pytestmark = [
     pytest.mark.mpi(min_size=2),
@@ -13,22 +14,6 @@ pytestmark = [
     pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs"),
 ]
 TOL = 2e-2  # bf16 inputs, partial sums and outputs
-
-
-def _err(got, ref):
-    got, ref = got.detach().double(), ref.detach().double()
-    return float(torch.linalg.norm(got - ref) / torch.linalg.norm(ref))
-
-
-@pytest.fixture(scope="module")
-def world():
-    from mpi4py import MPI
-
-    from runtime.session import init_torch_distributed_from_mpi, local_rank
-
-    torch.cuda.set_device(local_rank() % torch.cuda.device_count())
-    init_torch_distributed_from_mpi("nccl")
-    return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size(), torch.device("cuda", torch.cuda.current_device())
 
 
 @pytest.fixture(scope="module", params=["torch", "nccl"])
