@@ -109,7 +109,7 @@ def tune(p, *, device=None, candidates: list[MatmulSpec] | None = None, warmup: 
         ref += bias.float()
     rows = []
     for i, spec in enumerate(cands):
-        print(f"\rautotune {p.M}x{p.N}x{p.K}: {i + 1}/{len(cands)} {spec.instr} {spec.tile} "
+        print(f"\rautotune {p.M}x{p.N}x{p.K}: {i + 1}/{len(cands)} {spec.instr} {spec.feed} {spec.tile} "
               f"split {spec.split_k} {spec.split_mode}        ", end="", file=sys.stderr,
               flush=True)
         try:
@@ -129,7 +129,8 @@ def tune(p, *, device=None, candidates: list[MatmulSpec] | None = None, warmup: 
     flops = 2.0 * p.M * p.N * p.K
     dump("autotune", "\n".join(
         [f"autotune {p.M}x{p.N}x{p.K} {p.a_dtype}->{p.out_dtype} {p.layout}"] +
-        [f"  {s.instr:>5} {s.tile:>11} w{s.warps} st{s.stages} split {s.split_k:>2} {s.split_mode:>8}: "
+        [f"  {s.instr:>5} {s.feed:>4} {s.tile:>11} w{s.warps} st{s.stages} split {s.split_k:>2} "
+         f"{s.split_mode:>8}: "
          f"{us:9.1f} us {flops / us / 1e6 if us != float('inf') else 0:7.1f} TFLOP/s {note}"
          for s, us, note in rows]))
     best, best_us, _ = rows[0]
