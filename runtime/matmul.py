@@ -173,7 +173,8 @@ def launch(spec: MatmulSpec, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
         ws = arena.partials(M * N)
     elif spec.split_mode == "parallel":
         ws = arena.partials(spec.split_k * M * N)
-    cfg = launch_config(spec, M, N, K, sm_count(a.device))  # this spec's split_k
+    sms = sm_count(a.device)
+    cfg = launch_config(spec, M, N, K, sms)  # this spec's split_k
     i32 = np.int32
     args = (_ptr(a), _ptr(b), _ptr(out), _ptr(bias), _ptr(ws), _ptr(sems), i32(M), i32(N),
             i32(K), i32(a.stride(0)), i32(b.stride(0)), i32(out.stride(0)),
@@ -183,7 +184,7 @@ def launch(spec: MatmulSpec, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
         args += (np.uint64(tma.tensor_maps(spec, a, b, M, N, K)),)
     loaded.main.launch(cfg.grid, cfg.block, args, cfg.smem_bytes, stream)
     if spec.split_mode == "parallel":
-        rc = reduce_launch(M, N, sm_count(a.device))
+        rc = reduce_launch(M, N, sms)
         loaded.reduce.launch(rc.grid, rc.block,
                              (_ptr(ws), _ptr(out), _ptr(bias), i32(M), i32(N),
                               i32(out.stride(0)), i32(spec.split_k)), 0, stream)

@@ -566,6 +566,20 @@ __device__ __forceinline__ void mbar_arrive(unsigned bar) {
 __device__ __forceinline__ void mbar_arrive_cp_async(unsigned bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(bar) : "memory");
 }
+// The ring's barriers, by thread 0: `full[s]` completes on FULL_ARRIVALS arrivals (and
+// its transaction bytes), `empty[s]` on `empty_arrivals` (the compute warps that read s).
+__device__ __forceinline__ void init_ring_barriers(unsigned long long* full_bar,
+                                                   unsigned long long* empty_bar,
+                                                   unsigned empty_arrivals) {
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(smem_addr(&full_bar[s]), FULL_ARRIVALS);
+      mbar_init(smem_addr(&empty_bar[s]), empty_arrivals);
+    }
+    mbar_fence_init();
+  }
+}
 // A compute warp is done with a ring slot: tell this CTA's producer and, in a cluster,
 // the peer's (it multicasts into this CTA's slot too; CLUSTER_M is 1 or 2).
 __device__ __forceinline__ void release_slot(unsigned bar) {
@@ -617,6 +631,32 @@ __device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, unsigned lon
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n"
       :: "r"(dst), "l"(tmap), "r"(c0), "r"(c1), "r"(bar), "h"(mask) : "memory");
+}
+// The TMA producer's step: the `count`-th K-tile it loads (at K offset k0) goes to slot
+// count % STAGES once the compute warps released the tile that slot held. The box of A
+// is BK x BM at (k0, m0), of B BK x BN at (k0, n0); out-of-bounds rows and the K tail
+// arrive as zeros, and the bytes of whole boxes count towards the stage's transaction.
+__device__ __forceinline__ void produce_stage(const in_t* smem, unsigned long long* full_bar,
+                                              unsigned long long* empty_bar, int count,
+                                              int k0, int m0, int n0,
+                                              unsigned long long tmap_a,
+                                              unsigned long long tmap_b) {
+  const int s = count % STAGES;
+  if (count >= STAGES) mbar_wait(smem_addr(&empty_bar[s]), ((count / STAGES) + 1) & 1);
+  const unsigned bar = smem_addr(&full_bar[s]);
+  mbar_expect_tx(bar, STAGE_ELEMS * 2);
+  tma_load_2d(smem_addr(smem + s * STAGE_ELEMS), tmap_a, k0, m0, bar);
+  if constexpr (CLUSTER_M > 1) {
+    // This CTA's share of the B tile, to the same slot of every CTA of the cluster
+    // (each one's full barrier expects the whole tile).
+    constexpr int B_ROWS = BN / CLUSTER_M;
+    const int cl_rank = blockIdx.x % CLUSTER_M;
+    tma_load_2d_multicast(smem_addr(smem + s * STAGE_ELEMS + BM * BK + cl_rank * B_ROWS * BK),
+                          tmap_b, k0, n0 + cl_rank * B_ROWS, bar,
+                          (unsigned short)((1u << CLUSTER_M) - 1));
+  } else {
+    tma_load_2d(smem_addr(smem + s * STAGE_ELEMS + BM * BK), tmap_b, k0, n0, bar);
+  }
 }
 """,
     # Rendered per tile_n by `_wgmma_instr`: @N@, @REGS@, @OPERANDS@, @IDX_*@, @TYPE@.
@@ -717,14 +757,7 @@ WS_PROLOGUE = r"""
   // Warp-specialized: warps 0..CONSUMER_WARPS-1 (the warpgroups) compute, the
   // PRODUCER_WARPS after them fill the ring. No CTA-wide barrier until the epilogue.
   __shared__ __align__(8) unsigned long long full_bar[STAGES], empty_bar[STAGES];
-  if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(smem_addr(&full_bar[s]), FULL_ARRIVALS);
-      mbar_init(smem_addr(&empty_bar[s]), CONSUMER_WARPS * CLUSTER_M);
-    }
-    mbar_fence_init();
-  }
+  init_ring_barriers(full_bar, empty_bar, CONSUMER_WARPS * CLUSTER_M);
   // A cluster's peer multicasts into this CTA's ring: both CTAs' barriers must be
   // initialized before either producer starts.
   if constexpr (CLUSTER_M > 1) cluster_sync(); else __syncthreads();
@@ -753,31 +786,12 @@ PRODUCER_CP_ASYNC = r"""
 """
 
 PRODUCER_TMA = r"""
-    // Producer: one thread; K-tile kt goes to slot kt % STAGES once the compute warps
-    // released the tile that slot held. The box of A is BK x BM at (k0, m0), of B BK x BN
-    // at (k0, n0); out-of-bounds rows and the K tail arrive as zeros, and the bytes of
-    // whole boxes count towards the stage's transaction.
+    // Producer: one thread (see produce_stage).
     if (tid == CONSUMER_WARPS * 32) {
       const unsigned long long tmap_a = reinterpret_cast<unsigned long long>(tmaps);
       const unsigned long long tmap_b = tmap_a + TENSOR_MAP_BYTES;
-      for (int kt = 0; kt < nk; ++kt) {
-        const int s = kt % STAGES;
-        if (kt >= STAGES) mbar_wait(smem_addr(&empty_bar[s]), ((kt / STAGES) + 1) & 1);
-        const unsigned bar = smem_addr(&full_bar[s]);
-        mbar_expect_tx(bar, STAGE_ELEMS * 2);
-        const int k0 = (kt0 + kt) * BK;
-        tma_load_2d(smem_addr(smem + s * STAGE_ELEMS), tmap_a, k0, m0, bar);
-        if constexpr (CLUSTER_M > 1) {
-          // This CTA's share of the B tile, to the same slot of every CTA of the cluster
-          // (each one's full barrier expects the whole tile).
-          constexpr int B_ROWS = BN / CLUSTER_M;
-          tma_load_2d_multicast(smem_addr(smem + s * STAGE_ELEMS + BM * BK + cl_rank * B_ROWS * BK),
-                                tmap_b, k0, n0 + cl_rank * B_ROWS, bar,
-                                (unsigned short)((1u << CLUSTER_M) - 1));
-        } else {
-          tma_load_2d(smem_addr(smem + s * STAGE_ELEMS + BM * BK), tmap_b, k0, n0, bar);
-        }
-      }
+      for (int kt = 0; kt < nk; ++kt)
+        produce_stage(smem, full_bar, empty_bar, kt, (kt0 + kt) * BK, m0, n0, tmap_a, tmap_b);
     }
 """
 
@@ -809,14 +823,7 @@ PTMA_BODY = r"""
   // store this unit's C from registers. Ring slot and phase follow a running K-tile
   // count `it`, the same sequence on both sides.
   __shared__ __align__(8) unsigned long long full_bar[STAGES], empty_bar[STAGES];
-  if (tid == 0) {
-#pragma unroll
-    for (int s = 0; s < STAGES; ++s) {
-      mbar_init(smem_addr(&full_bar[s]), FULL_ARRIVALS);
-      mbar_init(smem_addr(&empty_bar[s]), CONSUMER_WARPS);
-    }
-    mbar_fence_init();
-  }
+  init_ring_barriers(full_bar, empty_bar, CONSUMER_WARPS);
   __syncthreads();  // the last CTA-wide barrier: the producer warp leaves early
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
   const int ktiles = (K + BK - 1) / BK;
@@ -830,15 +837,8 @@ PTMA_BODY = r"""
       int it = 0;
       for (int u = blockIdx.x; u < units; u += gridDim.x) {
         unit_coords(u, tiles_m, tiles_n, ktiles, split, tile, slice, m0, n0, kt0, nk);
-        for (int kt = 0; kt < nk; ++kt, ++it) {
-          const int s = it % STAGES;
-          if (it >= STAGES) mbar_wait(smem_addr(&empty_bar[s]), ((it / STAGES) + 1) & 1);
-          const unsigned bar = smem_addr(&full_bar[s]);
-          mbar_expect_tx(bar, STAGE_ELEMS * 2);
-          const int k0 = (kt0 + kt) * BK;
-          tma_load_2d(smem_addr(smem + s * STAGE_ELEMS), tmap_a, k0, m0, bar);
-          tma_load_2d(smem_addr(smem + s * STAGE_ELEMS + BM * BK), tmap_b, k0, n0, bar);
-        }
+        for (int kt = 0; kt < nk; ++kt, ++it)
+          produce_stage(smem, full_bar, empty_bar, it, (kt0 + kt) * BK, m0, n0, tmap_a, tmap_b);
       }
     }
     return;

@@ -316,6 +316,18 @@ def register_estimate(values_per_thread: int, vector_width: int, value_bytes: in
     return values_per_thread + packed + per_slot * slots + 32
 
 
+def _row_geometries(hidden: int, vector_width: int):
+    """(batch, threads a row, rows a block) of every warp-multiple covering of a row of
+    ``hidden`` values by ``vector_width`` vectors: a batch is kept only if no batch slot
+    is empty for every thread, and short rows share a block (MIN_THREADS_PER_BLOCK)."""
+    vectors = -(-hidden // vector_width)
+    for b in range(1, MAX_VALUES_PER_THREAD // vector_width + 1):
+        t = _round_up(-(-vectors // b), WARP)
+        if t > MAX_THREADS_PER_BLOCK or (b - 1) * t >= vectors:
+            continue
+        yield b, t, -(-MIN_THREADS_PER_BLOCK // t)
+
+
 def candidate_plans(hidden: int, vector_width: int, value_bytes: int) -> list[LaunchPlan]:
     """Every plan that covers a row with warp-multiple threads and fits the registers.
 
@@ -328,13 +340,8 @@ def candidate_plans(hidden: int, vector_width: int, value_bytes: int) -> list[La
       each on its own warps, so a block has enough warps to hide latency while each
       row's reduction stays inside its warps.
     """
-    vectors = -(-hidden // vector_width)
     plans = []
-    for b in range(1, MAX_VALUES_PER_THREAD // vector_width + 1):
-        t = _round_up(-(-vectors // b), WARP)
-        if t > MAX_THREADS_PER_BLOCK or (b - 1) * t >= vectors:
-            continue
-        rows_per_block = -(-MIN_THREADS_PER_BLOCK // t)
+    for b, t, rows_per_block in _row_geometries(hidden, vector_width):
         estimate = register_estimate(b * vector_width, vector_width, value_bytes)
         if estimate <= _register_budget(t * rows_per_block):
             plans.append(LaunchPlan(vector_width, t, b, rows_per_block, estimate))
@@ -398,13 +405,8 @@ def persistent_candidates(hidden: int, vector_width: int, value_bytes: int,
       registers it adds do not cost occupancy the way they would beside a row
       prefetched into registers).
     """
-    vectors = -(-hidden // vector_width)
     plans = []
-    for b in range(1, MAX_VALUES_PER_THREAD // vector_width + 1):
-        t = _round_up(-(-vectors // b), WARP)
-        if t > MAX_THREADS_PER_BLOCK or (b - 1) * t >= vectors:
-            continue
-        r = -(-MIN_THREADS_PER_BLOCK // t)
+    for b, t, r in _row_geometries(hidden, vector_width):
         for cache in ("registers", "shared", "global"):
             if cache in ("registers", "global") and param_bytes == 0:
                 continue  # nothing to cache: the shared variant stages nothing either
