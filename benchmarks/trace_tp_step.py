@@ -168,9 +168,10 @@ def main() -> None:
     with open(path) as fh:
         trace = json.load(fh)
     gpu = [e for e in trace["traceEvents"]
-           if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+           if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+           and "ncclDevKernel" not in e["name"]]  # the barriers between steps
     gpu.sort(key=lambda e: e["ts"])
-    # Split at the sleeps: gaps over 10 ms separate the steps; drop NCCL's barrier kernels.
+    # Split at the sleeps: gaps over 10 ms separate the steps.
     groups, cur = [], []
     for e in gpu:
         if cur and e["ts"] - max(c["ts"] + c["dur"] for c in cur[-50:]) > 10_000:
@@ -178,8 +179,6 @@ def main() -> None:
             cur = []
         cur.append(e)
     groups.append(cur)
-    groups = [[e for e in grp if "ncclDevKernel_AllReduce" not in e["name"]] for grp in groups]
-    groups = [grp for grp in groups if grp]
     out = {"rank": rank, "world": world, "device": torch.cuda.get_device_name(device),
            "commit": os.environ.get("HOSTIR_COMMIT", "unknown"), "hidden": h, "tokens": t,
            "groups_found": len(groups), "marks": marks, "steps": {}}
@@ -208,7 +207,8 @@ def main() -> None:
                   f"{s['other_kernels_ms']:.2f}, no kernel {s['no_kernel_ms']:.2f}, copies "
                   f"{s['copies_ms']:.2f}")
         if not out["steps"]:
-            print(f"could not split the trace: {len(groups)} groups for {len(marks)} steps")
+            print(f"could not split the trace: {len(groups)} groups for {len(marks)} steps: "
+                  f"{[(len(g), g[0]['name'][:40]) for g in groups]}")
 
 
 if __name__ == "__main__":
