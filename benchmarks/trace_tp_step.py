@@ -176,6 +176,7 @@ def main() -> None:
     for e in gpu:
         if cur and e["ts"] - max(c["ts"] + c["dur"] for c in cur[-50:]) > 10_000:
             groups.append(cur)
+    groups = groups[-len(marks):]  # a stray kernel of the first barrier may come before
             cur = []
         cur.append(e)
     groups.append(cur)
