@@ -176,10 +176,10 @@ def main() -> None:
     for e in gpu:
         if cur and e["ts"] - max(c["ts"] + c["dur"] for c in cur[-50:]) > 10_000:
             groups.append(cur)
-    groups = groups[-len(marks):]  # a stray kernel of the first barrier may come before
             cur = []
         cur.append(e)
     groups.append(cur)
+    groups = groups[-len(marks):]  # a stray kernel of the first barrier may come before
     out = {"rank": rank, "world": world, "device": torch.cuda.get_device_name(device),
            "commit": os.environ.get("HOSTIR_COMMIT", "unknown"), "hidden": h, "tokens": t,
            "groups_found": len(groups), "marks": marks, "steps": {}}
