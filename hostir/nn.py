@@ -32,8 +32,10 @@ Programs (built once per shape, dtype, device and communicator, then cached):
 - RowParallelLinear: forward GEMM+ReduceScatter ``y = reduce_scatter(x @ W)``; backward
   AllGather+GEMM ``dx = gather(dy) @ W^T`` and ``dW = x^T @ gather(dy)``.
 
-The backward programs read ``W^T``; the IR's matmul takes contiguous operands, so it is
-one transposed copy of the local weight per backward. With ``schedule="ring"`` the
+The backward programs read ``W^T``: they get the view ``w.t()``, which the interpreter
+accepts for an input that its program reads only as a GEMM's B (cuBLAS and the generated
+kernel's TN layout read it in place); only a cuBLASLt epilogue GEMM (``dgelu``) needs a
+transposed copy. With ``schedule="ring"`` the
 AllGather+GEMM program never writes this rank's own rows into the gathered input (it
 multiplies them from the shard), so the layer copies them there for the weight gradient.
 
@@ -232,6 +234,18 @@ def _as_input(run: Interpreter, index: int, x: torch.Tensor) -> torch.Tensor:
     return x.view(run.program.inputs[index].local_shape)
 
 
+def _transposed_weight(run: Interpreter, index: int, w: torch.Tensor) -> torch.Tensor:
+    """``W^T`` for input ``index`` of a backward program: the view ``w.t()`` where the
+    program reads that input only as a GEMM's B (cuBLAS reads it transposed in place),
+    else a transposed copy (a cuBLASLt epilogue GEMM takes contiguous rows). The copy
+    cost 0.84 ms a weight of [8192, 16384] bf16 on an H200 (torch's strided copy kernel,
+    benchmarks/trace_tp_step.py), about 2% of the bench's step for two of them."""
+    wt = w.t()
+    if run.program.inputs[index].name in run._transposable:
+        return wt
+    return wt.contiguous()
+
+
 class _Plan:
     """The two programs of one layer shape. ``m``: tokens a rank holds sequence-sharded
     (T/D); ``k``, ``n``: the local weight is [k, n]; ``kind``: column or row.
@@ -298,8 +312,8 @@ class _Plan:
         return y.view(-1, self.n), g.view(-1, self.k), pre
 
     def column_backward(self, dy, gathered, w, need_x: bool, need_w: bool):
-        wt = w.t().contiguous()
         bwd = self.bwd
+        wt = _transposed_weight(bwd, 1, w)
         program = (lambda: bwd(_as_input(bwd, 0, dy), _as_input(bwd, 1, wt))[0]) \
             if need_x else (lambda: None)
         if need_w:
@@ -317,7 +331,7 @@ class _Plan:
         """``pre``: with ``dgelu``, the pre-activation ``[T, k]`` whose gelu was ``x``;
         dx is then the gradient of the pre-activation."""
         S, m = self.S, self.m // self.S
-        args = (dy.view(S, 1, m, self.n), w.t().contiguous())
+        args = (dy.view(S, 1, m, self.n), _transposed_weight(self.bwd, 1, w))
         if pre is not None:
             args += (_as_input(self.bwd, 2, pre),)
         dx, g = self.bwd(*args)

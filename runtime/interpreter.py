@@ -15,6 +15,7 @@ out memory that a worker stream still uses. Errors name the statement being exec
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -39,8 +40,53 @@ class _Frame:
         self.user = current
 
 
-def check_inputs(program: ir.Program, args, device: torch.device) -> None:
-    """Refuse inputs that do not match the program's signature, before any collective."""
+def transposable_inputs(program: ir.Program) -> frozenset:
+    """Names of the inputs that the program reads only as the ``b`` operand of
+    epilogue-free ``Matmul`` statements, directly or through Selects of their leading
+    axes. Their memory may be the transpose of a contiguous tensor in the last two axes
+    (``w.t()``, strides ``(1, rows)``; leading axes of extent 1 as ``view`` adds them):
+    cuBLAS and the generated kernel (layout TN) read B that way in place, so a caller
+    that holds ``W`` and needs ``W^T`` makes no transposed copy (the layers' backward
+    passes)."""
+    ok: dict[str, bool] = {}  # tensor name -> every use so far is a transposable one
+    selected: dict[str, str] = {}  # select output -> the tensor it selects from
+    for s in ir.walk(program.body):
+        if isinstance(s, ir.ForLoop):
+            continue  # its body is walked; it reads no tensor itself
+        for f in dataclasses.fields(s):
+            v = getattr(s, f.name)
+            for x in v if isinstance(v, (tuple, list)) else (v,):
+                if not isinstance(x, ir.Tensor) or (isinstance(s, ir.Select) and f.name == "out"):
+                    continue
+                good = ((isinstance(s, ir.Matmul) and f.name == "b" and s.epilogue is None)
+                        or (isinstance(s, ir.Select) and f.name == "input"
+                            and s.axis < len(x.local_shape) - 2))
+                ok[x.name] = ok.get(x.name, True) and good
+        if isinstance(s, ir.Select):
+            selected[s.out.name] = s.input.name
+    # A select's output that is used otherwise spoils what it was selected from.
+    changed = True
+    while changed:
+        changed = False
+        for out, src in selected.items():
+            if not ok.get(out, True) and ok.get(src, False):
+                ok[src] = False
+                changed = True
+    outputs = {t.name for t in program.outputs}
+    return frozenset(t.name for t in program.inputs if len(t.local_shape) >= 2
+                     and ok.get(t.name) and t.name not in outputs)
+
+
+def _transposed(x: torch.Tensor) -> bool:
+    """``x`` is the transpose of a contiguous tensor in its last two axes."""
+    return x.dim() >= 2 and x.transpose(-2, -1).is_contiguous()
+
+
+def check_inputs(program: ir.Program, args, device: torch.device,
+                 transposable: frozenset = frozenset()) -> None:
+    """Refuse inputs that do not match the program's signature, before any collective.
+    Inputs must be contiguous, except those in ``transposable`` (see
+    ``transposable_inputs``), which may also be a transposed view."""
     if len(args) != len(program.inputs):
         raise InputMismatchError(
             f"expected {len(program.inputs)} inputs "
@@ -66,8 +112,10 @@ def check_inputs(program: ir.Program, args, device: torch.device) -> None:
             raise InputMismatchError(f"input {t.name}: expected dtype {t.dtype}, got {x.dtype}")
         if x.device.type != device.type or (device.index is not None and x.device.index != device.index):
             raise InputMismatchError(f"input {t.name}: expected device {device}, got {x.device}")
-        if not x.is_contiguous():
-            raise InputMismatchError(f"input {t.name}: expected a contiguous tensor, got strides {x.stride()}")
+        if not x.is_contiguous() and not (t.name in transposable and _transposed(x)):
+            also = " or a transposed view (w.t())" if t.name in transposable else ""
+            raise InputMismatchError(f"input {t.name}: expected a contiguous tensor{also}, "
+                                     f"got strides {x.stride()}")
 
 
 def describe_inputs(args) -> str:
@@ -78,13 +126,14 @@ def describe_inputs(args) -> str:
         else type(x).__name__ for x in args)
 
 
-def agree_on_inputs(program: ir.Program, args, device: torch.device, comm) -> None:
+def agree_on_inputs(program: ir.Program, args, device: torch.device, comm,
+                    transposable: frozenset = frozenset()) -> None:
     """``check_inputs`` on every rank, then one small collective so that every rank learns
     every other rank's verdict and input shapes: a rank that passed bad or different
     inputs makes *every* rank raise ``InputMismatchError`` naming it, instead of leaving
     the others waiting in a collective it never posts."""
     try:
-        check_inputs(program, args, device)
+        check_inputs(program, args, device, transposable)
         local = None
     except InputMismatchError as e:
         local = str(e)
@@ -139,7 +188,9 @@ class Interpreter:
         # Index expressions compiled once (by id: they live as long as the program), and
         # the input signature, so that a call does not walk or recompute either.
         self._compiled: dict[int, object] = {}
-        self._signature = [(t.local_shape, DTYPES[t.dtype]) for t in program.inputs]
+        self._transposable = transposable_inputs(program)
+        self._signature = [(t.local_shape, DTYPES[t.dtype], t.name in self._transposable)
+                           for t in program.inputs]
         self._direct = self._direct_sendrecv_roots(communicator)
         # root name -> (tensor, handle, {(peer, offset): peer's view}), kept across calls
         self._symmetric: dict[str, tuple] = {}
@@ -191,14 +242,14 @@ class Interpreter:
 
     def _inputs_match(self, args) -> bool:
         """The common case of ``check_inputs``, fast: every input has the program's local
-        shape and dtype, is contiguous and on this device (else ``check_inputs`` says
-        what is wrong)."""
+        shape and dtype, is contiguous (or a transposed view where allowed) and on this
+        device (else ``check_inputs`` says what is wrong)."""
         if len(args) != len(self._signature):
             return False
         device = self.backend.device
-        for (shape, dtype), x in zip(self._signature, args):
+        for (shape, dtype, transposable), x in zip(self._signature, args):
             if not (isinstance(x, torch.Tensor) and x.dtype is dtype and x.shape == shape
-                    and x.is_contiguous()):
+                    and (x.is_contiguous() or (transposable and _transposed(x)))):
                 return False
             where = x.device
             if where.type != device.type or (device.index is not None and where.index != device.index):
@@ -259,9 +310,10 @@ class Interpreter:
     def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
         if self._agreed:
             if not self._inputs_match(args):
-                check_inputs(self.program, args, self.backend.device)
+                check_inputs(self.program, args, self.backend.device, self._transposable)
         else:
-            agree_on_inputs(self.program, args, self.backend.device, self.comm)
+            agree_on_inputs(self.program, args, self.backend.device, self.comm,
+                            self._transposable)
             self._agreed = True
         env = dict(self.params)
         env.update({t.name: x for t, x in zip(self.program.inputs, args)})

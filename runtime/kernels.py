@@ -90,10 +90,15 @@ class MatmulChoice:
         return self.mode == "codegen" or self.measured.get(_key(a, b)) == "codegen"
 
     def run(self, a2: torch.Tensor, b: torch.Tensor, out2: torch.Tensor) -> None:
+        """``out2 = a2 @ b``; ``b`` contiguous or a transposed view (``w.t()``: the
+        generated kernel's TN layout reads its memory as it is, so does cuBLAS)."""
         if self.use_codegen(a2, b):
             from runtime.matmul import matmul
 
-            matmul(a2, b, layout="NN", out=out2)
+            if b.is_contiguous():
+                matmul(a2, b, layout="NN", out=out2)
+            else:
+                matmul(a2, b.t(), layout="TN", out=out2)
         else:
             torch.mm(a2, b, out=out2)
 
@@ -124,7 +129,9 @@ class MatmulChoice:
 
 
 def _key(a: torch.Tensor, b: torch.Tensor) -> tuple:
-    return (a.shape[0], b.shape[1], a.shape[1], a.dtype)
+    """What ``measure`` timed: (M, N, K, dtype) of a contiguous B. A transposed B is
+    another kernel (layout TN), never measured: ``auto`` gives it to cuBLAS."""
+    return (a.shape[0], b.shape[1], a.shape[1], a.dtype) + (() if b.is_contiguous() else ("TN",))
 
 
 def matmul_shapes(program: ir.Program):

@@ -9,8 +9,14 @@ SendRecv, on the current stream:
     barrier                                  # my receive buffer is filled
     out <- my buffer                         # local copy, copy engine too
 
-The barriers are the symmetric memory's device-side barrier (one tiny kernel each); the
-host never blocks. Every other collective goes to the wrapped communicator: hostir's NCCL
+The barriers take no SMs either: stream memory operations (``cuStreamWriteValue32`` of an
+epoch into every peer's signal slot, then ``cuStreamWaitValue32`` on this rank's slots),
+which the GPU's front end executes between a stream's kernels. A barrier kernel would
+need an SM, and a GEMM on another stream that fills every SM holds it off until the
+GEMM's last wave: measured on 2 x H200 (benchmarks/trace_tp_step.py), transfers of the
+MLP step then started at the end of the GEMM they were meant to hide behind. Where stream
+memory operations are unavailable, torch's symmetric-memory barrier kernel is used
+(``HOSTIR_DISABLE=stream_memops`` forces it). The host never blocks. Every other collective goes to the wrapped communicator: hostir's NCCL
 one, or a ``TorchCommunicator`` over the caller's NCCL process group (``hostir.nn`` does
 that when ``torch.distributed`` is initialized). The symmetric memory is rendezvoused over
 ``group`` (default: the world group of ``torch.distributed``, initialized with NCCL from
@@ -31,6 +37,73 @@ import torch
 
 from hostir.errors import CommunicationError
 from hostir.options import options
+
+
+_CU = None
+CU_STREAM_WAIT_VALUE_GEQ = 0x0
+CU_STREAM_WRITE_VALUE_DEFAULT = 0x0  # a memory fence before the write
+
+
+def _driver():
+    """The CUDA driver's (cuStreamWriteValue32, cuStreamWaitValue32), or None where absent."""
+    global _CU
+    if _CU is None:
+        import ctypes
+
+        _CU = False
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            return None
+        fns = []
+        for name in ("cuStreamWriteValue32", "cuStreamWaitValue32"):
+            fn = getattr(lib, name + "_v2", None) or getattr(lib, name, None)
+            if fn is None:
+                return None
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
+            fns.append(fn)
+        _CU = tuple(fns)
+    return _CU or None
+
+
+class _SignalBarrier:
+    """A barrier of all ranks on a stream, by stream memory operations: no kernel, no SM.
+
+    Every rank owns ``world_size`` 32-bit slots in symmetric memory. Barrier number ``e``
+    (counted on the host; every rank calls the barriers in the same order, as with any
+    collective) writes ``e`` into its own slot of every peer (fenced after the stream's
+    earlier work, the copies included), then waits until each peer's slot of its own
+    memory reaches ``e``. The epochs only grow, so no slot is ever reset."""
+
+    def __init__(self, comm: "CopyEngineCommunicator"):
+        self.rank, self.world = comm.rank, comm.world_size
+        self.slots, handle = comm.symmetric_tensor((self.world,), torch.int32)
+        self.slots.zero_()
+        torch.cuda.current_stream().synchronize()
+        handle.barrier(channel=0)  # every rank's slots are zero before the first use
+        torch.cuda.current_stream().synchronize()
+        self._handle = handle  # keeps the peers' mappings alive
+        self.peer_slot = {p: comm.remote_view(handle, p, (self.world,), torch.int32, 0)
+                          .data_ptr() + 4 * self.rank for p in range(self.world) if p != self.rank}
+        self.mine = self.slots.data_ptr()
+        self.epoch = 0
+
+    def __call__(self, stream) -> None:
+        write, wait = _driver()
+        self.epoch += 1
+        if self.epoch >= 0x7FFFFFFF:  # far off: 2^31 barriers
+            raise CommunicationError("copy-engine barrier: epoch counter exhausted")
+        s, e = stream.cuda_stream, self.epoch
+        for addr in self.peer_slot.values():
+            _check(write(s, addr, e, CU_STREAM_WRITE_VALUE_DEFAULT), "cuStreamWriteValue32")
+        for p in self.peer_slot:
+            _check(wait(s, self.mine + 4 * p, e, CU_STREAM_WAIT_VALUE_GEQ), "cuStreamWaitValue32")
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        raise CommunicationError(f"copy-engine barrier: {what} failed with CUDA driver error {rc}")
 
 
 class CopyEngineCommunicator:
@@ -56,6 +129,8 @@ class CopyEngineCommunicator:
         self._handle = None
         self._retired: list = []
         self._views: dict = {}  # (rank, shape, dtype) -> view of a symmetric buffer
+        self._signals = None  # the SM-free barrier, made at the first SendRecv
+        self._watchdog = None  # when the wrapped communicator has none (the torch group)
 
     def __getattr__(self, name):  # allgather, reduce_scatter, ... go to the wrapped NCCL
         return getattr(self.base, name)
@@ -101,6 +176,16 @@ class CopyEngineCommunicator:
         as a tensor this rank can write (the caller keeps it: making one costs host time)."""
         return handle.get_buffer(peer, tuple(shape), dtype, offset)
 
+    def _barrier(self, handle, timeout_ms: int) -> None:
+        """A barrier of all ranks on the current stream (see the module docstring)."""
+        if self._signals is None:
+            use = _driver() is not None and not options().disable("stream_memops")
+            self._signals = _SignalBarrier(self) if use else False
+        if self._signals:
+            self._signals(torch.cuda.current_stream())
+        else:
+            handle.barrier(channel=0, timeout_ms=timeout_ms)
+
     def sendrecv_direct(self, out, inp, send_peer: int, recv_peer: int, stream, handle, dst):
         """SendRecv into symmetric memory: ``inp`` goes to ``dst`` (``remote_view`` of
         ``send_peer``'s receive buffer); ``out``, a view of this rank's copy of the same
@@ -109,9 +194,9 @@ class CopyEngineCommunicator:
         s = stream if stream is not None else torch.cuda.current_stream()
         timeout_ms = int(options().comm_timeout_s * 1000)
         with torch.cuda.stream(s):
-            handle.barrier(channel=0, timeout_ms=timeout_ms)
+            self._barrier(handle, timeout_ms)
             (out if send_peer == self.rank else dst).copy_(inp)
-            handle.barrier(channel=0, timeout_ms=timeout_ms)
+            self._barrier(handle, timeout_ms)
         return self._posted(s, inp)
 
     def sendrecv(self, out, inp, send_peer: int, recv_peer: int, stream=None):
@@ -123,12 +208,12 @@ class CopyEngineCommunicator:
         # process cannot survive) instead of spinning forever on a peer that is gone.
         timeout_ms = int(options().comm_timeout_s * 1000)
         with torch.cuda.stream(s):
-            h.barrier(channel=0, timeout_ms=timeout_ms)
+            self._barrier(h, timeout_ms)
             if send_peer == self.rank:
                 out.copy_(inp)
             else:
                 self._view(send_peer, tuple(inp.shape), inp.dtype).copy_(inp)
-            h.barrier(channel=0, timeout_ms=timeout_ms)
+            self._barrier(h, timeout_ms)
             if send_peer != self.rank:
                 out.copy_(self._view(self.rank, tuple(out.shape), out.dtype))
         return self._posted(s, inp)
@@ -143,6 +228,16 @@ class CopyEngineCommunicator:
 
         event = torch.cuda.Event()
         event.record(s)
+        if torch.cuda.is_current_stream_capturing():
+            return _EventWork(s, event)
+        # A stream-memory wait has no timeout of its own: a peer that is gone would leave
+        # it waiting forever, so a watchdog ends the job after HOSTIR_COMM_TIMEOUT.
+        if self._watchdog is None:
+            from runtime.watchdog import Watchdog
+
+            self._watchdog = Watchdog(self.rank, "copy engine")
+        self._watchdog.watch(f"copy-engine SendRecv of {inp.numel() * inp.element_size()} "
+                             "bytes", event.query)
         return _EventWork(s, event)
 
 

@@ -216,3 +216,40 @@ def test_ring_reduce_scatter_program_over_the_copy_engine(world):
         torch.cuda.set_sync_debug_mode("default")
     ref = (a.double() @ b.double())[stage_rows(S, m, d, rank).to(dev)]
     assert _err(out.reshape(-1, n), ref) < TOL
+
+
+def test_copy_engine_sendrecv_runs_no_kernel_beside_a_gemm(world):
+    """The copy-engine SendRecv's barriers are stream memory operations: no kernel (which
+    a GEMM filling every SM would hold off), and every message arrives intact while GEMMs
+    run on another stream, the host never waiting."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from runtime.comm.copy_engine import CopyEngineCommunicator, _SignalBarrier
+    from runtime.comm.torch_pg import TorchCommunicator
+
+    rank, d, dev = world
+    comm = CopyEngineCommunicator(TorchCommunicator())
+    send_peer, recv_peer = (rank + 1) % d, (rank - 1) % d
+    big = torch.randn(4096, 4096, device=dev, dtype=torch.bfloat16)
+    side = torch.cuda.Stream(dev)
+    warm = torch.zeros(1 << 20, device=dev)
+    comm.sendrecv(torch.empty_like(warm), warm, send_peer, recv_peer).wait(torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    assert isinstance(comm._signals, _SignalBarrier)
+    sent, received = [], []
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(20):
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    big @ big
+            inp = torch.full((1 << 20,), float(i * d + rank), device=dev)
+            out = torch.empty_like(inp)
+            comm.sendrecv(out, inp, send_peer, recv_peer).wait(torch.cuda.current_stream())
+            sent.append(inp)
+            received.append(out)
+        torch.cuda.synchronize()
+    for i, out in enumerate(received):
+        assert torch.all(out == float(i * d + recv_peer)), f"message {i}"
+    names = {e.name for e in prof.key_averages() if e.device_type.name == "CUDA"}
+    assert not [n for n in names if "barrier" in n.lower()], sorted(names)
