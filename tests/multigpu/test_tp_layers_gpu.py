@@ -251,5 +251,5 @@ def test_copy_engine_sendrecv_runs_no_kernel_beside_a_gemm(world):
         torch.cuda.synchronize()
     for i, out in enumerate(received):
         assert torch.all(out == float(i * d + recv_peer)), f"message {i}"
-    names = {e.name for e in prof.key_averages() if e.device_type.name == "CUDA"}
+    names = {e.key for e in prof.key_averages() if e.device_type.name == "CUDA"}
     assert not [n for n in names if "barrier" in n.lower()], sorted(names)
