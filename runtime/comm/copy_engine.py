@@ -15,7 +15,8 @@ which the GPU's front end executes between a stream's kernels. A barrier kernel 
 need an SM, and a GEMM on another stream that fills every SM holds it off until the
 GEMM's last wave: measured on 2 x H200 (benchmarks/trace_tp_step.py), transfers of the
 MLP step then started at the end of the GEMM they were meant to hide behind. Where stream
-memory operations are unavailable, torch's symmetric-memory barrier kernel is used
+memory operations are unavailable, and under CUDA graph capture (a replay would reuse the
+captured epochs), torch's symmetric-memory barrier kernel is used
 (``HOSTIR_DISABLE=stream_memops`` forces it). The host never blocks. Every other collective goes to the wrapped communicator: hostir's NCCL
 one, or a ``TorchCommunicator`` over the caller's NCCL process group (``hostir.nn`` does
 that when ``torch.distributed`` is initialized). The symmetric memory is rendezvoused over
@@ -181,7 +182,9 @@ class CopyEngineCommunicator:
         if self._signals is None:
             use = _driver() is not None and not options().disable("stream_memops")
             self._signals = _SignalBarrier(self) if use else False
-        if self._signals:
+        # Under CUDA graph capture the epochs would be baked into the graph and a replay
+        # would pass its waits at once: captured SendRecvs keep torch's barrier kernel.
+        if self._signals and not torch.cuda.is_current_stream_capturing():
             self._signals(torch.cuda.current_stream())
         else:
             handle.barrier(channel=0, timeout_ms=timeout_ms)
