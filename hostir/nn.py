@@ -222,10 +222,19 @@ def _expose_gathered(p: ir.Program) -> ir.Program:
 
 
 def _interpreter(rt: _Runtime, fusion, streams: int, gathered: bool,
-                 schedule: str) -> Interpreter:
+                 schedule: str, what: str = "") -> Interpreter:
+    """The program of ``fusion``, printed under ``HOSTIR_DUMP=host_ir`` (rank 0) with a
+    line that says which layer pass it runs, once when the plan is built."""
+    from hostir.options import dump
+    from hostir.printer import print_program
+
     d = rt.comm.world_size
     program = lower(fusion, d, streams, rt.comm.rank, schedule=schedule)
-    return Interpreter(_expose_gathered(program) if gathered else program, rt.backend, rt.comm)
+    if gathered:
+        program = _expose_gathered(program)
+    dump("host_ir", f"// {what} ({rt.comm.name}, {schedule})\n{print_program(program)}",
+         rt.comm.rank)
+    return Interpreter(program, rt.backend, rt.comm)
 
 
 def _as_input(run: Interpreter, index: int, x: torch.Tensor) -> torch.Tensor:
@@ -271,14 +280,17 @@ class _Plan:
         if (fwd_epilogue or bwd_epilogue) != epilogue:
             raise LoweringError(f"{kind}-parallel layer: epilogue {epilogue!r} has no GEMM to "
                                 "go on (gelu_aux: column forward; dgelu: row backward)")
+        what = f"{kind}-parallel linear [{k}, {n}] a rank, {t} tokens"
         if kind == "column":  # fwd: gather(x)[T, k] @ W[k, n]; bwd: rs(dy[T, n] @ W^T[n, k])
             self.fwd = _interpreter(rt, ag(t, k, n, stages, d, dtype, fwd_epilogue), streams,
-                                    True, schedule)
-            self.bwd = _interpreter(rt, rs(t, n * d, k, stages, d, dtype), streams, False, schedule)
+                                    True, schedule, f"{what}: forward, AllGather+GEMM")
+            self.bwd = _interpreter(rt, rs(t, n * d, k, stages, d, dtype), streams, False, schedule,
+                                    f"{what}: backward dx, GEMM+ReduceScatter")
         else:  # fwd: rs(x[T, k] @ W[k, n]); bwd: gather(dy)[T, n] @ W^T[n, k]
-            self.fwd = _interpreter(rt, rs(t, k * d, n, stages, d, dtype), streams, False, schedule)
+            self.fwd = _interpreter(rt, rs(t, k * d, n, stages, d, dtype), streams, False, schedule,
+                                    f"{what}: forward, GEMM+ReduceScatter")
             self.bwd = _interpreter(rt, ag(t, n, k, stages, d, dtype, bwd_epilogue), streams,
-                                    True, schedule)
+                                    True, schedule, f"{what}: backward dx, AllGather+GEMM")
 
     def _fill_local_rows(self, gathered: torch.Tensor, mine: torch.Tensor) -> None:
         """The ring multiplies this rank's rows from its own shard and never writes them

@@ -385,17 +385,23 @@ def _indent_of(text: str) -> int:
 
 
 def parse(text: str, verify: bool = True) -> ir.Program:
-    """Parse the canonical text of a host program."""
+    """Parse the canonical text of a host program. Lines starting with ``//`` before the
+    header are comments (the TP layers' dumps name each program's pass that way)."""
     if not isinstance(text, str):
         raise ParseError(f"expected text, got {type(text).__name__}", 1, 1)
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
+    skipped = 0
+    while skipped < len(lines) and lines[skipped].startswith("//"):
+        skipped += 1
+    lines = lines[skipped:]
     if not lines or lines[0].rstrip() != _HEADER:
-        raise ParseError(f"expected {_HEADER!r} on the first line", 1, 1)
+        raise ParseError(f"expected {_HEADER!r} on the first line", skipped + 1, 1)
     if len(lines) < 2 or lines[-1].rstrip() != _FOOTER:
-        raise ParseError(f"expected {_FOOTER!r} on the last line", max(len(lines), 1), 1)
-    body_lines = [(n + 2, t) for n, t in enumerate(lines[1:-1])]
+        raise ParseError(f"expected {_FOOTER!r} on the last line",
+                         max(len(lines), 1) + skipped, 1)
+    body_lines = [(n + 2 + skipped, t) for n, t in enumerate(lines[1:-1])]
     p = _Parser()
     pos = 0
 
@@ -411,7 +417,7 @@ def parse(text: str, verify: bool = True) -> ir.Program:
     def header_line(expect: str) -> _Line:
         nonlocal pos
         if pos >= len(body_lines):
-            raise ParseError(f"expected {expect!r}", len(lines), 1)
+            raise ParseError(f"expected {expect!r}", len(lines) + skipped, 1)
         ln = line_at(pos, 2)
         pos += 1
         ln.take(expect)

@@ -276,3 +276,35 @@ def test_ring_reduce_scatter_program_equals_reference(world, comm, stages, strea
             pipelined = Interpreter(lower(fd, d, streams), CpuBackend(), communicator)
             (want,) = pipelined(a_local.view(pipelined.program.inputs[0].local_shape), b_local)
             torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+def test_host_ir_dump_names_each_layer_program(world, comm, capsys):
+    """HOSTIR_DUMP=host_ir prints each program of a layer when its plan is built (rank 0),
+    under a comment line naming the pass; the text parses back to the program run."""
+    import dataclasses
+    import re
+
+    from hostir import nn as tp
+    from hostir.options import options, set_options
+    from hostir.parser import parse
+    from hostir.printer import print_program
+
+    rank, d = world
+    saved = options()
+    set_options(dataclasses.replace(saved, dumps=saved.dumps | {"host_ir"}))
+    try:
+        layer = ColumnParallelLinear(12, 6 * d, stages=1, comm=comm)  # a shape of its own
+        layer(torch.randn(3 * d, 12)).sum().backward()
+    finally:
+        set_options(saved)
+    out = capsys.readouterr().out
+    if rank != 0:
+        assert "%HostIr" not in out
+        return
+    texts = re.findall(r"^// [^\n]*\n%HostIr \{.*?^\} // %HostIr$", out, re.M | re.S)
+    heads = [t.split("\n", 1)[0] for t in texts]
+    assert [h.split(": ")[-1].split(" (")[0] for h in heads] == [
+        "forward, AllGather+GEMM", "backward dx, GEMM+ReduceScatter"], heads
+    plan = next(p for k, p in tp._PLANS.items() if k[0] == "column" and k[2:4] == (12, 6))
+    assert print_program(parse(texts[0])) == print_program(plan.fwd.program)
+    assert print_program(parse(texts[1])) == print_program(plan.bwd.program)

@@ -117,3 +117,16 @@ def test_add_parses_and_refuses_a_new_target():
         parse(text.replace("T6 = add(T6, T6)", "T9 = add(T6, T6)"))
     with pytest.raises(ParseError, match="expected equal shapes"):
         parse(text.replace("T6 = add(T6, T6)", "T6 = add(T6, T5)"))
+
+
+def test_comment_lines_before_the_header_are_skipped():
+    """The TP layers' dumps put a `// which pass` line above each program."""
+    text = print_program(lowered())
+    assert print_program(parse("// column-parallel linear: forward\n// two\n" + text)) == text
+    bad = "// a comment\n" + text.replace("Wait C0", "Wait C9", 1)
+    line = 1 + text.split("\n").index(next(ln for ln in text.split("\n") if "Wait C0" in ln)) + 1
+    with pytest.raises(ParseError) as e:
+        parse(bad)
+    assert e.value.line == line  # counted in the whole text, comments included
+    with pytest.raises(ParseError, match="on the first line"):
+        parse("// only a comment\n")
