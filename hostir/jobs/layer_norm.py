@@ -250,7 +250,8 @@ def sweep_specs(spec):
                                 prefetch=p.prefetch if p.persistent else None,
                                 x_staged=p.x_staged or None,
                                 stages=p.stages if p.x_staged else None,
-                                one_pass=p.one_pass or None, l2_hint=p.l2_hint or None)
+                                one_pass=p.one_pass or None, l2_hint=p.l2_hint or None,
+                                packed=p.packed or None)
             for p in plans]
 
 

@@ -189,6 +189,15 @@ class LaunchPlan:
     cancellation of E[x^2] - E[x]^2 on rows with a large mean. Rows spanning several
     warps only (a one-warp row has no barrier to save).
 
+    ``packed`` (``x_staged``, 16-bit x): the row slice stays in registers as 16-bit
+    values, two to a register, instead of fp32 ones: the value after the prologue's last
+    cast to a 16-bit type (x itself if there is none), exact in 16 bits; the ops after it
+    (the reference fusion's ``+ b1``) are recomputed in each pass over the row, a
+    conversion and an add. Half the registers of the row: the reference fusion's four
+    1-D tensors then fit in registers beside it at 16384 (measured without it,
+    benchmarks/results/norm_params_probe_nvidia-h200.json: layer_norm, two tensors in
+    registers, 0.91 of copy bandwidth at 16384; the fusion's four in shared memory 0.81).
+
     ``l2_hint`` (``x_staged``; "" none): an L2 hint on the cp.async
     of x, which is read once. ``"evict_first"``: an L2::evict_first cache policy
     (``createpolicy``), so the lines of x go before the 1-D tensors (re-read every row
@@ -212,6 +221,7 @@ class LaunchPlan:
     stages: int = 1  # rows of x prefetched ahead (x_staged: a ring of stages + 1 buffers)
     one_pass: bool = False  # mean and variance in one reduction, one barrier a row
     l2_hint: str = ""  # x_staged: an L2 hint on the cp.async of x (L2_HINTS)
+    packed: bool = False  # x_staged: the row slice held as 16-bit values (see above)
 
     @property
     def persistent(self) -> bool:
@@ -280,6 +290,7 @@ class LaunchPlan:
                 + (" prefetch" + ("/smem" if self.x_staged else "") if self.prefetch else "")
                 + (str(self.stages) if self.x_staged and self.stages > 1 else "")
                 + (" 1pass" if self.one_pass else "")
+                + (" packed" if self.packed else "")
                 + (f" {self.l2_hint}" if self.l2_hint else ""))
 
 
@@ -357,7 +368,8 @@ def padding(plan: LaunchPlan, hidden: int) -> float:
 def persistent_register_estimate(values_per_thread: int, vector_width: int, value_bytes: int,
                                  cached_param_bytes: int, prefetch: bool,
                                  shared: bool = False, x_staged: bool = False,
-                                 bf16: bool = False, one_pass: bool = False) -> int:
+                                 bf16: bool = False, one_pass: bool = False,
+                                 packed: bool = False) -> int:
     """Registers of one thread of the persistent kernel, fitted to ptxas (sm_90) over the
     candidate plans of the benchmark sizes: the fp32 row slice (one a value), the cached
     1-D tensors (``cached_param_bytes`` per column, packed: 16-bit values two to a
@@ -365,7 +377,9 @@ def persistent_register_estimate(values_per_thread: int, vector_width: int, valu
     the reduction and the conversions. The unit tests check it against ptxas.
     ``shared`` also stands for tensors read through L1/L2 every row (``"global"``): the
     same loads, from another space. ``one_pass`` keeps a (count, mean, M2) triple and
-    its shuffled partner live through the reduction: a few registers more."""
+    its shuffled partner live through the reduction: a few registers more. ``packed``
+    (with ``x_staged``): the row slice two 16-bit values a register instead of one fp32
+    value each."""
     v = values_per_thread
     extra = 4 if one_pass else 0
     packed_x = -(-v * value_bytes // 4)
@@ -377,7 +391,10 @@ def persistent_register_estimate(values_per_thread: int, vector_width: int, valu
     # prefetch, for the whole row slice)
     staged = 0 if not shared else (3 * v // 2 if prefetch and not x_staged else v // 2)
     if x_staged:  # the next row waits in shared memory: only its buffer's addresses
-        return v + cached + staged + 4 + extra + PERSISTENT_OVERHEAD
+        # packed: two values a register; with vectors under 16 bytes ptxas also keeps an
+        # address a slot (5140, v4: 28 bytes of spills at the cap without them)
+        row = packed_x + (v // vector_width if vector_width < 8 else 0) if packed else v
+        return row + cached + staged + 4 + extra + PERSISTENT_OVERHEAD
     # bf16 converts by integer shifts that ptxas schedules early: with cached tensors and
     # the prefetch live too, half a register more a value (seen as spills without it)
     wide = v // 2 if bf16 and cached and prefetch else 0
@@ -416,19 +433,32 @@ def persistent_candidates(hidden: int, vector_width: int, value_bytes: int,
             if vector_width * value_bytes >= 4:
                 modes[1:1] = [(True, True, k) for k in CANDIDATE_STAGES]
             for prefetch, x_staged, stages in modes:
-                for one_pass in (False, True) if x_staged and t > WARP else (False,):
+                for one_pass, packed in _pass_and_packing(x_staged, t, value_bytes):
+                    if packed and cache == "global":
+                        continue  # the tail ops would re-read their tensors from L2 each pass
                     est = persistent_register_estimate(
                         b * vector_width, vector_width, value_bytes,
                         param_bytes if cache == "registers" else 0, prefetch, cache != "registers",
-                        x_staged, bf16, one_pass)
+                        x_staged, bf16, one_pass, packed)
                     plan = LaunchPlan(vector_width, t, b, r, est, cache, prefetch, param_bytes,
-                                      x_staged, value_bytes, stages, one_pass)
+                                      x_staged, value_bytes, stages, one_pass, "", packed)
                     if est + 8 > _register_budget(t * r):  # the margin of min_blocks_per_sm
                         continue
                     if plan.dynamic_shared_bytes + plan.shared_bytes > SHARED_PER_BLOCK:
                         continue
                     plans.append(plan)
     return plans
+
+
+def _pass_and_packing(x_staged: bool, threads_per_row: int, value_bytes: int):
+    """(one_pass, packed) of the persistent candidates of one placement: the one-pass
+    reduction for staged rows on several warps; the packed row slice for staged 16-bit
+    x (two-pass only: the one-pass reduction was never picked)."""
+    yield False, False
+    if x_staged and threads_per_row > WARP:
+        yield True, False
+    if x_staged and value_bytes == 2:
+        yield False, True
 
 
 def bytes_in_flight(plan: LaunchPlan, value_bytes: int) -> int:
@@ -481,6 +511,8 @@ class PlannerRules:
       rather than staging them in shared memory, where staging them leaves no room
       for the prefetch of x (no shared-cache plan with the prefetch fits). Fitted: on
       (20480: 1.000x, where the shared tensors without the prefetch were 1.198x).
+    - ``packed_row``: hold the staged row slice as 16-bit values (``LaunchPlan.packed``)
+      in every plan that stages x. Off until a sweep with packed plans says otherwise.
     - ``l2_hint``: the `L2_HINTS` hint the chosen plan puts on the cp.async of x when it
       stages x. Not yet timed (the sweep after 75f9994 times each
       hint on the planner's first two plans a size): "" until a sweep says otherwise.
@@ -490,13 +522,15 @@ class PlannerRules:
     one_pass_warps: int = 0
     global_params: bool = False
     l2_hint: str = ""
+    packed_row: bool = False
 
 
 RULES = PlannerRules(deep_below=64 * 1024, one_pass_warps=0, global_params=True)
 RULE_GRID = {"deep_below": (0, 32 * 1024, 48 * 1024, 64 * 1024, 1 << 30),
              "one_pass_warps": (0, 2, 4, 8, 16),
              "global_params": (False, True),
-             "l2_hint": L2_HINTS}
+             "l2_hint": L2_HINTS,
+             "packed_row": (False, True)}
 
 
 def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
@@ -577,6 +611,7 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
             broken += p.one_pass != want
         elif p.one_pass:
             broken += 1
+        broken += p.packed != (rules.packed_row and p.x_staged and value_bytes == 2)
         return broken
 
     plans = [p for p in plans if breaks_rules(p) == min(map(breaks_rules, plans))]
@@ -632,6 +667,7 @@ def plan_launch(
     stages: int | None = None,
     one_pass: bool | None = None,
     l2_hint: str | None = None,
+    packed: bool | None = None,
 ) -> LaunchPlan:
     """Pick the kernel (row-wise or persistent), threads per row, the persistent batch
     and rows per block for ``hidden``.
@@ -676,10 +712,13 @@ def plan_launch(
         raise LoweringError("normalization plan: one_pass needs the persistent kernel")
     if l2_hint is not None and l2_hint not in L2_HINTS:
         raise LoweringError(f"normalization plan: l2_hint {l2_hint!r}: expected one of {list(L2_HINTS)}")
+    if packed and (x_staged is False or value_bytes != 2):
+        raise LoweringError("normalization plan: packed holds the staged row slice as 16-bit "
+                            "values: it needs x_staged and a 16-bit x")
     if l2_hint:
         best = plan_launch(hidden, vector_width, value_bytes, threads_per_row, batch,
                            rows_per_block, param_cache, prefetch, param_bytes, x_staged,
-                           bf16, stages, one_pass)
+                           bf16, stages, one_pass, None, packed)
         if not best.x_staged:
             raise LoweringError(f"normalization plan: l2_hint {l2_hint!r} is a hint on the "
                                 "cp.async of x: it needs x_staged")
@@ -700,13 +739,21 @@ def plan_launch(
             raise LoweringError("normalization plan: x_staged needs vectors of 4 bytes or more")
         depth = (stages or 1) if staged_x else 1
         single = bool(one_pass) and cache != "none"
+        if packed and not (staged_x and value_bytes == 2):
+            raise LoweringError("normalization plan: packed needs x staged (x_staged) and a "
+                                "16-bit x")
+        if packed and cache == "global":
+            raise LoweringError("normalization plan: packed recomputes the prologue's tail "
+                                "from its 1-D tensors in every pass: cache them in registers "
+                                "or shared memory, not global")
+        pack = bool(packed) and staged_x
         if cache == "none":
             estimate = register_estimate(b * vector_width, vector_width, value_bytes)
         else:
             estimate = persistent_register_estimate(
                 b * vector_width, vector_width, value_bytes,
                 param_bytes if cache == "registers" else 0, pre, cache != "registers", staged_x,
-                bf16, single)
+                bf16, single, pack)
         margin = 8 if cache != "none" else 0  # the persistent kernel keeps min_blocks_per_sm's
         if estimate + margin > _register_budget(t * r):
             raise LoweringError(
@@ -716,7 +763,7 @@ def plan_launch(
             )
         plan = LaunchPlan(vector_width, t, b, r, estimate, cache, pre,
                           param_bytes if cache != "none" else 0, staged_x, value_bytes,
-                          depth, single)
+                          depth, single, "", pack)
         if plan.dynamic_shared_bytes + plan.shared_bytes > SHARED_PER_BLOCK:
             raise LoweringError(
                 f"normalization plan: {plan.dynamic_shared_bytes} bytes of staged 1-D tensors "
@@ -725,7 +772,7 @@ def plan_launch(
     one_warp = [p for p in candidate_plans(hidden, vector_width, value_bytes)
                 if p.threads_per_row == WARP]
     if (param_cache is None and prefetch is None and x_staged is None and stages is None
-            and one_pass is None and one_warp):
+            and one_pass is None and packed is None and one_warp):
         # Rule 0: a row one warp covers (<= 32 values a thread) runs the row-wise kernel,
         # one warp a row, four rows a block. Neither kernel has a block barrier then;
         # the row-wise kernel re-reads the 1-D tensors every row, but a column's are 8
@@ -751,6 +798,8 @@ def plan_launch(
             plans = [p for p in plans if p.stages == stages]
         if one_pass is not None:
             plans = [p for p in plans if p.one_pass == one_pass]
+        if packed is not None:
+            plans = [p for p in plans if p.packed == packed]
         if not plans:
             raise LoweringError(
                 f"normalization: hidden={hidden} needs more than {MAX_THREADS_PER_BLOCK} threads x "
@@ -802,7 +851,7 @@ class NormalizationSpec:
     prologue, ``weight`` and ``bias`` of the norm (when present), one per `AddBroadcast`
     of the epilogue, the output ``y``, and ``rows`` (int32). `parameter_names` lists
     the tensors. ``alignment`` is the byte alignment every base pointer is known to
-    have (torch allocations: 256; a slice: less). The last nine fields override the
+    have (torch allocations: 256; a slice: less). The last ten fields override the
     heuristic plan (benchmark sweeps, tests): ``param_cache="none"`` is the row-wise
     kernel, ``"registers"``/``"shared"`` the persistent one (see `LaunchPlan`).
     """
@@ -824,6 +873,7 @@ class NormalizationSpec:
     stages: int | None = None
     one_pass: bool | None = None
     l2_hint: str | None = None
+    packed: bool | None = None
 
     def __post_init__(self):
         for what, n in (("rows", self.rows), ("hidden", self.hidden)):
@@ -907,6 +957,7 @@ class NormalizationSpec:
             stages=self.stages,
             one_pass=self.one_pass,
             l2_hint=self.l2_hint,
+            packed=self.packed,
         )
 
     @property
@@ -1058,7 +1109,7 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
 #pragma unroll
     for (int i = 0; i < kBatch; ++i)
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) s += v[i][e];
+      for (int e = 0; e < kVec; ++e) s += VAL(i, e);
 """,
     # Second pass over the registers: sum (v - mean)^2. Padded slots hold 0 and must
     # not count, hence the same predicate as the loads.
@@ -1068,7 +1119,7 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
       const bool ok = i < kFullBatches || i * kThreadsPerRow + lane < kVectors;
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {{
-        const float d = v[i][e] - mean;
+        const float d = VAL(i, e) - mean;
         s += ok ? d * d : 0.f;
       }}
     }}
@@ -1077,7 +1128,7 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
 #pragma unroll
     for (int i = 0; i < kBatch; ++i)
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) s += v[i][e] * v[i][e];
+      for (int e = 0; e < kVec; ++e) s += VAL(i, e) * VAL(i, e);
 """,
     "layer_norm_stats": """\
     const float mean = row_sum(s, {partials0}) * (1.f / kHidden);
@@ -1097,7 +1148,7 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
       const bool ok = row_ok && (i < kFullBatches || vec < kVectors);
       if (!ok) continue;
 """,
-    "normalize": "        float a = (v[i][e] - center) * rstd;\n",
+    "normalize": "        float a = (VAL(i, e) - center) * rstd;\n",
     "mul": "        a *= {value};\n",
     "out_decl": "      Vec<{t}, kVec> v_y;\n",
     "out_assign": "        v_y.e[e] = {value};\n",
@@ -1153,7 +1204,8 @@ class NormalizationRenderer:
         self.emit("kernel_close")
         # __launch_bounds__ carries a min-blocks count here (see LaunchPlan), so the
         # signature is our snippet, not Renderer.kernel's.
-        return render.Renderer().source(["convert"], SNIPPETS["preamble"].format(), "".join(self.out))
+        return render.Renderer().source(["convert"], SNIPPETS["preamble"].format(),
+                                        "#define VAL(i, e) v[i][e]\n", "".join(self.out))
 
     def _load_and_prologue(self) -> None:
         s = self.spec
@@ -1316,7 +1368,10 @@ extern "C" __global__ void __launch_bounds__({p.block_threads}, {p.min_blocks_pe
     stage_row(s_xbuf + ahead * kSlotsPerRow, in_x,
               (group + kStages * gridDim.x) * kRowsPerBlock + row_in_block, rows, lane);
 """)
-        out.append("    float v[kBatch][kVec];\n")
+        if p.packed:
+            out.append(f"    Vec<{CUDA_TYPES[self._carrier()]}, kVec> pv[kBatch];\n")
+        else:
+            out.append("    float v[kBatch][kVec];\n")
         self._prologue()
         if p.prefetch and not p.x_staged:
             out.append("    load_row(xr, in_x, (group + gridDim.x) * kRowsPerBlock + row_in_block, rows, lane);\n")
@@ -1412,7 +1467,37 @@ __device__ __forceinline__ void stage_row_t(Vec<T, kVec>* buf, const T* __restri
   stage_row_t<{tx}, kVec, kBatch, kThreadsPerRow, kVectors, kFullBatches>(buf, x, row, rows, lane, kHidden)
 """
         return render.Renderer().source(["convert"], SNIPPETS["preamble"].format(), helper,
-                                        "".join(self.out))
+                                        self._value_macro(), "".join(self.out))
+
+    def _split_prologue(self):
+        """(head, tail) of the prologue at its last cast to a 16-bit type (``packed``: the
+        head's result is held in 16 bits, the tail recomputed in every pass)."""
+        ops = self.spec.prologue
+        last = max((k for k, op in enumerate(ops) if isinstance(op, Cast)
+                    and DTYPE_BYTES[op.dtype] == 2), default=-1)
+        return ops[:last + 1], ops[last + 1:]
+
+    def _carrier(self) -> str:
+        """The 16-bit dtype the packed row slice holds: the last cast's, else x's."""
+        head, _ = self._split_prologue()
+        return head[-1].dtype if head else self.spec.input_dtype
+
+    def _value_macro(self) -> str:
+        """``VAL(i, e)``, the fp32 value of slot (i, e) of the row slice the statistics and
+        the normalization read: the fp32 array, or (``packed``) the 16-bit value with the
+        prologue's tail ops applied again (their tensors are in scope: registers, shared
+        memory)."""
+        if not self.plan.packed:
+            return "#define VAL(i, e) v[i][e]\n"
+        _, tail = self._split_prologue()
+        expr = TO_FLOAT[self._carrier()].format("pv[i].e[e]")
+        for op in tail:
+            if isinstance(op, AddBroadcast):
+                vec = self._param(op.name, "(i)")
+                expr = f"({expr} + {TO_FLOAT[op.dtype].format(f'{vec}.e[e]')})"
+            else:
+                expr = TO_FLOAT[op.dtype].format(FROM_FLOAT[op.dtype].format(expr))
+        return f"#define VAL(i, e) {expr}\n"
 
     def _one_barrier(self) -> bool:
         return self.plan.one_pass or not isinstance(self.spec.norm, LayerNorm)
@@ -1443,7 +1528,7 @@ __device__ __forceinline__ void stage_row_t(Vec<T, kVec>* buf, const T* __restri
       const bool ok = i < kFullBatches || i * kThreadsPerRow + lane < kVectors;
       n += ok ? (float)kVec : 0.f;
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) m += v[i][e];  // padded slots hold 0
+      for (int e = 0; e < kVec; ++e) m += VAL(i, e);  // padded slots hold 0
     }}
     m = n > 0.f ? m / n : 0.f;
 #pragma unroll
@@ -1451,7 +1536,7 @@ __device__ __forceinline__ void stage_row_t(Vec<T, kVec>* buf, const T* __restri
       const bool ok = i < kFullBatches || i * kThreadsPerRow + lane < kVectors;
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {{
-        const float d = v[i][e] - m;
+        const float d = VAL(i, e) - m;
         q += ok ? d * d : 0.f;
       }}
     }}
@@ -1525,6 +1610,16 @@ __device__ __forceinline__ void stage_row_t(Vec<T, kVec>* buf, const T* __restri
             out.append(f"      const Vec<{CUDA_TYPES[op.dtype]}, kVec> v_{op.name} = {self._param(op.name)};\n")
         out.append("#pragma unroll\n      for (int e = 0; e < kVec; ++e) {\n")
         out.append(f"        float a = {TO_FLOAT[s.input_dtype].format('xr[i].e[e]')};\n")
+        if self.plan.packed:
+            # the head of the prologue, held in 16 bits (exact: it ends with a 16-bit cast
+            # or is x itself); padded slots hold 0, and the tail's tensors hold 0 there too
+            head, _ = self._split_prologue()
+            for op in head:
+                self._pointwise(op)
+            carrier = self._carrier()
+            out.append(f"        pv[i].e[e] = {FROM_FLOAT[carrier].format('ok ? a : 0.f')};\n"
+                       "      }\n    }\n")
+            return
         for op in s.prologue:
             self._pointwise(op)
         # padded slots must be exactly 0 for the sums (their tensors hold 0, but a cast
@@ -1645,7 +1740,7 @@ def spec_params(spec: NormalizationSpec) -> tuple[tuple[str, object], ...]:
                ("prologue", _ops_to_text(spec.prologue)),
                ("epilogue", _ops_to_text(spec.epilogue)), ("alignment", spec.alignment)]
     for key in ("threads_per_row", "batch", "rows_per_block", "param_cache", "prefetch",
-                "x_staged", "stages", "one_pass", "l2_hint"):
+                "x_staged", "stages", "one_pass", "l2_hint", "packed"):
         if getattr(spec, key) is not None:
             params.append((key, getattr(spec, key)))
     return tuple(params)
@@ -1666,6 +1761,6 @@ def spec_from_params(params) -> NormalizationSpec:
             _ops_from_text(p["prologue"], "prologue"), _ops_from_text(p["epilogue"], "epilogue"),
             p["alignment"], p.get("threads_per_row"), p.get("batch"), p.get("rows_per_block"),
             p.get("param_cache"), p.get("prefetch"), p.get("x_staged"), p.get("stages"),
-            p.get("one_pass"), p.get("l2_hint"))
+            p.get("one_pass"), p.get("l2_hint"), p.get("packed"))
     except KeyError as e:
         raise LoweringError(f"normalization kernel: parameter {e.args[0]!r} is missing") from None
