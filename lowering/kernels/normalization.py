@@ -434,8 +434,11 @@ def persistent_candidates(hidden: int, vector_width: int, value_bytes: int,
                 modes[1:1] = [(True, True, k) for k in CANDIDATE_STAGES]
             for prefetch, x_staged, stages in modes:
                 for one_pass, packed in _pass_and_packing(x_staged, t, value_bytes):
-                    if packed and cache == "global":
-                        continue  # the tail ops would re-read their tensors from L2 each pass
+                    if packed and cache != "registers":
+                        # the tail ops re-read their tensors in every pass: from shared
+                        # memory 0.75-0.99x the unpacked twin's speed at every size of the
+                        # f274ee2 sweep; from L2 not even tried
+                        continue
                     est = persistent_register_estimate(
                         b * vector_width, vector_width, value_bytes,
                         param_bytes if cache == "registers" else 0, prefetch, cache != "registers",
@@ -512,7 +515,11 @@ class PlannerRules:
       for the prefetch of x (no shared-cache plan with the prefetch fits). Fitted: on
       (20480: 1.000x, where the shared tensors without the prefetch were 1.198x).
     - ``packed_row``: hold the staged row slice as 16-bit values (``LaunchPlan.packed``)
-      in every plan that stages x. Off until a sweep with packed plans says otherwise.
+      where the 1-D tensors fit registers only so: no unpacked plan with the prefetch
+      caches them in registers. Fitted: on (f274ee2 sweep: 16384, t512 b4 in registers,
+      0.881 of copy bandwidth against 0.818 for the best unpacked plan, tensors in L2).
+      Where the tensors fit beside the fp32 row the recomputed tail costs more than the
+      registers save (packed twins 0.93-0.99x, a few 1.02-1.14x).
     - ``l2_hint``: the `L2_HINTS` hint the chosen plan puts on the cp.async of x when it
       stages x. Not yet timed (the sweep after 75f9994 times each
       hint on the planner's first two plans a size): "" until a sweep says otherwise.
@@ -525,7 +532,7 @@ class PlannerRules:
     packed_row: bool = False
 
 
-RULES = PlannerRules(deep_below=64 * 1024, one_pass_warps=0, global_params=True)
+RULES = PlannerRules(deep_below=64 * 1024, one_pass_warps=0, global_params=True, packed_row=True)
 RULE_GRID = {"deep_below": (0, 32 * 1024, 48 * 1024, 64 * 1024, 1 << 30),
              "one_pass_warps": (0, 2, 4, 8, 16),
              "global_params": (False, True),
@@ -584,7 +591,10 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
        b3 1.000x against t384 b4 1.065x, both one block and 24 KiB a row).
     10. Fewer registers.
 
-    Against the 75f9994 sweep (benchmarks/sweep_rules.py) the picks are the best plan or
+    Against the f274ee2 sweep (584 plans with the packed row; what the sweep test holds
+    the planner to) the picks are within 1.021x of the best at every size (768 1.015,
+    1024 1.019, 1280 1.020, 1600 1.013, 4096 1.021, 16384 1.012: the packed row, the
+    rest 1.000-1.009). Against the 75f9994 sweep (benchmarks/sweep_rules.py) the picks were the best plan or
     within 1%: 1.007x at 1280, 1.000 at 1536, 1.002 at 1600, 1.009 at 2048, 1.000 at
     2560, 4096, 5140, 12288, 1.004 at 16384 (the ring one row deep, `PlannerRules`),
     1.000 at 20480. Rows one warp covers never get here by default: `plan_launch` gives
@@ -592,6 +602,8 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
     """
     rules = rules or RULES
     staged_fits = any(p.prefetch and p.param_cache != "global" for p in plans)
+    registers_fit = any(p.prefetch and p.param_cache == "registers" and not p.packed
+                        for p in plans)
 
     def breaks_rules(p: LaunchPlan) -> int:
         broken = 0
@@ -611,7 +623,8 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
             broken += p.one_pass != want
         elif p.one_pass:
             broken += 1
-        broken += p.packed != (rules.packed_row and p.x_staged and value_bytes == 2)
+        broken += p.packed != (rules.packed_row and p.x_staged and value_bytes == 2
+                               and p.param_cache == "registers" and not registers_fit)
         return broken
 
     plans = [p for p in plans if breaks_rules(p) == min(map(breaks_rules, plans))]
