@@ -371,9 +371,33 @@ def test_every_candidate_plan_compiles_without_spills(hidden):
                                 param_cache=cand.param_cache, prefetch=cand.prefetch,
                                 x_staged=cand.x_staged or None,
                                 stages=cand.stages if cand.x_staged else None,
-                                one_pass=cand.one_pass or None)
+                                one_pass=cand.one_pass or None, packed=cand.packed or None)
         assert s.plan == cand
         _check_compiled(s, _compile(s, "sm_90"))
+
+
+def test_packed_row_where_the_tensors_fit_registers_only_so():
+    """16384: four 1-D tensors and an fp32 row slice do not fit a 512-thread block's
+    registers; with the row slice in 16 bits they do, and the planner takes that plan.
+    The packed kernel keeps t9 = half(x + b0) and adds b1 again in every pass."""
+    spec = NormalizationSpec.reference_fusion(8192, 16384)
+    plan = spec.plan
+    assert plan.packed and plan.param_cache == "registers" and plan.x_staged
+    src = render_normalization(spec)
+    assert "Vec<unsigned short, kVec> pv[kBatch];" in src and "float v[kBatch][kVec];" not in src
+    assert "#define VAL(i, e) (f16_to_f32(pv[i].e[e]) + f16_to_f32(c_b1[(i)].e[e]))" in src
+    _check_compiled(spec, _compile(spec, "sm_90"))
+    # where the tensors fit beside the fp32 row, no packing (its recompute costs more)
+    for hidden in (1600, 4096, 12288):
+        assert not NormalizationSpec.reference_fusion(8192, hidden).plan.packed
+    # a layer_norm without a prologue packs x itself: VAL is x's value
+    ln = NormalizationSpec.layer_norm(8192, 16384, 1e-5, "float16", threads_per_row=512,
+                                      batch=4, param_cache="registers", x_staged=True,
+                                      packed=True)
+    assert "#define VAL(i, e) f16_to_f32(pv[i].e[e])" in render_normalization(ln)
+    with pytest.raises(LoweringError, match="packed"):
+        NormalizationSpec.reference_fusion(8192, 16384, param_cache="global", x_staged=True,
+                                           packed=True, threads_per_row=512, batch=4)
 
 
 @pytest.mark.parametrize("hidden", [2048, 12288, 20480])
