@@ -506,7 +506,7 @@ def test_l2_hint_variants_render_and_compile_without_spills(hidden, hint):
         s = dataclasses.replace(spec, threads_per_row=cand.threads_per_row, batch=cand.batch,
                                 rows_per_block=cand.rows_per_block, param_cache=cand.param_cache,
                                 prefetch=True, x_staged=True, stages=cand.stages,
-                                l2_hint=hint)
+                                l2_hint=hint, packed=cand.packed or None)
         assert s.plan == cand and s.plan.describe().endswith(" " + hint)
         src = render_normalization(s)
         assert ("L2::cache_hint" in src) == (hint == "evict_first")
