@@ -122,15 +122,19 @@ def test_mlp_block_under_autocast(world, comm):
     _check_mlp_block(y, xl, block, x, w1, w2, grad, rows, rank, d)
 
 
-def test_training_loss_matches_the_reference(world):
+@pytest.mark.parametrize("extra", [
+    ["--comm=torch"],               # the layers over the caller's NCCL group, exact GELU
+    ["--activation=gelu_tanh"],     # the fused MLP (GELU in the GEMM epilogues), default comm
+])
+def test_training_loss_matches_the_reference(world, extra):
     from hostir.jobs import train_mlp
 
     rank, d, dev = world
     args = train_mlp.parse([f"--hidden={64 * d}", "--ffn-mult=2", f"--tokens={128 * d}",
-                            "--steps=8", "--stages=2", "--dtype=bfloat16", "--comm=torch",
-                            "--device=cuda", "--lr=0.2"])
+                            "--steps=8", "--stages=2", "--dtype=bfloat16", "--device=cuda",
+                            "--lr=0.2", *extra])
     losses = train_mlp.train(args)
-    ref = train_mlp.train_reference(args)  # one process, CPU, bf16
+    ref = train_mlp.train_reference(args)  # one process, CPU, bf16, the same GELU unfused
     for step, (a, b) in enumerate(zip(losses, ref)):
         assert abs(a - b) <= 3e-2 * abs(b), (step, a, b)
 
