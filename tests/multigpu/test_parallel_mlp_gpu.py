@@ -1,6 +1,7 @@
 """ParallelMLP on 2 GPUs (GELU fused into cuBLASLt epilogues): outputs and every gradient
 against a float64 reference and against the unfused layers with the same tanh GELU, over
-the copy-engine ring and the caller's NCCL group (its training loop: tests/multigpu/test_tp_layers_gpu.py).
+the copy-engine ring and the caller's NCCL group (its training loop is tested in
+tests/multigpu/test_tp_layers_gpu.py).
 `mpirun -np 2 python -m pytest --with-mpi tests/multigpu/test_parallel_mlp_gpu.py`."""
 
 import pytest
