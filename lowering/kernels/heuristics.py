@@ -57,6 +57,12 @@ WGMMA_CONFIGS: tuple[tuple[int, int, int, int, int, int, str], ...] = (
     (128, 256, 64, 8, 1, 4, "ptma"),  # TMA, persistent CTAs, C stored from registers
     (256, 128, 64, 8, 1, 4, "ptma"),
     (128, 128, 64, 8, 1, 6, "ptma"),
+    # Ping-pong persistent TMA (feed "pptma"): each warpgroup a whole unit tile, in turn,
+    # so one's C store overlaps the other's mainloop. 128x128 (two m64n128 a k-step) and
+    # 64x256 (one m64n256): 128 accumulators a thread either way. Timed by the autotuner;
+    # no TILE_EFFICIENCY entry yet.
+    (128, 128, 64, 8, 1, 6, "pptma"),
+    (64, 256, 64, 8, 1, 5, "pptma"),
     # 2-CTA clusters multicasting B (feed "ctma"). The first version ran at half the TMA
     # feed's speed: its remote slot releases were .release.cluster arrives (a
     # cluster-scope fence per warp per K-tile; benchmarks/cluster_probe.py). The
@@ -69,6 +75,7 @@ CLUSTER_CONFIGS = tuple(c for c in WGMMA_CONFIGS if c[6] == "ctma")
 FEEDS = {"sync": {}, "ws": {"warp_specialized": True},
          "tma": {"warp_specialized": True, "tma": True},
          "ptma": {"warp_specialized": True, "tma": True, "persistent": True},
+         "pptma": {"warp_specialized": True, "tma": True, "persistent": True, "pingpong": True},
          "ctma": {"warp_specialized": True, "tma": True, "cluster_m": 2}}
 
 # Relative MMA throughput of each tile config: its measured unsplit TFLOP/s on an H200

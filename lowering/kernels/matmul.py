@@ -61,7 +61,8 @@ TMA_PRODUCER_WARPS = 1
 # memory, are the `tmaps` kernel argument of a TMA kernel.
 TENSOR_MAP_BYTES = 128
 # Kernel-name suffix (and body key) of each feed.
-FEED_SUFFIX = {"sync": "", "ws": "_ws", "tma": "_tma", "ptma": "_ptma", "ctma": "_ctma"}
+FEED_SUFFIX = {"sync": "", "ws": "_ws", "tma": "_tma", "ptma": "_ptma", "ctma": "_ctma",
+               "pptma": "_pptma"}
 # Alignment (bytes) of wgmma's shared-memory operands: one 128-byte swizzle atom (8 rows).
 SWIZZLE_ALIGN = 1024
 
@@ -112,6 +113,10 @@ class MatmulSpec:
     # vertically adjacent tiles); each loads 1/cluster_m of the B tile they share and
     # multicasts it to both, so B's L2-to-SM traffic halves.
     cluster_m: int = 1
+    # persistent only (feed "pptma"): ping-pong. Each of the two warpgroups owns whole
+    # units (tile_m x tile_n, every other unit of the CTA), so one stores its C while the
+    # other runs its mainloop: the epilogue leaves the tensor cores' critical path.
+    pingpong: bool = False
 
     def __post_init__(self):
         def need(cond: bool, what: str):
@@ -128,8 +133,9 @@ class MatmulSpec:
         need(self.tile_k in (32, 64), "tile_k must be 32 or 64")
         need(self.warps_m >= 1 and self.warps_n >= 1 and self.warps in (2, 4, 8),
              "warps_m * warps_n must be 2, 4 or 8")
-        need(self.tile_m % (16 * self.warps_m) == 0,
-             "tile_m must be a multiple of 16 * warps_m (an m16 MMA per warp row)")
+        need(self.tile_m % (16 * (4 if self.pingpong else self.warps_m)) == 0,
+             "tile_m must be a multiple of 16 * warps_m (an m16 MMA per warp row; with "
+             "pingpong, of the 4 warps of a warpgroup)")
         need(self.tile_n % (16 * self.warps_n) == 0,
              "tile_n must be a multiple of 16 * warps_n (ldmatrix.x4 loads two n8 tiles)")
         need(self.tile_n % 64 == 0 or self.layout == "TN",
@@ -150,8 +156,10 @@ class MatmulSpec:
             need(self.tile_k == 64, "wgmma needs tile_k 64 (one 128-byte swizzle row)")
             need(self.warps_n == 1 and self.warps_m in (4, 8),
                  "wgmma: warps_n must be 1 and warps_m 4 or 8 (warpgroups stacked along M)")
-            need((self.tile_m // self.warpgroups) % 64 == 0 and self.tile_m % self.warpgroups == 0,
-                 "wgmma: each warpgroup's rows (tile_m / warpgroups) must be a multiple of 64")
+            need(self.tile_m % 64 == 0 if self.pingpong else
+                 (self.tile_m // self.warpgroups) % 64 == 0 and self.tile_m % self.warpgroups == 0,
+                 "wgmma: each warpgroup's rows (tile_m / warpgroups; tile_m with pingpong) "
+                 "must be a multiple of 64")
             need(self.tile_n % 64 == 0 and self.tile_n <= 256,
                  "wgmma: tile_n must be 64, 128, 192 or 256 (one m64nNk16 per 64 rows)")
             need(self.stages >= 3, "wgmma: stages must be >= 3 (one wgmma group in flight)")
@@ -162,6 +170,8 @@ class MatmulSpec:
         need(self.cluster_m in (1, 2), "cluster_m must be 1 or 2")
         need(self.cluster_m == 1 or (self.tma and not self.persistent),
              "cluster_m 2 needs the (non-persistent) tma feed")
+        need(not self.pingpong or (self.persistent and self.warps_m == 8),
+             "pingpong needs the persistent feed and two warpgroups (warps_m 8)")
         arch = 90 if self.instr == "wgmma" else 80
         need(self.smem_bytes <= MAX_SMEM_BYTES[arch],
              f"shared memory {self.smem_bytes} B exceeds {MAX_SMEM_BYTES[arch]} B (sm_{arch})")
@@ -185,9 +195,12 @@ class MatmulSpec:
     def feed(self) -> str:
         """How the smem ring is filled: "sync" (every thread, cp.async, CTA barriers),
         "ws" (producer warps, cp.async + mbarriers), "tma" (one producer thread, TMA) or
-        "ptma" (TMA, persistent CTAs, C stored from registers)."""
+        "ptma" (TMA, persistent CTAs, C stored from registers) or "pptma" (the same,
+        ping-pong warpgroups)."""
         if self.tma:
-            return "ptma" if self.persistent else ("ctma" if self.cluster_m > 1 else "tma")
+            if self.persistent:
+                return "pptma" if self.pingpong else "ptma"
+            return "ctma" if self.cluster_m > 1 else "tma"
         return "ws" if self.warp_specialized else "sync"
 
     @property
@@ -197,6 +210,8 @@ class MatmulSpec:
 
     @property
     def accumulators_per_thread(self) -> int:
+        if self.pingpong:  # a warpgroup (128 threads) holds a whole unit tile
+            return self.tile_m * self.tile_n // 128
         return (self.tile_m // self.warps_m) * (self.tile_n // self.warps_n) // 32
 
     @property
@@ -225,7 +240,7 @@ class MatmulSpec:
         """The fields the generated source depends on (mode, split, bias are arguments)."""
         return (self.a_dtype, self.b_dtype, self.out_dtype, self.layout, self.tile_m,
                 self.tile_n, self.tile_k, self.warps_m, self.warps_n, self.stages, self.instr,
-                self.warp_specialized, self.tma, self.persistent, self.cluster_m)
+                self.warp_specialized, self.tma, self.persistent, self.cluster_m, self.pingpong)
 
     def arch(self, major: int, minor: int) -> str:
         """The NVRTC target for a device of this compute capability: wgmma needs sm_90a."""
@@ -517,6 +532,20 @@ __device__ __forceinline__ void unit_coords(int u, int tiles_m, int tiles_n, int
 // The compute warps' own barrier (named barrier 1): the producer warp never joins.
 __device__ __forceinline__ void consumer_sync() {
   asm volatile("bar.sync 1, %0;\n" :: "n"(CONSUMER_WARPS * 32) : "memory");
+}
+// PINGPONG turns: the warpgroup whose turn it is waits (bar.sync) on named barrier
+// `id` until the other, done with its mainloop, arrives (bar.arrive): 256 threads.
+__device__ __forceinline__ void turn_wait(int id) {
+  asm volatile("bar.sync %0, 256;\n" :: "r"(id) : "memory");
+}
+__device__ __forceinline__ void turn_pass(int id) {
+  asm volatile("bar.arrive %0, 256;\n" :: "r"(id) : "memory");
+}
+// The barrier of the threads that store one unit: every compute warp, or (PINGPONG) the
+// 4 warps of warpgroup wg (named barrier 2 + wg).
+__device__ __forceinline__ void group_sync(int wg) {
+  if constexpr (PINGPONG) asm volatile("bar.sync %0, 128;\n" :: "r"(2 + wg) : "memory");
+  else consumer_sync();
 }
 """,
     "issue_stage": r"""
@@ -822,8 +851,14 @@ PTMA_BODY = r"""
   // runs ahead across units: it loads the next unit's first K-tiles while the warpgroups
   // store this unit's C from registers. Ring slot and phase follow a running K-tile
   // count `it`, the same sequence on both sides.
+  // PINGPONG: the warpgroups take the CTA's units in turn (local index j: warpgroup j % 2),
+  // each the whole unit tile. The ring holds the units' K-tiles in order, so the
+  // mainloops follow one another and a warpgroup's C store overlaps the other's
+  // mainloop. A warpgroup counts the K-tiles of the units it skips into `it`; each slot
+  // is released by the 4 warps of one warpgroup, and a warpgroup's turn-taking (serial
+  // split-K) runs on its own leader thread and named barrier.
   __shared__ __align__(8) unsigned long long full_bar[STAGES], empty_bar[STAGES];
-  init_ring_barriers(full_bar, empty_bar, CONSUMER_WARPS);
+  init_ring_barriers(full_bar, empty_bar, PINGPONG ? 4 : CONSUMER_WARPS);
   __syncthreads();  // the last CTA-wide barrier: the producer warp leaves early
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
   const int ktiles = (K + BK - 1) / BK;
@@ -844,21 +879,32 @@ PTMA_BODY = r"""
     return;
   }
 
-  const unsigned base = smem_addr(smem) + wg * WG_ROWS * BK * 2;
+  const unsigned base = smem_addr(smem) + (PINGPONG ? 0 : wg * WG_ROWS * BK * 2);
+  const int leader = PINGPONG ? wg * 128 : 0;  // the thread that takes the turns
   float acc[MI][NACC];
-  int it = 0;
-  for (int u = blockIdx.x; u < units; u += gridDim.x) {
+  int it = 0, j = 0;
+  for (int u = blockIdx.x; u < units; u += gridDim.x, ++j) {
     unit_coords(u, tiles_m, tiles_n, ktiles, split, tile, slice, m0, n0, kt0, nk);
+    if (PINGPONG && (j & 1) != wg) {  // the other warpgroup's unit
+      it += nk;
+      continue;
+    }
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
       for (int j = 0; j < NACC; ++j) acc[mi][j] = 0.f;
+    // PINGPONG: a warpgroup waits for the other to have passed every wait of its
+    // previous unit's mainloop before it waits on its own first K-tile: a full barrier's
+    // parity tells only one phase from the next, and this unit's slots are several
+    // phases ahead of the ring until then (named barrier 4 + wg: 128 arrive, 128 sync).
+    if (PINGPONG && j > 0) turn_wait(4 + wg);
     for (int kt = 0; kt < nk; ++kt, ++it) {
       const int s = it % STAGES;
       consume_stage(acc, base, smem, s, smem_addr(&full_bar[s]), (it / STAGES) & 1);
       // K-tile it-1's group retired: its slot goes back to the producer
       if (kt > 0 && lane == 0) mbar_arrive(smem_addr(&empty_bar[(it - 1) % STAGES]));
     }
+    if (PINGPONG && u + gridDim.x < units) turn_pass(4 + (1 - wg));
     wgmma_wait<0>();
     fence_acc(acc);
     if (nk > 0 && lane == 0) mbar_arrive(smem_addr(&empty_bar[(it - 1) % STAGES]));
@@ -875,11 +921,11 @@ PTMA_BODY = r"""
     const bool pairs_ws = (N % 2) == 0;
     const bool pairs_out = pairs_ws && (ldc % 2) == 0 &&
                            (reinterpret_cast<size_t>(C) % (2 * sizeof(out_t))) == 0;
-    const int row0 = m0 + wg * WG_ROWS + wq * 16 + (lane >> 2);
+    const int row0 = m0 + (PINGPONG ? 0 : wg * WG_ROWS) + wq * 16 + (lane >> 2);
     const int col0 = n0 + (lane & 3) * 2;
     if (add_earlier) {
-      if (tid == 0) sem_spin(sem, slice);
-      consumer_sync();
+      if (tid == leader) sem_spin(sem, slice);
+      group_sync(wg);
     }
     // EPI_PAIRS column pairs at a time: their running-sum loads are issued together
     // (one round trip for the group), then the group is stored. A 9-warp CTA gets 168
@@ -945,12 +991,12 @@ PTMA_BODY = r"""
       }
     if (mode == MODE_SERIAL) {
       if (last) {
-        consumer_sync();         // every compute thread has read the workspace
-        if (tid == 0) *sem = 0;  // back to zero for the next matmul on this stream
+        group_sync(wg);               // every compute thread has read the workspace
+        if (tid == leader) *sem = 0;  // back to zero for the next matmul on this stream
       } else {
         __threadfence();
-        consumer_sync();
-        if (tid == 0) sem_post(sem, slice + 1);
+        group_sync(wg);
+        if (tid == leader) sem_post(sem, slice + 1);
       }
     }
   }
@@ -1126,6 +1172,7 @@ BODIES: dict[str, tuple[str, ...]] = {
     "wgmma_ws": (WGMMA_SETUP, TILE_HEAD, WS_PROLOGUE, PRODUCER_CP_ASYNC, WS_CONSUMER, EPILOGUE),
     "wgmma_tma": (WGMMA_SETUP, TILE_HEAD, WS_PROLOGUE, PRODUCER_TMA, WS_CONSUMER, EPILOGUE),
     "wgmma_ptma": (WGMMA_SETUP, PTMA_BODY),
+    "wgmma_pptma": (WGMMA_SETUP, PTMA_BODY),
     "wgmma_ctma": (WGMMA_SETUP, TILE_HEAD, WS_PROLOGUE, PRODUCER_TMA, WS_CONSUMER, EPILOGUE),
 }
 SNIPPET_NAMES: dict[str, tuple[str, ...]] = {
@@ -1140,6 +1187,9 @@ SNIPPET_NAMES: dict[str, tuple[str, ...]] = {
                   "issue_stage", "mbarrier", "consume_stage", "tma", "store_out"),
     "wgmma_ptma": ("convert", "min_max", "ptx", "semaphore", "wgmma_ptx", "wgmma_instr",
                    "issue_stage", "unit_coords", "mbarrier", "consume_stage", "tma", "store_out"),
+    "wgmma_pptma": ("convert", "min_max", "ptx", "semaphore", "wgmma_ptx", "wgmma_instr",
+                    "issue_stage", "unit_coords", "mbarrier", "consume_stage", "tma",
+                    "store_out"),
     "wgmma_ctma": ("convert", "min_max", "ptx", "semaphore", "wgmma_ptx", "wgmma_instr",
                    "issue_stage", "mbarrier", "consume_stage", "tma", "store_out"),
 }
@@ -1152,8 +1202,9 @@ def _prelude(spec: MatmulSpec) -> str:
     wtm, wtn = spec.tile_m // spec.warps_m, spec.tile_n // spec.warps_n
     if spec.instr == "wgmma":
         # Each warpgroup: WG_ROWS rows = MI stacked m64 wgmmas of the CTA's full BN.
-        wg_rows = spec.tile_m // spec.warpgroups
+        wg_rows = spec.tile_m if spec.pingpong else spec.tile_m // spec.warpgroups
         tiling = {"WG_ROWS": wg_rows, "MI": wg_rows // 64, "NACC": spec.tile_n // 2,
+                  "PINGPONG": spec.pingpong,
                   "SWIZZLE_ALIGN": SWIZZLE_ALIGN, "CONSUMER_WARPS": spec.warps,
                   "PRODUCER_WARPS": spec.producer_warps, "USE_TMA": spec.tma,
                   "FULL_ARRIVALS": 1 if spec.tma else spec.producer_warps * 32,

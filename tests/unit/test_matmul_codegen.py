@@ -201,8 +201,8 @@ def test_gpu_wgmma_check_plan_and_crash_bookkeeping(tmp_path):
 
     groups = check.plan(((512, 512, 4096), (4096, 4096, 1024)))
     names = [g["name"] for g in groups]
-    assert names == ["wgmma_sync", "wgmma_ws", "wgmma_tma", "wgmma_ptma", "wgmma_ctma",
-                     "heuristics"]
+    assert names == ["wgmma_sync", "wgmma_ws", "wgmma_tma", "wgmma_ptma", "wgmma_pptma",
+                     "wgmma_ctma", "heuristics"]
     for g in groups:
         for v in g["variants"]:
             MatmulSpec(**v["spec"])  # valid
