@@ -79,11 +79,12 @@ FEEDS = {"sync": {}, "ws": {"warp_specialized": True},
          "ctma": {"warp_specialized": True, "tma": True, "cluster_m": 2}}
 
 # Relative MMA throughput of each tile config: its measured unsplit TFLOP/s on an H200
-# (8192x8192x8192 bf16 TN, autotune table of benchmarks/results/matmul_NVIDIA_H200.json;
+# (8192x8192x8192 bf16 TN, autotune table of benchmarks/results/matmul_NVIDIA_H200_d265464.json
+# and earlier;
 # 128x128x32 with 4 warps = 385 TF/s = 1.0). The 8-warp configs run one CTA per SM and
 # hide latency worse than two 4-warp CTAs; 128x128x64 with 4 warps spills 8 bytes.
 # A config not listed gets 0.7. The autotuner measures the real thing per shape.
-# The wgmma entries are measured too (benchmarks/results/wgmma_check_NVIDIA_H200.json,
+# The wgmma entries are measured too (benchmarks/results/wgmma_check_NVIDIA_H200_e3c8c5d.json,
 # 8192^3, the mma.sync 128x128x32 tile at 0.443 of cuBLAS = 1.0): the TMA feed is the
 # fastest on every shape of the matmul benchmark (0.87-0.97 of cuBLAS), the all-thread
 # cp.async feed next (0.80-0.86), and the producer-warp cp.async feed last (0.40-0.45:
