@@ -251,7 +251,7 @@ def sweep_specs(spec):
                                 x_staged=p.x_staged or None,
                                 stages=p.stages if p.x_staged else None,
                                 one_pass=p.one_pass or None, l2_hint=p.l2_hint or None,
-                                packed=p.packed or None)
+                                packed=p.packed or None, x_bulk=p.x_bulk or None)
             for p in plans]
 
 

@@ -198,6 +198,12 @@ class LaunchPlan:
     benchmarks/results/norm_params_probe_nvidia-h200.json: layer_norm, two tensors in
     registers, 0.91 of copy bandwidth at 16384; the fusion's four in shared memory 0.81).
 
+    ``x_bulk`` (``x_staged``, rows a multiple of 16 bytes, 16-byte vectors): each row of x
+    lands in its shared buffer by one bulk copy (``cp.async.bulk``, the TMA engine's 1-D
+    form, no tensor map) that the row's first thread issues and an mbarrier completes,
+    instead of one cp.async a vector by every thread: the load instructions of a row
+    drop from its vectors to one.
+
     ``l2_hint`` (``x_staged``; "" none): an L2 hint on the cp.async
     of x, which is read once. ``"evict_first"``: an L2::evict_first cache policy
     (``createpolicy``), so the lines of x go before the 1-D tensors (re-read every row
@@ -222,6 +228,7 @@ class LaunchPlan:
     one_pass: bool = False  # mean and variance in one reduction, one barrier a row
     l2_hint: str = ""  # x_staged: an L2 hint on the cp.async of x (L2_HINTS)
     packed: bool = False  # x_staged: the row slice held as 16-bit values (see above)
+    x_bulk: bool = False  # x_staged: each row by one bulk copy (see above)
 
     @property
     def persistent(self) -> bool:
@@ -291,6 +298,7 @@ class LaunchPlan:
                 + (str(self.stages) if self.x_staged and self.stages > 1 else "")
                 + (" 1pass" if self.one_pass else "")
                 + (" packed" if self.packed else "")
+                + (" bulk" if self.x_bulk else "")
                 + (f" {self.l2_hint}" if self.l2_hint else ""))
 
 
@@ -450,7 +458,15 @@ def persistent_candidates(hidden: int, vector_width: int, value_bytes: int,
                     if plan.dynamic_shared_bytes + plan.shared_bytes > SHARED_PER_BLOCK:
                         continue
                     plans.append(plan)
+                    if x_staged and bulk_ok(hidden, vector_width, value_bytes) and not one_pass:
+                        plans.append(dataclasses.replace(plan, x_bulk=True))
     return plans
+
+
+def bulk_ok(hidden: int, vector_width: int, value_bytes: int) -> bool:
+    """Whether a row of x can come by one bulk copy: 16-byte vectors (so every row starts
+    16-byte aligned) and a row a multiple of 16 bytes (the copy's granule)."""
+    return vector_width * value_bytes == 16 and hidden * value_bytes % 16 == 0
 
 
 def _pass_and_packing(x_staged: bool, threads_per_row: int, value_bytes: int):
@@ -520,6 +536,8 @@ class PlannerRules:
       0.881 of copy bandwidth against 0.818 for the best unpacked plan, tensors in L2).
       Where the tensors fit beside the fp32 row the recomputed tail costs more than the
       registers save (packed twins 0.93-0.99x, a few 1.02-1.14x).
+    - ``bulk_x``: stage x by one bulk copy a row (``LaunchPlan.x_bulk``) wherever the row
+      allows it. Off until a sweep with bulk plans says otherwise.
     - ``l2_hint``: the `L2_HINTS` hint the chosen plan puts on the cp.async of x when it
       stages x. Not yet timed (the sweep after 75f9994 times each
       hint on the planner's first two plans a size): "" until a sweep says otherwise.
@@ -530,6 +548,7 @@ class PlannerRules:
     global_params: bool = False
     l2_hint: str = ""
     packed_row: bool = False
+    bulk_x: bool = False
 
 
 RULES = PlannerRules(deep_below=64 * 1024, one_pass_warps=0, global_params=True, packed_row=True)
@@ -537,7 +556,8 @@ RULE_GRID = {"deep_below": (0, 32 * 1024, 48 * 1024, 64 * 1024, 1 << 30),
              "one_pass_warps": (0, 2, 4, 8, 16),
              "global_params": (False, True),
              "l2_hint": L2_HINTS,
-             "packed_row": (False, True)}
+             "packed_row": (False, True),
+             "bulk_x": (False, True)}
 
 
 def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
@@ -625,6 +645,8 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
             broken += 1
         broken += p.packed != (rules.packed_row and p.x_staged and value_bytes == 2
                                and p.param_cache == "registers" and not registers_fit)
+        broken += p.x_bulk != (rules.bulk_x and p.x_staged and not p.one_pass
+                               and bulk_ok(hidden, p.vector_width, value_bytes))
         return broken
 
     plans = [p for p in plans if breaks_rules(p) == min(map(breaks_rules, plans))]
@@ -655,7 +677,7 @@ def hint_variants(plans: list[LaunchPlan], hidden: int, value_bytes: int,
                   base: int = 2) -> list[LaunchPlan]:
     """The plans a sweep times with each `L2_HINTS` hint: the first ``base`` plans of
     ``plans`` by `choose_persistent`'s order that can take one (x staged), not the cross product of every candidate with every hint."""
-    fit = [p for p in plans if p.x_staged and not p.l2_hint]
+    fit = [p for p in plans if p.x_staged and not p.l2_hint and not p.x_bulk]
     picked: list[LaunchPlan] = []
     rules = dataclasses.replace(RULES, l2_hint="")
     while fit and len(picked) < base:
@@ -681,6 +703,7 @@ def plan_launch(
     one_pass: bool | None = None,
     l2_hint: str | None = None,
     packed: bool | None = None,
+    x_bulk: bool | None = None,
 ) -> LaunchPlan:
     """Pick the kernel (row-wise or persistent), threads per row, the persistent batch
     and rows per block for ``hidden``.
@@ -725,14 +748,17 @@ def plan_launch(
         raise LoweringError("normalization plan: one_pass needs the persistent kernel")
     if l2_hint is not None and l2_hint not in L2_HINTS:
         raise LoweringError(f"normalization plan: l2_hint {l2_hint!r}: expected one of {list(L2_HINTS)}")
+    if x_bulk and (x_staged is False or not bulk_ok(hidden, vector_width, value_bytes)):
+        raise LoweringError("normalization plan: x_bulk copies each row of x whole: it needs "
+                            "x_staged, 16-byte vectors and rows a multiple of 16 bytes")
     if packed and (x_staged is False or value_bytes != 2):
         raise LoweringError("normalization plan: packed holds the staged row slice as 16-bit "
                             "values: it needs x_staged and a 16-bit x")
     if l2_hint:
         best = plan_launch(hidden, vector_width, value_bytes, threads_per_row, batch,
                            rows_per_block, param_cache, prefetch, param_bytes, x_staged,
-                           bf16, stages, one_pass, None, packed)
-        if not best.x_staged:
+                           bf16, stages, one_pass, None, packed, x_bulk)
+        if not best.x_staged or best.x_bulk:
             raise LoweringError(f"normalization plan: l2_hint {l2_hint!r} is a hint on the "
                                 "cp.async of x: it needs x_staged")
         return dataclasses.replace(best, l2_hint=l2_hint)
@@ -774,9 +800,11 @@ def plan_launch(
                 f"registers a thread (+{margin} margin), over the {_register_budget(t * r)} a "
                 f"{t * r}-thread block may use"
             )
+        if x_bulk and not staged_x:
+            raise LoweringError("normalization plan: x_bulk needs x staged (x_staged)")
         plan = LaunchPlan(vector_width, t, b, r, estimate, cache, pre,
                           param_bytes if cache != "none" else 0, staged_x, value_bytes,
-                          depth, single, "", pack)
+                          depth, single, "", pack, bool(x_bulk))
         if plan.dynamic_shared_bytes + plan.shared_bytes > SHARED_PER_BLOCK:
             raise LoweringError(
                 f"normalization plan: {plan.dynamic_shared_bytes} bytes of staged 1-D tensors "
@@ -785,7 +813,7 @@ def plan_launch(
     one_warp = [p for p in candidate_plans(hidden, vector_width, value_bytes)
                 if p.threads_per_row == WARP]
     if (param_cache is None and prefetch is None and x_staged is None and stages is None
-            and one_pass is None and packed is None and one_warp):
+            and one_pass is None and packed is None and x_bulk is None and one_warp):
         # Rule 0: a row one warp covers (<= 32 values a thread) runs the row-wise kernel,
         # one warp a row, four rows a block. Neither kernel has a block barrier then;
         # the row-wise kernel re-reads the 1-D tensors every row, but a column's are 8
@@ -813,6 +841,8 @@ def plan_launch(
             plans = [p for p in plans if p.one_pass == one_pass]
         if packed is not None:
             plans = [p for p in plans if p.packed == packed]
+        if x_bulk is not None:
+            plans = [p for p in plans if p.x_bulk == x_bulk]
         if not plans:
             raise LoweringError(
                 f"normalization: hidden={hidden} needs more than {MAX_THREADS_PER_BLOCK} threads x "
@@ -864,7 +894,7 @@ class NormalizationSpec:
     prologue, ``weight`` and ``bias`` of the norm (when present), one per `AddBroadcast`
     of the epilogue, the output ``y``, and ``rows`` (int32). `parameter_names` lists
     the tensors. ``alignment`` is the byte alignment every base pointer is known to
-    have (torch allocations: 256; a slice: less). The last ten fields override the
+    have (torch allocations: 256; a slice: less). The last eleven fields override the
     heuristic plan (benchmark sweeps, tests): ``param_cache="none"`` is the row-wise
     kernel, ``"registers"``/``"shared"`` the persistent one (see `LaunchPlan`).
     """
@@ -887,6 +917,7 @@ class NormalizationSpec:
     one_pass: bool | None = None
     l2_hint: str | None = None
     packed: bool | None = None
+    x_bulk: bool | None = None
 
     def __post_init__(self):
         for what, n in (("rows", self.rows), ("hidden", self.hidden)):
@@ -971,6 +1002,7 @@ class NormalizationSpec:
             one_pass=self.one_pass,
             l2_hint=self.l2_hint,
             packed=self.packed,
+            x_bulk=self.x_bulk,
         )
 
     @property
@@ -1342,7 +1374,29 @@ extern "C" __global__ void __launch_bounds__({p.block_threads}, {p.min_blocks_pe
   Vec<{tx}, kVec>* s_xbuf = reinterpret_cast<Vec<{tx}, kVec>*>(staged + {self.x_offset})
                          + row_in_block * (kStages + 1) * kSlotsPerRow;
   int buf = 0;
+""")
+            if p.x_bulk:
+                out.append(f"""  // x_bulk: each row by one bulk copy that the row's first thread issues; buffer b's
+  // mbarrier completes a phase when its row landed. The block's n-th row (n from 0) is
+  // in buffer n % (kStages + 1), on that buffer's phase n / (kStages + 1).
+  constexpr unsigned kRowBytes = kHidden * sizeof({tx});
+  __shared__ __align__(8) unsigned long long xbar[kRowsPerBlock][kStages + 1];
+  if (lane == 0) {{
+    for (int k = 0; k <= kStages; ++k) bulk_bar_init(&xbar[row_in_block][k]);
+  }}
+  __syncthreads();
+  int nrow = 0;
+  if (lane == 0) {{
 #pragma unroll
+    for (int k = 0; k < kStages; ++k) {{
+      const int r = (blockIdx.x + k * gridDim.x) * kRowsPerBlock + row_in_block;
+      bulk_row(s_xbuf + k * kSlotsPerRow, in_x + (size_t)r * kHidden, kRowBytes,
+               &xbar[row_in_block][k], r < rows);
+    }}
+  }}
+""")
+            else:
+                out.append("""#pragma unroll
   for (int k = 0; k < kStages; ++k)
     stage_row(s_xbuf + k * kSlotsPerRow, in_x,
               (blockIdx.x + k * gridDim.x) * kRowsPerBlock + row_in_block, rows, lane);
@@ -1368,7 +1422,24 @@ extern "C" __global__ void __launch_bounds__({p.block_threads}, {p.min_blocks_pe
             out.append("    int slot = lane;\n    opaque(slot);\n")
         if not p.prefetch:
             out.append("    load_row(xr, in_x, row, rows, lane);\n")
-        if p.x_staged:
+        if p.x_staged and p.x_bulk:
+            # the whole row's copy: wait for its buffer's phase; the buffer read one row
+            # ago takes the row kStages ahead, issued by the row's first thread once every
+            # thread of the row has read it (the last row's reduction barriers)
+            out.append("""\
+    bulk_wait(&xbar[row_in_block][buf], (nrow / (kStages + 1)) & 1);
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) xr[i] = s_xbuf[buf * kSlotsPerRow + i * kThreadsPerRow + lane];
+    const int ahead = buf == 0 ? kStages : buf - 1;
+    buf = buf == kStages ? 0 : buf + 1;
+    ++nrow;
+    if (lane == 0) {
+      const int r = (group + kStages * gridDim.x) * kRowsPerBlock + row_in_block;
+      bulk_row(s_xbuf + ahead * kSlotsPerRow, in_x + (size_t)r * kHidden, kRowBytes,
+               &xbar[row_in_block][ahead], r < rows);
+    }
+""")
+        elif p.x_staged:
             # this thread's own copies: waiting for its group is enough, no barrier
             out.append("""\
     cp_async_wait_group<kStages - 1>();
@@ -1391,7 +1462,7 @@ extern "C" __global__ void __launch_bounds__({p.block_threads}, {p.min_blocks_pe
         self._statistics()
         self._store()
         out.append("  }\n")
-        if p.x_staged:
+        if p.x_staged and not p.x_bulk:
             out.append("  cp_async_wait_all();  // no copy outlives the block (the last one only zero-fills)\n")
         out.append("}\n")
         helper = f"""\
@@ -1478,6 +1549,39 @@ __device__ __forceinline__ void stage_row_t(Vec<T, kVec>* buf, const T* __restri
 }}
 #define stage_row(buf, x, row, rows, lane) \\
   stage_row_t<{tx}, kVec, kBatch, kThreadsPerRow, kVectors, kFullBatches>(buf, x, row, rows, lane, kHidden)
+"""
+        if p.x_bulk:
+            helper += """\
+// x_bulk (PTX ISA: cp.async.bulk, mbarrier): one row of x, `bytes` long, into a shared
+// buffer by the TMA engine, completing its bytes on mbarrier `bar` (expected first);
+// a row past the end copies nothing and only arrives, so the phase still completes.
+__device__ __forceinline__ void bulk_bar_init(unsigned long long* bar) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\\n"
+               :: "r"((unsigned)__cvta_generic_to_shared(bar)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");
+}
+__device__ __forceinline__ void bulk_row(void* dst, const void* src, unsigned bytes,
+                                         unsigned long long* bar, bool ok) {
+  const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+  if (!ok) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\\n" :: "r"(b) : "memory");
+    return;
+  }
+  // the buffer was last read by ordinary loads: order them before the async-proxy write
+  asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\\n"
+               :: "r"(b), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1], %2, [%3];\\n"
+               :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "r"(bytes), "r"(b)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_wait(unsigned long long* bar, unsigned parity) {
+  asm volatile("{\\n.reg .pred done;\\nWAIT:\\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\\n"
+               "@!done bra WAIT;\\n}\\n"
+               :: "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(parity) : "memory");
+}
 """
         return render.Renderer().source(["convert"], SNIPPETS["preamble"].format(), helper,
                                         self._value_macro(), "".join(self.out))
@@ -1753,7 +1857,7 @@ def spec_params(spec: NormalizationSpec) -> tuple[tuple[str, object], ...]:
                ("prologue", _ops_to_text(spec.prologue)),
                ("epilogue", _ops_to_text(spec.epilogue)), ("alignment", spec.alignment)]
     for key in ("threads_per_row", "batch", "rows_per_block", "param_cache", "prefetch",
-                "x_staged", "stages", "one_pass", "l2_hint", "packed"):
+                "x_staged", "stages", "one_pass", "l2_hint", "packed", "x_bulk"):
         if getattr(spec, key) is not None:
             params.append((key, getattr(spec, key)))
     return tuple(params)
@@ -1774,6 +1878,6 @@ def spec_from_params(params) -> NormalizationSpec:
             _ops_from_text(p["prologue"], "prologue"), _ops_from_text(p["epilogue"], "epilogue"),
             p["alignment"], p.get("threads_per_row"), p.get("batch"), p.get("rows_per_block"),
             p.get("param_cache"), p.get("prefetch"), p.get("x_staged"), p.get("stages"),
-            p.get("one_pass"), p.get("l2_hint"), p.get("packed"))
+            p.get("one_pass"), p.get("l2_hint"), p.get("packed"), p.get("x_bulk"))
     except KeyError as e:
         raise LoweringError(f"normalization kernel: parameter {e.args[0]!r} is missing") from None

@@ -114,7 +114,8 @@ def test_every_candidate_plan_matches_float64(hidden, dtype):
                                   rows_per_block=p.rows_per_block, param_cache=p.param_cache,
                                   prefetch=p.prefetch, x_staged=p.x_staged or None,
                                   stages=p.stages if p.x_staged else None,
-                                  one_pass=p.one_pass or None, packed=p.packed or None)
+                                  one_pass=p.one_pass or None, packed=p.packed or None,
+                                  x_bulk=p.x_bulk or None)
               for p in persistent_candidates(hidden, width, 2, 8, name == "bfloat16")]
     assert [s.plan for s in specs[-len(persistent_candidates(hidden, width, 2, 8, name == "bfloat16")):]] \
         == persistent_candidates(hidden, width, 2, 8, name == "bfloat16")  # packed ones too

@@ -371,7 +371,8 @@ def test_every_candidate_plan_compiles_without_spills(hidden):
                                 param_cache=cand.param_cache, prefetch=cand.prefetch,
                                 x_staged=cand.x_staged or None,
                                 stages=cand.stages if cand.x_staged else None,
-                                one_pass=cand.one_pass or None, packed=cand.packed or None)
+                                one_pass=cand.one_pass or None, packed=cand.packed or None,
+                                x_bulk=cand.x_bulk or None)
         assert s.plan == cand
         _check_compiled(s, _compile(s, "sm_90"))
 
@@ -506,7 +507,8 @@ def test_l2_hint_variants_render_and_compile_without_spills(hidden, hint):
         s = dataclasses.replace(spec, threads_per_row=cand.threads_per_row, batch=cand.batch,
                                 rows_per_block=cand.rows_per_block, param_cache=cand.param_cache,
                                 prefetch=True, x_staged=True, stages=cand.stages,
-                                l2_hint=hint, packed=cand.packed or None)
+                                l2_hint=hint, packed=cand.packed or None,
+                                x_bulk=cand.x_bulk or None)
         assert s.plan == cand and s.plan.describe().endswith(" " + hint)
         src = render_normalization(s)
         assert ("L2::cache_hint" in src) == (hint == "evict_first")
