@@ -537,7 +537,12 @@ class PlannerRules:
       Where the tensors fit beside the fp32 row the recomputed tail costs more than the
       registers save (packed twins 0.93-0.99x, a few 1.02-1.14x).
     - ``bulk_x``: stage x by one bulk copy a row (``LaunchPlan.x_bulk``) wherever the row
-      allows it. Off until a sweep with bulk plans says otherwise.
+      allows it. Fitted: off. In the 626bc24 sweep (760 plans) the bulk twin of a plan
+      ran 0.88-1.13x its cp.async twin's speed: the best plan at 1600 (0.810 of copy
+      bandwidth against 0.787), 2048 (0.885/0.871), 2560 (0.876/0.855) and 16384 (t512 b4
+      packed, ring of 2: 0.905/0.875), slower at 768-1536, 4096, 12288 and 20480; no
+      threshold on the plan's dimensions separates the two groups, and on always the
+      worst size falls behind (`benchmarks/sweep_rules.py --fit`).
     - ``l2_hint``: the `L2_HINTS` hint the chosen plan puts on the cp.async of x when it
       stages x. Not yet timed (the sweep after 75f9994 times each
       hint on the planner's first two plans a size): "" until a sweep says otherwise.
