@@ -27,7 +27,11 @@ def add_arguments(p) -> None:
     p.add_argument("--streams", type=int, default=2)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--device", default="auto")
-    p.add_argument("--comm", default="auto", choices=["auto", "nccl", "torch", "mpi"])
+    p.add_argument("--comm", default="auto",
+                   choices=["auto", "nccl", "torch", "mpi", "copy_engine"])
+    p.add_argument("--schedule", default="pipelined", choices=["pipelined", "ring"],
+                   help="ring: SendRecv beside the GEMMs (with --comm copy_engine: peer "
+                        "writes and stream-memory barriers, which only the watchdog bounds)")
     p.add_argument("--iters", type=int, default=3)
 
 
@@ -42,7 +46,7 @@ def main(args) -> int:
     culprit = rank == args.fault_rank
     m = args.m * 2 if args.fault == "divergent_shape" and culprit else args.m
     program = lower(allgather_matmul(m, args.k, args.n, args.stages, world, args.dtype),
-                    world, args.streams, rank)
+                    world, args.streams, rank, schedule=args.schedule)
     g = torch.Generator().manual_seed(0)
     a = torch.randn(m, args.k, generator=g).to(DTYPES[args.dtype])
     b = torch.randn(args.k, args.n, generator=g).to(DTYPES[args.dtype])

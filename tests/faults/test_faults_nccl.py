@@ -21,6 +21,31 @@ pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 C
 
 NCCL_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
             "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def _ring_statements() -> tuple[int, int]:
+    """(statements a call, index of the first SendRecv) of the ring AllGather+GEMM the
+    fault job runs (its defaults: 64x32x16, 2 stages, 2 streams, 2 ranks), counted the
+    way HOSTIR_INJECT_FAULT counts them (FOR bodies once an iteration)."""
+    from hostir import ir
+    from lowering.patterns import allgather_matmul
+    from lowering.pipeline import lower
+
+    seq: list = []
+
+    def run(body):
+        for st in body:
+            seq.append(st)
+            if isinstance(st, ir.ForLoop):
+                for _ in range(st.start, st.stop):
+                    run(st.body)
+
+    run(lower(allgather_matmul(64, 32, 16, 2, 2, "float32"), 2, 2, 0, schedule="ring").body)
+    first = next(i for i, st in enumerate(seq) if isinstance(st, ir.Communication))
+    return len(seq), first
+
+
+RING_STATEMENTS, RING_FIRST_SENDRECV = _ring_statements()
 # name: (flags, HOSTIR_INJECT_FAULT, what every rank's output must name)
 SCENARIOS = {
     "healthy": ((), None, r"rank 1: ok"),
@@ -34,6 +59,13 @@ SCENARIOS = {
     "rank_stuck": ((), f"1:{SELECT_OF_STAGE_1}:hang",
                    r"\[rank 0\] hostir: CommTimeoutError: rank 0: NCCL Allgather of \d+ bytes "
                    r"did not complete within 10 s"),
+    # The ring over the copy engine: rank 1 stops in its second call (the first set up
+    # the symmetric buffers) just before its first SendRecv; rank 0's stream waits in a
+    # stream-memory barrier that nothing times out but the watchdog.
+    "rank_stuck_copy_engine": (("--comm", "copy_engine", "--schedule", "ring"),
+                               f"1:{RING_STATEMENTS + RING_FIRST_SENDRECV}:hang",
+                               r"\[rank 0\] hostir: CommTimeoutError: rank 0: NCCL copy-engine "
+                               r"SendRecv of \d+ bytes did not complete within 10 s"),
     "divergent_shapes": (("--fault", "divergent_shape"), None,
                          r"InputMismatchError: rank 0: inputs differ between ranks"),
     "bad_dtype": (("--fault", "bad_dtype"), None,
