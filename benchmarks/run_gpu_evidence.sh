@@ -39,3 +39,10 @@ done
 # 6. where the host time of an eager call goes (copy-engine ring, 2048^3)
 run 60 "${M[@]}" python3 benchmarks/host_profile.py 2>&1 | quiet | head -40 > "$OUT/host_profile.txt"
 head -12 "$OUT/host_profile.txt"
+# 7. the TP step's kernel trace (where a step spends its time beyond its GEMMs), the staged
+#    copy-engine SendRecv with large messages, and the fault scenarios (NCCL, copy engine)
+run 120 "${M[@]}" python3 benchmarks/trace_tp_step.py --out "$OUT/trace_tp_step" 2>&1 | quiet | tail -3
+run 150 "${M[@]}" python3 benchmarks/staged_sendrecv_stress.py --out "$OUT/staged_sendrecv_stress.json" \
+  2>&1 | grep -a "rank"
+HOSTIR_FAULT_EVIDENCE="$OUT/faults.json" run 400 python3 -m pytest -q -p no:cacheprovider --color=no \
+  tests/faults/test_faults_nccl.py 2>&1 | tail -2
