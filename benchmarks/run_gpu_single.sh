@@ -17,7 +17,9 @@ export HOSTIR_CACHE_DIR="${HOSTIR_CACHE_DIR:-/tmp/hostir-cache}" HOSTIR_COMMIT="
   export CUDA_VISIBLE_DEVICES=1
   echo "== layer_norm bench"; timeout 240 python3 -m hostir.run layer_norm --bench --sweep \
     --out "$OUT/layer_norm.json" > "$OUT/layer_norm.log" 2>&1; echo "rc=$?"
-  echo "== tests/gpu"; timeout 150 python3 -m pytest -q -p no:cacheprovider --color=no tests/gpu \
+  echo "== normalization with fewer 1-D tensors"; timeout 120 python3 benchmarks/norm_params_probe.py \
+    --out "$OUT/norm_params_probe.json" > "$OUT/norm_params_probe.log" 2>&1; echo "rc=$?"
+  echo "== tests/gpu"; timeout 200 python3 -m pytest -q -p no:cacheprovider --color=no tests/gpu \
     > "$OUT/gpu_tests.log" 2>&1; echo "rc=$?"
 ) > "$OUT/gpu1.log" 2>&1 &
 wait
