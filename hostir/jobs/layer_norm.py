@@ -239,7 +239,8 @@ def sweep_specs(spec):
     plans = [dataclasses.replace(p, param_cache="none")
              for p in candidate_plans(spec.hidden, width, value_bytes)]
     persistent = persistent_candidates(spec.hidden, width, value_bytes, param_bytes,
-                                       "bfloat16" in spec.parameter_dtypes())
+                                       "bfloat16" in spec.parameter_dtypes(),
+                                       tuple(DTYPE_BYTES[d] for d in spec.parameter_dtypes()[1:-1]))
     # the one-pass reduction was 1.16-2.7x its two-pass twin at every size of the
     # 75f9994 sweep: not timed again (pin one_pass=True to time it)
     plans += [p for p in persistent if not p.one_pass]
@@ -251,7 +252,8 @@ def sweep_specs(spec):
                                 x_staged=p.x_staged or None,
                                 stages=p.stages if p.x_staged else None,
                                 one_pass=p.one_pass or None, l2_hint=p.l2_hint or None,
-                                packed=p.packed or None, x_bulk=p.x_bulk or None)
+                                packed=p.packed or None, x_bulk=p.x_bulk or None,
+                                shared_param_bytes=p.shared_param_bytes or None)
             for p in plans]
 
 

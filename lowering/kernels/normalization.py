@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
 import math
 from typing import Union
 
@@ -198,6 +199,11 @@ class LaunchPlan:
     benchmarks/results/norm_params_probe_nvidia-h200.json: layer_norm, two tensors in
     registers, 0.91 of copy bandwidth at 16384; the fusion's four in shared memory 0.81).
 
+    ``shared_param_bytes`` (``param_cache="global"``): the first 1-D tensors, as many as
+    make up this many bytes a column, staged in shared memory after all; only the rest
+    is read through L2 every row (20480 at fp16: two of the four tensors, 80 KiB, fit
+    beside a ring of x two rows deep, 80 KiB; the L2 traffic of the tensors halves).
+
     ``x_bulk`` (``x_staged``, rows a multiple of 16 bytes, 16-byte vectors): each row of x
     lands in its shared buffer by one bulk copy (``cp.async.bulk``, the TMA engine's 1-D
     form, no tensor map) that the row's first thread issues and an mbarrier completes,
@@ -229,6 +235,7 @@ class LaunchPlan:
     l2_hint: str = ""  # x_staged: an L2 hint on the cp.async of x (L2_HINTS)
     packed: bool = False  # x_staged: the row slice held as 16-bit values (see above)
     x_bulk: bool = False  # x_staged: each row by one bulk copy (see above)
+    shared_param_bytes: int = 0  # "global": the leading tensors' bytes staged in shared
 
     @property
     def persistent(self) -> bool:
@@ -272,7 +279,8 @@ class LaunchPlan:
         """The staged 1-D tensors (``param_cache == "shared"``: every batch slot of a row),
         then, with ``x_staged``, ``stages + 1`` buffers of x for each row of the block."""
         slots = self.threads_per_row * self.batch * self.vector_width
-        params = self.param_bytes * slots if self.param_cache == "shared" else 0
+        params = (self.param_bytes if self.param_cache == "shared"
+                  else self.shared_param_bytes) * slots
         x = (self.stages + 1) * self.rows_per_block * slots * self.x_bytes if self.x_staged else 0
         return params + x
 
@@ -292,6 +300,8 @@ class LaunchPlan:
 
     def describe(self) -> str:
         kind = "rowwise" if not self.persistent else f"persistent/{self.param_cache}"
+        if self.shared_param_bytes:
+            kind += f"+s{self.shared_param_bytes}"
         return (f"{kind} t{self.threads_per_row} b{self.batch} v{self.vector_width} "
                 f"r{self.rows_per_block}"
                 + (" prefetch" + ("/smem" if self.x_staged else "") if self.prefetch else "")
@@ -413,7 +423,8 @@ PERSISTENT_OVERHEAD = 30
 
 
 def persistent_candidates(hidden: int, vector_width: int, value_bytes: int,
-                          param_bytes: int, bf16: bool = False) -> list[LaunchPlan]:
+                          param_bytes: int, bf16: bool = False,
+                          param_sizes: tuple[int, ...] = ()) -> list[LaunchPlan]:
     """Every persistent plan that covers a row with warp-multiple threads, keeps every
     batch slot used by some thread, and fits: registers within what one block may use,
     shared memory within a block's 227 KiB. Short rows share a block as in
@@ -425,6 +436,9 @@ def persistent_candidates(hidden: int, vector_width: int, value_bytes: int,
       and 8f4eff6: never within 3% of the best at any size, behind the shared variant);
     - ``param_cache`` global: only with ``x_staged``: what it is for is leaving
       registers and shared memory to the prefetch;
+    - ``param_cache`` global with the leading tensors staged in shared memory after all
+      (``shared_param_bytes``, each prefix of ``param_sizes``, the bytes a column of each
+      1-D tensor in kernel order; none without them);
     - with ``x_staged``, and a row on several warps, the one-pass reduction too
       (``one_pass``: one block barrier a row instead of two; with x staged the
       registers it adds do not cost occupancy the way they would beside a row
@@ -460,6 +474,11 @@ def persistent_candidates(hidden: int, vector_width: int, value_bytes: int,
                     plans.append(plan)
                     if x_staged and bulk_ok(hidden, vector_width, value_bytes) and not one_pass:
                         plans.append(dataclasses.replace(plan, x_bulk=True))
+                    if cache == "global" and not one_pass:
+                        for staged in itertools.accumulate(param_sizes[:-1]):
+                            split = dataclasses.replace(plan, shared_param_bytes=staged)
+                            if split.dynamic_shared_bytes + split.shared_bytes <= SHARED_PER_BLOCK:
+                                plans.append(split)
     return plans
 
 
@@ -543,6 +562,9 @@ class PlannerRules:
       packed, ring of 2: 0.905/0.875), slower at 768-1536, 4096, 12288 and 20480; no
       threshold on the plan's dimensions separates the two groups, and on always the
       worst size falls behind (`benchmarks/sweep_rules.py --fit`).
+    - ``split_params``: where the tensors go through L2, stage as many of the leading ones
+      in shared memory as fit (``shared_param_bytes``, the most bytes first). Off until a
+      sweep with such plans says otherwise.
     - ``l2_hint``: the `L2_HINTS` hint the chosen plan puts on the cp.async of x when it
       stages x. Not yet timed (the sweep after 75f9994 times each
       hint on the planner's first two plans a size): "" until a sweep says otherwise.
@@ -554,6 +576,7 @@ class PlannerRules:
     l2_hint: str = ""
     packed_row: bool = False
     bulk_x: bool = False
+    split_params: bool = False
 
 
 RULES = PlannerRules(deep_below=64 * 1024, one_pass_warps=0, global_params=True, packed_row=True)
@@ -562,7 +585,8 @@ RULE_GRID = {"deep_below": (0, 32 * 1024, 48 * 1024, 64 * 1024, 1 << 30),
              "global_params": (False, True),
              "l2_hint": L2_HINTS,
              "packed_row": (False, True),
-             "bulk_x": (False, True)}
+             "bulk_x": (False, True),
+             "split_params": (False, True)}
 
 
 def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
@@ -629,6 +653,7 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
     staged_fits = any(p.prefetch and p.param_cache != "global" for p in plans)
     registers_fit = any(p.prefetch and p.param_cache == "registers" and not p.packed
                         for p in plans)
+    most_staged = max((p.shared_param_bytes for p in plans), default=0)
 
     def breaks_rules(p: LaunchPlan) -> int:
         broken = 0
@@ -652,6 +677,8 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
                                and p.param_cache == "registers" and not registers_fit)
         broken += p.x_bulk != (rules.bulk_x and p.x_staged and not p.one_pass
                                and bulk_ok(hidden, p.vector_width, value_bytes))
+        if p.param_cache == "global":
+            broken += p.shared_param_bytes != (most_staged if rules.split_params else 0)
         return broken
 
     plans = [p for p in plans if breaks_rules(p) == min(map(breaks_rules, plans))]
@@ -709,6 +736,8 @@ def plan_launch(
     l2_hint: str | None = None,
     packed: bool | None = None,
     x_bulk: bool | None = None,
+    shared_param_bytes: int | None = None,
+    param_sizes: tuple[int, ...] = (),
 ) -> LaunchPlan:
     """Pick the kernel (row-wise or persistent), threads per row, the persistent batch
     and rows per block for ``hidden``.
@@ -762,7 +791,8 @@ def plan_launch(
     if l2_hint:
         best = plan_launch(hidden, vector_width, value_bytes, threads_per_row, batch,
                            rows_per_block, param_cache, prefetch, param_bytes, x_staged,
-                           bf16, stages, one_pass, None, packed, x_bulk)
+                           bf16, stages, one_pass, None, packed, x_bulk, shared_param_bytes,
+                           param_sizes)
         if not best.x_staged or best.x_bulk:
             raise LoweringError(f"normalization plan: l2_hint {l2_hint!r} is a hint on the "
                                 "cp.async of x: it needs x_staged")
@@ -807,9 +837,15 @@ def plan_launch(
             )
         if x_bulk and not staged_x:
             raise LoweringError("normalization plan: x_bulk needs x staged (x_staged)")
+        split = shared_param_bytes or 0
+        if split and (cache != "global" or split not in itertools.accumulate(param_sizes[:-1])):
+            raise LoweringError(
+                f"normalization plan: shared_param_bytes={split} stages the leading 1-D tensors "
+                f"of param_cache global: expected a sum of the first tensors' bytes "
+                f"{list(itertools.accumulate(param_sizes[:-1]))}")
         plan = LaunchPlan(vector_width, t, b, r, estimate, cache, pre,
                           param_bytes if cache != "none" else 0, staged_x, value_bytes,
-                          depth, single, "", pack, bool(x_bulk))
+                          depth, single, "", pack, bool(x_bulk), split)
         if plan.dynamic_shared_bytes + plan.shared_bytes > SHARED_PER_BLOCK:
             raise LoweringError(
                 f"normalization plan: {plan.dynamic_shared_bytes} bytes of staged 1-D tensors "
@@ -818,7 +854,8 @@ def plan_launch(
     one_warp = [p for p in candidate_plans(hidden, vector_width, value_bytes)
                 if p.threads_per_row == WARP]
     if (param_cache is None and prefetch is None and x_staged is None and stages is None
-            and one_pass is None and packed is None and x_bulk is None and one_warp):
+            and one_pass is None and packed is None and x_bulk is None
+            and shared_param_bytes is None and one_warp):
         # Rule 0: a row one warp covers (<= 32 values a thread) runs the row-wise kernel,
         # one warp a row, four rows a block. Neither kernel has a block barrier then;
         # the row-wise kernel re-reads the 1-D tensors every row, but a column's are 8
@@ -834,7 +871,8 @@ def plan_launch(
     elif param_cache == "none":
         best = _plan_rowwise(hidden, vector_width, value_bytes)
     else:
-        plans = [p for p in persistent_candidates(hidden, vector_width, value_bytes, param_bytes, bf16)
+        plans = [p for p in persistent_candidates(hidden, vector_width, value_bytes, param_bytes,
+                                                  bf16, param_sizes)
                  if param_cache is None or p.param_cache == param_cache]
         if prefetch is not None:
             plans = [p for p in plans if p.prefetch == prefetch]
@@ -848,6 +886,8 @@ def plan_launch(
             plans = [p for p in plans if p.packed == packed]
         if x_bulk is not None:
             plans = [p for p in plans if p.x_bulk == x_bulk]
+        if shared_param_bytes is not None:
+            plans = [p for p in plans if p.shared_param_bytes == shared_param_bytes]
         if not plans:
             raise LoweringError(
                 f"normalization: hidden={hidden} needs more than {MAX_THREADS_PER_BLOCK} threads x "
@@ -899,7 +939,7 @@ class NormalizationSpec:
     prologue, ``weight`` and ``bias`` of the norm (when present), one per `AddBroadcast`
     of the epilogue, the output ``y``, and ``rows`` (int32). `parameter_names` lists
     the tensors. ``alignment`` is the byte alignment every base pointer is known to
-    have (torch allocations: 256; a slice: less). The last eleven fields override the
+    have (torch allocations: 256; a slice: less). The last twelve fields override the
     heuristic plan (benchmark sweeps, tests): ``param_cache="none"`` is the row-wise
     kernel, ``"registers"``/``"shared"`` the persistent one (see `LaunchPlan`).
     """
@@ -923,6 +963,7 @@ class NormalizationSpec:
     l2_hint: str | None = None
     packed: bool | None = None
     x_bulk: bool | None = None
+    shared_param_bytes: int | None = None
 
     def __post_init__(self):
         for what, n in (("rows", self.rows), ("hidden", self.hidden)):
@@ -1008,6 +1049,8 @@ class NormalizationSpec:
             l2_hint=self.l2_hint,
             packed=self.packed,
             x_bulk=self.x_bulk,
+            shared_param_bytes=self.shared_param_bytes,
+            param_sizes=tuple(DTYPE_BYTES[d] for d in dtypes[1:-1]),
         )
 
     @property
@@ -1674,20 +1717,40 @@ __device__ __forceinline__ void bulk_wait(unsigned long long* bar, unsigned pari
         here, through L1/L2; the predicate ``ok`` of the slot is in scope)."""
         if self.plan.param_cache == "registers":
             return f"c_{name}[{i}]"
-        if self.plan.param_cache == "global":
+        if self.plan.param_cache == "global" and name not in self._staged_names():
             t = CUDA_TYPES[self.tensors[name]]
             return f"ldg_vec<{t}, kVec>(in_{name}, {i} * kThreadsPerRow + slot, ok)"
         return f"s_{name}[{i} * kThreadsPerRow + slot]"
 
+    def _staged_names(self) -> list[str]:
+        """The 1-D tensors staged in shared memory: all of them (``"shared"``), or with
+        ``"global"`` the leading ones that make up ``shared_param_bytes`` a column."""
+        p = self.plan
+        if p.param_cache == "shared":
+            return list(self.tensors)
+        if p.param_cache != "global" or not p.shared_param_bytes:
+            return []
+        names, total = [], 0
+        for name, d in self.tensors.items():
+            if total == p.shared_param_bytes:
+                break
+            names.append(name)
+            total += DTYPE_BYTES[d]
+        if total != p.shared_param_bytes:
+            raise LoweringError(f"normalization kernel: shared_param_bytes="
+                                f"{p.shared_param_bytes} is no sum of leading tensors' bytes")
+        return names
+
     def _cache_params(self) -> None:
         p, out = self.plan, self.out
         self.x_offset = 0
-        if p.x_staged or (p.param_cache == "shared" and self.tensors):
+        staged_names = self._staged_names()
+        if p.x_staged or staged_names:
             out.append("  extern __shared__ __align__(16) unsigned char staged[];\n")
-        if p.param_cache == "shared":
+        if staged_names:
             slots = p.threads_per_row * p.batch * p.vector_width
-            self.x_offset = sum(slots * DTYPE_BYTES[d] for d in self.tensors.values())
-        if not self.tensors or p.param_cache == "global":
+            self.x_offset = sum(slots * DTYPE_BYTES[self.tensors[n]] for n in staged_names)
+        if not self.tensors or (p.param_cache == "global" and not staged_names):
             return
         if p.param_cache == "registers":
             out.append("  // Each thread's slice of the 1-D tensors, loaded once; 16-bit values stay packed.\n")
@@ -1709,12 +1772,13 @@ __device__ __forceinline__ void bulk_wait(unsigned long long* bar, unsigned pari
         out.append("  // The 1-D tensors staged once per block; each row reads them from shared memory.\n")
         offset = 0
         slots = p.threads_per_row * p.batch
-        for name, d in self.tensors.items():
+        staged = {n: self.tensors[n] for n in staged_names}
+        for name, d in staged.items():
             t = CUDA_TYPES[d]
             out.append(f"  Vec<{t}, kVec>* s_{name} = reinterpret_cast<Vec<{t}, kVec>*>(staged + {offset});\n")
             offset += slots * p.vector_width * DTYPE_BYTES[d]
         out.append(f"  for (int j = threadIdx.x; j < {slots}; j += {p.block_threads}) {{\n")
-        for name, d in self.tensors.items():
+        for name, d in staged.items():
             t = CUDA_TYPES[d]
             out.append(f"    s_{name}[j].raw = {{}};\n")
             out.append(f"    if (j < kVectors) s_{name}[j].raw = (reinterpret_cast<const Vec<{t}, kVec>*>(in_{name}) + j)->raw;\n")
@@ -1862,7 +1926,8 @@ def spec_params(spec: NormalizationSpec) -> tuple[tuple[str, object], ...]:
                ("prologue", _ops_to_text(spec.prologue)),
                ("epilogue", _ops_to_text(spec.epilogue)), ("alignment", spec.alignment)]
     for key in ("threads_per_row", "batch", "rows_per_block", "param_cache", "prefetch",
-                "x_staged", "stages", "one_pass", "l2_hint", "packed", "x_bulk"):
+                "x_staged", "stages", "one_pass", "l2_hint", "packed", "x_bulk",
+                "shared_param_bytes"):
         if getattr(spec, key) is not None:
             params.append((key, getattr(spec, key)))
     return tuple(params)
@@ -1883,6 +1948,7 @@ def spec_from_params(params) -> NormalizationSpec:
             _ops_from_text(p["prologue"], "prologue"), _ops_from_text(p["epilogue"], "epilogue"),
             p["alignment"], p.get("threads_per_row"), p.get("batch"), p.get("rows_per_block"),
             p.get("param_cache"), p.get("prefetch"), p.get("x_staged"), p.get("stages"),
-            p.get("one_pass"), p.get("l2_hint"), p.get("packed"), p.get("x_bulk"))
+            p.get("one_pass"), p.get("l2_hint"), p.get("packed"), p.get("x_bulk"),
+            p.get("shared_param_bytes"))
     except KeyError as e:
         raise LoweringError(f"normalization kernel: parameter {e.args[0]!r} is missing") from None

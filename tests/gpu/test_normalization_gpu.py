@@ -115,10 +115,11 @@ def test_every_candidate_plan_matches_float64(hidden, dtype):
                                   prefetch=p.prefetch, x_staged=p.x_staged or None,
                                   stages=p.stages if p.x_staged else None,
                                   one_pass=p.one_pass or None, packed=p.packed or None,
-                                  x_bulk=p.x_bulk or None)
-              for p in persistent_candidates(hidden, width, 2, 8, name == "bfloat16")]
-    assert [s.plan for s in specs[-len(persistent_candidates(hidden, width, 2, 8, name == "bfloat16")):]] \
-        == persistent_candidates(hidden, width, 2, 8, name == "bfloat16")  # packed ones too
+                                  x_bulk=p.x_bulk or None,
+                                  shared_param_bytes=p.shared_param_bytes or None)
+              for p in persistent_candidates(hidden, width, 2, 8, name == "bfloat16", (2, 2, 2, 2))]
+    assert [s.plan for s in specs[-len(persistent_candidates(hidden, width, 2, 8, name == "bfloat16", (2, 2, 2, 2))):]] \
+        == persistent_candidates(hidden, width, 2, 8, name == "bfloat16", (2, 2, 2, 2))  # packed ones too
     assert len(specs) > 1
     for spec in specs:
         y = torch.full_like(x, float("nan"))

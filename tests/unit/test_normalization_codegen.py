@@ -365,14 +365,15 @@ def test_every_candidate_plan_compiles_without_spills(hidden):
         ck = _compile(s, "sm_90")
         assert ck.spill_bytes.get(s.kernel_name, 0) == 0, (cand, ck.log)
         assert ck.registers[s.kernel_name] <= cand.register_estimate + 8, cand
-    for cand in persistent_candidates(hidden, spec.plan.vector_width, 2, 8):
+    for cand in persistent_candidates(hidden, spec.plan.vector_width, 2, 8, False, (2, 2, 2, 2)):
         s = dataclasses.replace(spec, threads_per_row=cand.threads_per_row, batch=cand.batch,
                                 rows_per_block=cand.rows_per_block,
                                 param_cache=cand.param_cache, prefetch=cand.prefetch,
                                 x_staged=cand.x_staged or None,
                                 stages=cand.stages if cand.x_staged else None,
                                 one_pass=cand.one_pass or None, packed=cand.packed or None,
-                                x_bulk=cand.x_bulk or None)
+                                x_bulk=cand.x_bulk or None,
+                                shared_param_bytes=cand.shared_param_bytes or None)
         assert s.plan == cand
         _check_compiled(s, _compile(s, "sm_90"))
 
@@ -508,7 +509,8 @@ def test_l2_hint_variants_render_and_compile_without_spills(hidden, hint):
                                 rows_per_block=cand.rows_per_block, param_cache=cand.param_cache,
                                 prefetch=True, x_staged=True, stages=cand.stages,
                                 l2_hint=hint, packed=cand.packed or None,
-                                x_bulk=cand.x_bulk or None)
+                                x_bulk=cand.x_bulk or None,
+                                shared_param_bytes=cand.shared_param_bytes or None)
         assert s.plan == cand and s.plan.describe().endswith(" " + hint)
         src = render_normalization(s)
         assert ("L2::cache_hint" in src) == (hint == "evict_first")
