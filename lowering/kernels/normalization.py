@@ -563,8 +563,12 @@ class PlannerRules:
       threshold on the plan's dimensions separates the two groups, and on always the
       worst size falls behind (`benchmarks/sweep_rules.py --fit`).
     - ``split_params``: where the tensors go through L2, stage as many of the leading ones
-      in shared memory as fit (``shared_param_bytes``, the most bytes first). Off until a
-      sweep with such plans says otherwise.
+      in shared memory as fit (``shared_param_bytes``, the most bytes first). Fitted:
+      off. Only 20480 has such plans (tensors through L2 there); in the 8b82399 sweep
+      (999 plans) its t640 b4 prefetch plan ran 0.810 of copy bandwidth with no tensor
+      staged, 0.787 with one (``+s2``), 0.845 with two (``+s4``), 0.794 with three
+      (``+s6``, what the rule picks: 1.064x the best). No monotone gain, and the spread is
+      that of one plan timed twice; `sweep_rules.py --fit` keeps it off (worst 1.043x).
     - ``l2_hint``: the `L2_HINTS` hint the chosen plan puts on the cp.async of x when it
       stages x. Not yet timed (the sweep after 75f9994 times each
       hint on the planner's first two plans a size): "" until a sweep says otherwise.
