@@ -17,7 +17,6 @@ import datetime
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -53,29 +52,16 @@ def _inputs(M, N, K, layout, sets, torch):
     return out
 
 
-def _time_side_by_side(fns: dict, inputs, reps, torch, per_group=10, warmup=3) -> dict:
-    """Median microseconds per call of each of `fns`, timed side by side.
+def _time_side_by_side(fns: dict, inputs, reps, per_group=10, warmup=3) -> dict:
+    """Median microseconds per call of each of `fns` (taking an input pair), timed side by
+    side (`runtime.autotune.side_by_side`): a sample is a group of `per_group`
+    back-to-back calls on rotating inputs, and the candidates take turns sample by
+    sample, so clock and power drift over the run (the chip is power-limited: a kernel
+    timed right after an idle spell runs faster) weigh on each alike."""
+    from runtime.autotune import side_by_side
 
-    A sample is a group of `per_group` back-to-back calls (rotating inputs) between two
-    events; the candidates take turns sample by sample, so clock and power drift over
-    the run (the chip is power-limited: a kernel timed right after an idle spell runs
-    faster) weigh on each alike.
-    """
-    for fn in fns.values():
-        for i in range(warmup):
-            fn(*inputs[i % len(inputs)])
-    times = {k: [] for k in fns}
-    for _ in range(reps):
-        for label, fn in fns.items():
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            for i in range(per_group):
-                fn(*inputs[i % len(inputs)])
-            end.record()
-            end.synchronize()
-            times[label].append(start.elapsed_time(end) * 1e3 / per_group)
-    return {k: statistics.median(v) for k, v in times.items()}
+    calls = {k: (lambda i, fn=fn: fn(*inputs[i % len(inputs)])) for k, fn in fns.items()}
+    return side_by_side(calls, reps=reps, per_group=per_group, warmup=warmup)
 
 
 def count_launches(fn, torch) -> dict:
@@ -178,7 +164,7 @@ def bench(args) -> dict:
             rows[label] = {"instr": spec.instr, "feed": spec.feed, "tile": spec.tile, "warps": spec.warps, "stages": spec.stages,
                            "split_k": spec.split_k, "mode": spec.split_mode, "rel_err": err,
                            "launches": launches["kernels"], "memsets": launches["memsets"]}
-        timed = _time_side_by_side(fns, inputs, args.reps, torch)
+        timed = _time_side_by_side(fns, inputs, args.reps)
         cublas_us = timed.pop("cublas")
         for label, row in rows.items():
             row["us"] = timed.get(label, float("nan"))

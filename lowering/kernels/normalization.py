@@ -285,18 +285,27 @@ class LaunchPlan:
         return params + x
 
     def grid(self, rows: int, sm_count: int = DEFAULT_SM_COUNT,
-             blocks_per_sm: int | None = None) -> int:
+             blocks_per_sm: int | None = None, balanced: bool | None = None) -> int:
         """Blocks to launch: one per group of rows for the row-wise kernel; for the
         persistent one, as many as are resident at once on ``sm_count`` SMs (read from
         the device at launch; the default is for compile-time checks), never more than
         there are groups. ``blocks_per_sm``: what the driver says of the compiled kernel
         (runtime.normalization.resident_blocks); by default the plan's promise to ptxas.
-        The kernel loops, so any grid is correct."""
+
+        ``balanced`` (default `BALANCED_GRID`): the fewest blocks that still need no
+        more rounds of the row loop than the resident ones would. 4096 groups on 396
+        resident blocks take 11 rounds, the last with 136 blocks; 373 blocks take the
+        same 11 rounds with every block busy in each, and fewer blocks share the
+        bandwidth in the other ten. The kernel loops, so any grid is correct."""
         groups = max(1, -(-rows // self.rows_per_block))
         if not self.persistent:
             return groups
         per_sm = blocks_per_sm or self.min_blocks_per_sm
-        return max(1, min(groups, sm_count * per_sm))
+        most = max(1, min(groups, sm_count * per_sm))
+        if not (BALANCED_GRID if balanced is None else balanced):
+            return most
+        rounds = -(-groups // most)
+        return -(-groups // rounds)
 
     def describe(self) -> str:
         kind = "rowwise" if not self.persistent else f"persistent/{self.param_cache}"
@@ -582,6 +591,10 @@ class PlannerRules:
     bulk_x: bool = False
     split_params: bool = False
 
+
+# Whether the persistent kernel's grid is balanced (`LaunchPlan.grid`): not yet timed
+# (benchmarks/grid_balance_probe.py times both).
+BALANCED_GRID = False
 
 RULES = PlannerRules(deep_below=64 * 1024, one_pass_warps=0, global_params=True, packed_row=True)
 RULE_GRID = {"deep_below": (0, 32 * 1024, 48 * 1024, 64 * 1024, 1 << 30),

@@ -143,3 +143,27 @@ def test_heuristic_auto_mode_and_odd_shapes():
         out = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
         matmul(a, b, out=out)
         assert _rel(out, _ref(a, b, "TN")) < 1e-2, (M, N, K)
+
+
+def test_autotune_times_finalists_again_and_persists_the_winner(tmp_path, capsys):
+    import dataclasses
+
+    from hostir.options import options, set_options
+    from runtime import autotune
+    from runtime.matmul import Problem
+
+    saved = options()
+    set_options(dataclasses.replace(saved, cache_dir=tmp_path, dumps=frozenset({"autotune"})))
+    try:
+        p = Problem(256, 512, 2048, "bf16", "bf16", "TN", False)
+        base = spec_for(TILE_CONFIGS[2])
+        cands = [dataclasses.replace(base, split_k=s, split_mode=m)
+                 for s, m in ((1, "none"), (2, "serial"), (4, "parallel"))]
+        best = autotune.tune(p, candidates=cands, reps=3, finalists=2, final_reps=3)
+        assert best in cands
+        assert autotune.stored_winner(p) == best
+        table = capsys.readouterr().out
+        assert "2 finalists timed again side by side" in table
+        assert table.count("final round") == 2
+    finally:
+        set_options(saved)
