@@ -303,13 +303,32 @@ class Kernel:
         """
         import torch
 
-        self.ensure_smem(smem_bytes)
         if stream is None:
             stream = torch.cuda.current_stream()
-        dump("launch_params", f"launch {self.name} grid={grid} block={block} "
-                              f"smem={smem_bytes} stream={stream.cuda_stream:#x}")
+        self.launch_raw(grid, block, args, smem_bytes, stream.cuda_stream)
+
+    def launch_raw(self, grid: tuple[int, int, int], block: tuple[int, int, int],
+                   args: tuple, smem_bytes: int, stream_handle: int) -> None:
+        """`launch` on a stream given by its raw handle (`current_stream_handle`): the
+        per-call path of the generated matmul, which keeps the host's share small."""
+        if smem_bytes > self._smem_set:
+            self.ensure_smem(smem_bytes)
+        if options().dump("launch_params"):
+            dump("launch_params", f"launch {self.name} grid={grid} block={block} "
+                                  f"smem={smem_bytes} stream={stream_handle:#x}")
         self.function(grid, block, args, shared_mem=smem_bytes,
-                      stream=_external_stream(stream.cuda_stream))
+                      stream=_external_stream(stream_handle))
+
+
+def current_stream_handle(device_index: int) -> int:
+    """The raw handle (cudaStream_t) of torch's current stream on a device, without
+    building a torch.cuda.Stream (torch's own raw accessor where this torch has it)."""
+    import torch
+
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device_index)
+    return torch.cuda.current_stream(device_index).cuda_stream
 
 
 _STREAMS: dict[int, object] = {}

@@ -69,17 +69,19 @@ def encode_2d(ptr: int, dtype: str, inner: int, outer: int, row_bytes: int,
     return ctypes.string_at(aligned, TENSOR_MAP_BYTES)
 
 
-def tensor_maps(spec: MatmulSpec, a, b, M: int, N: int, K: int) -> int:
+def tensor_maps(spec: MatmulSpec, a, b, M: int, N: int, K: int,
+                device_index: int | None = None) -> int:
     """Device address of [A's map, B's map] for a TN launch of `spec` (cached)."""
     import torch
 
-    key = (a.device.index, spec.a_dtype, a.data_ptr(), b.data_ptr(), M, N, K, a.stride(0),
+    dev = a.get_device() if device_index is None else device_index
+    key = (dev, spec.a_dtype, a.data_ptr(), b.data_ptr(), M, N, K, a.stride(0),
            b.stride(0), spec.tile_m, spec.tile_n, spec.tile_k, spec.cluster_m)
     with _LOCK:
-        buf = _CACHE.get(key)
-        if buf is not None:
+        hit = _CACHE.get(key)
+        if hit is not None:
             _CACHE.move_to_end(key)
-            return buf.data_ptr()
+            return hit[1]
     esize = a.element_size()
     blob = (encode_2d(a.data_ptr(), spec.a_dtype, K, M, a.stride(0) * esize, spec.tile_k,
                       spec.tile_m) +
@@ -89,7 +91,7 @@ def tensor_maps(spec: MatmulSpec, a, b, M: int, N: int, K: int) -> int:
     # Ordered on the current stream before the kernel that reads it.
     buf = host.to(a.device)
     with _LOCK:
-        _CACHE[key] = buf
+        _CACHE[key] = (buf, buf.data_ptr())
         while len(_CACHE) > CACHE_ENTRIES:
             _CACHE.popitem(last=False)
     return buf.data_ptr()

@@ -39,6 +39,8 @@ class ZeroedArena:
         self.stream_handle = stream_handle
         self._sems = torch.zeros(0, dtype=torch.int32, device=device)
         self._partials = torch.empty(0, dtype=torch.float32, device=device)
+        self._sems_ptr = self._sems.data_ptr()
+        self._partials_ptr = self._partials.data_ptr()
         self.grows = 0  # how many times the semaphores were (re)zeroed: tests read it
         self._retired: list[torch.Tensor] = []
 
@@ -55,8 +57,16 @@ class ZeroedArena:
             # replay later: it is kept, never freed nor handed out again.
             self._retired.append(self._sems)
             self._sems = torch.zeros(size, dtype=torch.int32, device=self.device)
+            self._sems_ptr = self._sems.data_ptr()
             self.grows += 1
         return self._sems[:count]
+
+    def semaphore_ptr(self, count: int) -> int:
+        """The address of `semaphores(count)`, without building a tensor view (the
+        per-call path of the generated matmul)."""
+        if count > self._sems.numel():
+            self.semaphores(count)
+        return self._sems_ptr
 
     def partials(self, numel: int) -> torch.Tensor:
         """fp32 scratch of at least `numel` elements, contents undefined."""
@@ -64,7 +74,14 @@ class ZeroedArena:
             size = -(-numel // _PARTIAL_GRANULE) * _PARTIAL_GRANULE
             self._retired.append(self._partials)  # as above: captured graphs hold it
             self._partials = torch.empty(size, dtype=torch.float32, device=self.device)
+            self._partials_ptr = self._partials.data_ptr()
         return self._partials[:numel]
+
+    def partials_ptr(self, numel: int) -> int:
+        """The address of `partials(numel)`, without building a tensor view."""
+        if numel > self._partials.numel():
+            self.partials(numel)
+        return self._partials_ptr
 
     def check_zeroed(self) -> None:
         """Raise unless every semaphore is zero. Synchronizes the arena's device."""
@@ -90,12 +107,20 @@ def arena_for(stream: torch.cuda.Stream | None = None) -> ZeroedArena:
     """The arena of `stream` (the current stream by default) on its device."""
     if stream is None:
         stream = torch.cuda.current_stream()
-    device = stream.device
-    key = (device.index, stream.cuda_stream)
-    with _LOCK:
-        arena = _ARENAS.get(key)
-        if arena is None:
-            arena = _ARENAS[key] = ZeroedArena(device, stream.cuda_stream)
+    return arena_for_handle(stream.device.index, stream.cuda_stream)
+
+
+def arena_for_handle(device_index: int, stream_handle: int) -> ZeroedArena:
+    """The arena of the stream with raw handle `stream_handle` on a device (which must
+    be that device's current stream if the arena is new or grows: see `semaphores`)."""
+    key = (device_index, stream_handle)
+    arena = _ARENAS.get(key)  # the common case, without the lock
+    if arena is None:
+        with _LOCK:
+            arena = _ARENAS.get(key)
+            if arena is None:
+                arena = _ARENAS[key] = ZeroedArena(torch.device("cuda", device_index),
+                                                   stream_handle)
     return arena
 
 
