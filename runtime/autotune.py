@@ -168,7 +168,8 @@ def tune(p, *, device=None, candidates: list[MatmulSpec] | None = None, warmup: 
     final = [r for r in rows[:max(1, finalists)] if r[1] != float("inf")]
     if len(final) > 1:
         final = _final_round(p, final, a, b, bias, out, dev, final_reps)
-        rows = final + [r for r in rows if not any(r[0] is f[0] for f in final)]
+        rows = final + [(s, us, note or ("first round" if us != float("inf") else note))
+                        for s, us, note in rows if not any(s is f[0] for f in final)]
     flops = 2.0 * p.M * p.N * p.K
     dump("autotune", "\n".join(
         [f"autotune {p.M}x{p.N}x{p.K} {p.a_dtype}->{p.out_dtype} {p.layout} "

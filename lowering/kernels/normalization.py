@@ -592,8 +592,11 @@ class PlannerRules:
     split_params: bool = False
 
 
-# Whether the persistent kernel's grid is balanced (`LaunchPlan.grid`): not yet timed
-# (benchmarks/grid_balance_probe.py times both).
+# Whether the persistent kernel's grid is balanced (`LaunchPlan.grid`). Measured off:
+# benchmarks/grid_balance_probe.py (grid_balance_probe_nvidia-h200_ec73902.json) timed the
+# balanced grid slower at 10 of 12 sizes (1600: 373 blocks 0.942x the speed of 396; 2560:
+# 512 blocks 0.968x of 528), even at 12288 (1.007x). Every block busy in the last round
+# does not make up for fewer blocks keeping bytes in flight in all the others.
 BALANCED_GRID = False
 
 RULES = PlannerRules(deep_below=64 * 1024, one_pass_warps=0, global_params=True, packed_row=True)

@@ -162,6 +162,18 @@ def test_default_plan_is_persistent_with_a_resident_grid(hidden):
     assert plan.min_blocks_per_sm * (plan.dynamic_shared_bytes + plan.shared_bytes) <= 228 * 1024
 
 
+@pytest.mark.parametrize("hidden", [h for h in BENCH_HIDDEN if h > 1024])
+def test_balanced_grid_takes_no_more_rounds_and_fewest_blocks(hidden):
+    plan = NormalizationSpec.reference_fusion(8192, hidden).plan
+    groups = -(-8192 // plan.rows_per_block)
+    resident = plan.grid(8192, 132, balanced=False)
+    balanced = plan.grid(8192, 132, balanced=True)
+    rounds = -(-groups // resident)
+    assert balanced <= resident and -(-groups // balanced) == rounds
+    assert balanced == 1 or -(-groups // (balanced - 1)) > rounds  # one block fewer: a round more
+    assert plan.grid(8192, 132) == resident  # measured slower: off by default
+
+
 def test_grid_follows_the_blocks_the_driver_reports():
     plan = NormalizationSpec.reference_fusion(8192, 1536).plan
     assert plan.persistent
