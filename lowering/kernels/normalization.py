@@ -599,6 +599,11 @@ class PlannerRules:
 # does not make up for fewer blocks keeping bytes in flight in all the others.
 BALANCED_GRID = False
 
+# Whether the two-pass statistics sum a thread's values as kVec independent chains and a
+# tree (SNIPPETS "tree_sum_*") rather than one chain: not yet timed
+# (benchmarks/tree_sum_probe.py times both).
+TREE_SUMS = False
+
 RULES = PlannerRules(deep_below=64 * 1024, one_pass_warps=0, global_params=True, packed_row=True)
 RULE_GRID = {"deep_below": (0, 32 * 1024, 48 * 1024, 64 * 1024, 1 << 30),
              "one_pass_warps": (0, 2, 4, 8, 16),
@@ -1149,6 +1154,15 @@ __device__ __forceinline__ float warp_sum(float v) {{
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
 }}
+// The sum of N partial sums as a tree (log2 N dependent adds, not N).
+template <int N>
+__device__ __forceinline__ float tree_sum(float (&p)[N]) {{
+#pragma unroll
+  for (int w = N / 2; w > 0; w /= 2)
+#pragma unroll
+    for (int e = 0; e < w; ++e) p[e] += p[e + w];
+  return p[0];
+}}
 """,
     # Sum over the threads of one row. With several warps a row: each warp's lane 0
     # writes its partial, one barrier, then every warp sums all partials itself, which
@@ -1242,6 +1256,50 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
     for (int i = 0; i < kBatch; ++i)
 #pragma unroll
       for (int e = 0; e < kVec; ++e) s += VAL(i, e) * VAL(i, e);
+""",
+    # The same three sums as kVec independent chains (one per vector lane) then a tree:
+    # kBatch + log2(kVec) dependent adds where one chain has kBatch * kVec (32 at b4 v8,
+    # about 130 cycles of latency a pass that few warps a scheduler cannot hide).
+    "tree_sum_value": """\
+    {{
+      float p[kVec];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) p[e] = 0.f;
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i)
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) p[e] += VAL(i, e);
+      s += tree_sum(p);
+    }}
+""",
+    "tree_sum_centered": """\
+    {{
+      float p[kVec];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) p[e] = 0.f;
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) {{
+        const bool ok = i < kFullBatches || i * kThreadsPerRow + lane < kVectors;
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) {{
+          const float d = VAL(i, e) - mean;
+          p[e] += ok ? d * d : 0.f;
+        }}
+      }}
+      s += tree_sum(p);
+    }}
+""",
+    "tree_sum_squares": """\
+    {{
+      float p[kVec];
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) p[e] = 0.f;
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i)
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) p[e] += VAL(i, e) * VAL(i, e);
+      s += tree_sum(p);
+    }}
 """,
     "layer_norm_stats": """\
     const float mean = row_sum(s, {partials0}) * (1.f / kHidden);
@@ -1348,14 +1406,15 @@ class NormalizationRenderer:
         part = ["partials[0][row_in_block]", "partials[1][row_in_block]"] if p.warps_per_row > 1 else ["nullptr", "nullptr"]
         self.emit("sum_open")
         eps = repr(float(s.norm.eps))
+        tree = "tree_" if TREE_SUMS else ""
         if isinstance(s.norm, LayerNorm):
-            self.emit("sum_value")
+            self.emit(tree + "sum_value")
             self.emit(
                 "layer_norm_stats", partials0=part[0], partials1=part[1], eps=eps,
-                sum_centered=SNIPPETS["sum_centered"].format(),
+                sum_centered=SNIPPETS[tree + "sum_centered"].format(),
             )
         else:
-            self.emit("sum_squares")
+            self.emit(tree + "sum_squares")
             self.emit("rms_norm_stats", partials0=part[0], eps=eps)
 
     def _normalize_and_store_tail(self) -> None:
@@ -1697,7 +1756,7 @@ __device__ __forceinline__ void bulk_wait(unsigned long long* bar, unsigned pari
         if not (p.one_pass and isinstance(s.norm, LayerNorm)):
             if flip:  # rms_norm: its one reduction, on the buffer of this row's parity
                 self.emit("sum_open")
-                self.emit("sum_squares")
+                self.emit("tree_sum_squares" if TREE_SUMS else "sum_squares")
                 self.emit("rms_norm_stats", partials0=parts, eps=repr(float(s.norm.eps)))
                 out.append(flip)
             else:
