@@ -54,14 +54,16 @@ def main() -> None:
         x, b0, b1, w, b2 = make_inputs(rows, hidden)
         named = {"x": x, "b0": b0, "b1": b1, "weight": w, "bias": b2}
         ref = rn.reference(spec, named)
-        errors, registers = {}, {}
+        errors, registers, ys = {}, {}, []
         for value in (False, True):
             switch(value)
             y = rn.normalize(spec, named, torch.full_like(x, float("nan")))
             torch.cuda.synchronize()
             errors[str(value).lower()] = relative_error(y, ref)
             registers[str(value).lower()] = rn._kernel(spec, 0).attribute("NUM_REGS")
-        del x, y, ref
+            ys.append(y)
+        same_bits = bool(torch.equal(ys[0], ys[1]))
+        del x, y, ys, ref
         sets = max(2, -(-ROTATE_BYTES // (4 * rows * hidden)))
         xs = [torch.randn(rows, hidden, device="cuda", dtype=torch.float16) for _ in range(sets)]
         outs = [torch.empty_like(t) for t in xs]
@@ -78,6 +80,7 @@ def main() -> None:
         us = {k: statistics.median(v) for k, v in samples.items()}
         copy_gbps = 4 * rows * hidden / (us["copy"] * 1e-6) / 1e9
         row = {"hidden": hidden, "plan": spec.plan.describe(), "rel_err": errors,
+               "same_bits": same_bits,
                "registers": registers, "us": {k: round(v, 2) for k, v in us.items()},
                "samples_us": {k: [round(t, 2) for t in v] for k, v in samples.items()},
                "copy_gbps": round(copy_gbps, 1)}
@@ -85,7 +88,8 @@ def main() -> None:
             row[f"{k}_over_copy"] = round(spec.bytes_moved() / (us[k] * 1e-6) / 1e9 / copy_gbps, 3)
         row["speedup_on"] = round(us["false"] / us["true"], 3)
         print(hidden, spec.plan.describe(), row["false_over_copy"], row["true_over_copy"],
-              row["speedup_on"], errors, registers, flush=True)
+              row["speedup_on"], "same bits" if same_bits else "bits differ", errors,
+              registers, flush=True)
         res.append(row)
         del xs, outs, calls, copies
         torch.cuda.empty_cache()

@@ -604,6 +604,11 @@ BALANCED_GRID = False
 # (benchmarks/tree_sum_probe.py times both).
 TREE_SUMS = False
 
+# Whether the persistent kernel runs the prologue's leading (+ b, 16-bit cast) pairs as
+# 16-bit pair adds (`PersistentRenderer._packed_lead`: the same bits, fewer instructions
+# an element): not yet timed (benchmarks/norm_flag_probe.py --flag PACKED_HEAD).
+PACKED_HEAD = False
+
 RULES = PlannerRules(deep_below=64 * 1024, one_pass_warps=0, global_params=True, packed_row=True)
 RULE_GRID = {"deep_below": (0, 32 * 1024, 48 * 1024, 64 * 1024, 1 << 30),
              "one_pass_warps": (0, 2, 4, 8, 16),
@@ -1154,6 +1159,27 @@ __device__ __forceinline__ float warp_sum(float v) {{
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
 }}
+// x + b for 16-bit vectors, two lanes an instruction (PACKED_HEAD). Exactly the
+// prologue's half(float(x) + float(b)): the fp32 sum of two 16-bit values rounded once
+// to 16 bits is their correctly rounded 16-bit sum (fp32 carries 24 >= 2p + 2 bits, so
+// the double rounding is innocuous), which add.rn.f16x2 computes, and fma.rn.bf16x2
+// with a factor of 1 (sm_80 has no bf16x2 add).
+__device__ __forceinline__ unsigned int pair_add_fp16(unsigned int a, unsigned int b) {{
+  unsigned int d; asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
+}}
+__device__ __forceinline__ unsigned int pair_add_bf16(unsigned int a, unsigned int b) {{
+  unsigned int d; asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(0x3f803f80u), "r"(b));
+  return d;
+}}
+#define HOSTIR_ADD2(T) \
+  __device__ __forceinline__ void add2_##T(uint4& a, const uint4& b) {{ \
+    a.x = pair_add_##T(a.x, b.x); a.y = pair_add_##T(a.y, b.y); \
+    a.z = pair_add_##T(a.z, b.z); a.w = pair_add_##T(a.w, b.w); }} \
+  __device__ __forceinline__ void add2_##T(uint2& a, const uint2& b) {{ \
+    a.x = pair_add_##T(a.x, b.x); a.y = pair_add_##T(a.y, b.y); }} \
+  __device__ __forceinline__ void add2_##T(unsigned int& a, const unsigned int& b) {{ a = pair_add_##T(a, b); }}
+HOSTIR_ADD2(fp16)
+HOSTIR_ADD2(bf16)
 // The sum of N partial sums as a tree (log2 N dependent adds, not N).
 template <int N>
 __device__ __forceinline__ float tree_sum(float (&p)[N]) {{
@@ -1713,6 +1739,20 @@ __device__ __forceinline__ void bulk_wait(unsigned long long* bar, unsigned pari
         return render.Renderer().source(["convert"], SNIPPETS["preamble"].format(), helper,
                                         self._value_macro(), "".join(self.out))
 
+    def _packed_lead(self) -> int:
+        """How many leading (AddBroadcast, Cast) pairs of the prologue run on 16-bit
+        pairs (`PACKED_HEAD`): each adds a tensor of x's 16-bit dtype and casts back to
+        it, so the 16-bit add gives the same bits; x in 16 bits, two lanes at least."""
+        s = self.spec
+        if not PACKED_HEAD or DTYPE_BYTES[s.input_dtype] != 2 or self.plan.vector_width < 2:
+            return 0
+        ops, lead = s.prologue, 0
+        while (2 * lead + 1 < len(ops) and isinstance(ops[2 * lead], AddBroadcast)
+               and isinstance(ops[2 * lead + 1], Cast)
+               and ops[2 * lead].dtype == ops[2 * lead + 1].dtype == s.input_dtype):
+            lead += 1
+        return lead
+
     def _split_prologue(self):
         """(head, tail) of the prologue at its last cast to a 16-bit type (``packed``: the
         head's result is held in 16 bits, the tail recomputed in every pass)."""
@@ -1873,19 +1913,34 @@ __device__ __forceinline__ void bulk_wait(unsigned long long* bar, unsigned pari
         adds = [op for op in s.prologue if isinstance(op, AddBroadcast)]
         for op in adds:
             out.append(f"      const Vec<{CUDA_TYPES[op.dtype]}, kVec> v_{op.name} = {self._param(op.name)};\n")
+        lead = self._packed_lead()
+        x = "xr[i]"
+        if lead:
+            # the leading (+ b, 16-bit cast) pairs two lanes an instruction, in 16 bits;
+            # padded slots: 0 + 0
+            out.append(f"      Vec<{CUDA_TYPES[s.input_dtype]}, kVec> h = xr[i];\n")
+            for op in s.prologue[:2 * lead:2]:
+                out.append(f"      add2_{_SHORT[s.input_dtype]}(h.raw, v_{op.name}.raw);\n")
+            x = "h"
+        ops = s.prologue[2 * lead:]
+        if self.plan.packed:
+            head, _ = self._split_prologue()
+            if len(head) == 2 * lead:  # the whole head done in 16 bits: it is the slice
+                out.append("      pv[i] = h;\n    }\n")
+                return
         out.append("#pragma unroll\n      for (int e = 0; e < kVec; ++e) {\n")
-        out.append(f"        float a = {TO_FLOAT[s.input_dtype].format('xr[i].e[e]')};\n")
+        out.append(f"        float a = {TO_FLOAT[s.input_dtype].format(x + '.e[e]')};\n")
         if self.plan.packed:
             # the head of the prologue, held in 16 bits (exact: it ends with a 16-bit cast
             # or is x itself); padded slots hold 0, and the tail's tensors hold 0 there too
             head, _ = self._split_prologue()
-            for op in head:
+            for op in head[2 * lead:]:
                 self._pointwise(op)
             carrier = self._carrier()
             out.append(f"        pv[i].e[e] = {FROM_FLOAT[carrier].format('ok ? a : 0.f')};\n"
                        "      }\n    }\n")
             return
-        for op in s.prologue:
+        for op in ops:
             self._pointwise(op)
         # padded slots must be exactly 0 for the sums (their tensors hold 0, but a cast
         # or a later op need not keep it so)
