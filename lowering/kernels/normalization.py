@@ -607,7 +607,7 @@ TREE_SUMS = False
 # Whether the persistent kernel runs the prologue's leading (+ b, 16-bit cast) pairs as
 # 16-bit pair adds (`PersistentRenderer._packed_lead`: the same bits, fewer instructions
 # an element): not yet timed (benchmarks/norm_flag_probe.py --flag PACKED_HEAD).
-PACKED_HEAD = False
+PACKED_HEAD = True
 
 RULES = PlannerRules(deep_below=64 * 1024, one_pass_warps=0, global_params=True, packed_row=True)
 RULE_GRID = {"deep_below": (0, 32 * 1024, 48 * 1024, 64 * 1024, 1 << 30),
