@@ -1923,10 +1923,12 @@ __device__ __forceinline__ void bulk_wait(unsigned long long* bar, unsigned pari
                 out.append(f"      add2_{_SHORT[s.input_dtype]}(h.raw, v_{op.name}.raw);\n")
             x = "h"
         ops = s.prologue[2 * lead:]
-        if self.plan.packed:
+        if self.plan.packed and lead:
             head, _ = self._split_prologue()
-            if len(head) == 2 * lead:  # the whole head done in 16 bits: it is the slice
-                out.append("      pv[i] = h;\n    }\n")
+            if len(head) == 2 * lead:
+                # the whole head done in 16 bits: it is the slice; padded slots must be
+                # 0 for the sums (x staged by a bulk copy leaves them unwritten)
+                out.append("      if (!ok) h.raw = {};\n      pv[i] = h;\n    }\n")
                 return
         out.append("#pragma unroll\n      for (int e = 0; e < kVec; ++e) {\n")
         out.append(f"        float a = {TO_FLOAT[s.input_dtype].format(x + '.e[e]')};\n")
