@@ -1404,6 +1404,20 @@ class NormalizationRenderer:
         return render.Renderer().source(["convert"], SNIPPETS["preamble"].format(),
                                         "#define VAL(i, e) v[i][e]\n", "".join(self.out))
 
+    def _packed_lead(self) -> int:
+        """How many leading (AddBroadcast, Cast) pairs of the prologue run on 16-bit
+        pairs (`PACKED_HEAD`): each adds a tensor of x's 16-bit dtype and casts back to
+        it, so the 16-bit add gives the same bits; x in 16 bits, two lanes at least."""
+        s = self.spec
+        if not PACKED_HEAD or DTYPE_BYTES[s.input_dtype] != 2 or self.plan.vector_width < 2:
+            return 0
+        ops, lead = s.prologue, 0
+        while (2 * lead + 1 < len(ops) and isinstance(ops[2 * lead], AddBroadcast)
+               and isinstance(ops[2 * lead + 1], Cast)
+               and ops[2 * lead].dtype == ops[2 * lead + 1].dtype == s.input_dtype):
+            lead += 1
+        return lead
+
     def _load_and_prologue(self) -> None:
         s = self.spec
         self.emit("batch_loop_open")
@@ -1411,9 +1425,16 @@ class NormalizationRenderer:
         adds = [op for op in s.prologue if isinstance(op, AddBroadcast)]
         for op in adds:
             self.emit("load_param", t=CUDA_TYPES[op.dtype], name=op.name)
+        lead = self._packed_lead()
+        x = "v_x"
+        if lead:  # the leading (+ b, 16-bit cast) pairs in 16 bits, two lanes at a time
+            self.out.append(f"      Vec<{CUDA_TYPES[s.input_dtype]}, kVec> h = v_x;\n")
+            for op in s.prologue[:2 * lead:2]:
+                self.out.append(f"      add2_{_SHORT[s.input_dtype]}(h.raw, v_{op.name}.raw);\n")
+            x = "h"
         self.emit("element_loop_open")
-        self.emit("first_value", value=TO_FLOAT[s.input_dtype].format("v_x.e[e]"))
-        for op in s.prologue:
+        self.emit("first_value", value=TO_FLOAT[s.input_dtype].format(x + ".e[e]"))
+        for op in s.prologue[2 * lead:]:
             self._pointwise(op, guard="ok")
         self.emit("keep")
         self.emit("loop_close")
@@ -1738,20 +1759,6 @@ __device__ __forceinline__ void bulk_wait(unsigned long long* bar, unsigned pari
 """
         return render.Renderer().source(["convert"], SNIPPETS["preamble"].format(), helper,
                                         self._value_macro(), "".join(self.out))
-
-    def _packed_lead(self) -> int:
-        """How many leading (AddBroadcast, Cast) pairs of the prologue run on 16-bit
-        pairs (`PACKED_HEAD`): each adds a tensor of x's 16-bit dtype and casts back to
-        it, so the 16-bit add gives the same bits; x in 16 bits, two lanes at least."""
-        s = self.spec
-        if not PACKED_HEAD or DTYPE_BYTES[s.input_dtype] != 2 or self.plan.vector_width < 2:
-            return 0
-        ops, lead = s.prologue, 0
-        while (2 * lead + 1 < len(ops) and isinstance(ops[2 * lead], AddBroadcast)
-               and isinstance(ops[2 * lead + 1], Cast)
-               and ops[2 * lead].dtype == ops[2 * lead + 1].dtype == s.input_dtype):
-            lead += 1
-        return lead
 
     def _split_prologue(self):
         """(head, tail) of the prologue at its last cast to a 16-bit type (``packed``: the
