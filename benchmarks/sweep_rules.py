@@ -1,6 +1,6 @@
 """Compare the normalization planner with a measured plan sweep (no GPU needed).
 
-    PYTHONPATH=. python benchmarks/sweep_rules.py [benchmarks/results/layer_norm_nvidia-h200_sweep_f274ee2.json] [--all]
+    PYTHONPATH=. python benchmarks/sweep_rules.py [benchmarks/results/layer_norm_nvidia-h200_sweep_0344c81.json] [--all]
     PYTHONPATH=. python benchmarks/sweep_rules.py RESULTS.json --fit
 
 ``--fit``: every combination of `RULE_GRID` (the switches of `PlannerRules`: deeper x
@@ -27,7 +27,7 @@ import sys
 import lowering.kernels.normalization as normalization
 from lowering.kernels.normalization import NormalizationSpec
 
-DEFAULT = "benchmarks/results/layer_norm_nvidia-h200_sweep_f274ee2.json"
+DEFAULT = "benchmarks/results/layer_norm_nvidia-h200_sweep_0344c81.json"
 
 
 def load(path: str = DEFAULT):

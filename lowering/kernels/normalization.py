@@ -670,8 +670,13 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
        b3 1.000x against t384 b4 1.065x, both one block and 24 KiB a row).
     10. Fewer registers.
 
-    Against the f274ee2 sweep (584 plans with the packed row; what the sweep test holds
-    the planner to) the picks are within 1.021x of the best at every size (768 1.015,
+    Against the 0344c81 sweep (999 plans, every kernel with the 16-bit pair adds of
+    `PACKED_HEAD`; what the sweep test holds the planner to) the picks are within 1.050x
+    of the best: 1.000-1.023x but at 1600 1.045, 4096 1.050 (the packed twin, one row
+    ahead), 12288 1.041 (t384 b4, tensors in shared memory, bulk rows) and 20480 1.035
+    (two tensors staged, `split_params`); no setting of `PlannerRules` does better at its
+    worst size. Against the f274ee2 sweep (584 plans with the packed row) the picks were
+    within 1.021x of the best at every size (768 1.015,
     1024 1.019, 1280 1.020, 1600 1.013, 4096 1.021, 16384 1.012: the packed row, the
     rest 1.000-1.009). Against the 75f9994 sweep (benchmarks/sweep_rules.py) the picks were the best plan or
     within 1%: 1.007x at 1280, 1.000 at 1536, 1.002 at 1600, 1.009 at 2048, 1.000 at
