@@ -600,14 +600,24 @@ class PlannerRules:
 BALANCED_GRID = False
 
 # Whether the two-pass statistics sum a thread's values as kVec independent chains and a
-# tree (SNIPPETS "tree_sum_*") rather than one chain: not yet timed
-# (benchmarks/tree_sum_probe.py times both).
+# tree (SNIPPETS "tree_sum_*") rather than one chain. Measured off
+# (benchmarks/norm_flag_probe.py --flag TREE_SUMS, norm_flag_TREE_SUMS_nvidia-h200_2bb99a1.json):
+# 0.977-1.026x, most sizes a little slower; the chain's latency is not what holds the
+# kernel back.
 TREE_SUMS = False
 
-# Whether the persistent kernel runs the prologue's leading (+ b, 16-bit cast) pairs as
-# 16-bit pair adds (`PersistentRenderer._packed_lead`: the same bits, fewer instructions
-# an element): not yet timed (benchmarks/norm_flag_probe.py --flag PACKED_HEAD).
+# Whether the kernels run the prologue's leading (+ b, 16-bit cast) pairs as 16-bit pair
+# adds (`NormalizationRenderer._packed_lead`: the same bits, four instructions an element
+# fewer). Measured on (norm_flag_PACKED_HEAD_nvidia-h200_3da0822.json, every output the
+# same bits): 1280 1.089x, 1600 1.092x, 2560 1.051x, 5140 1.071x, 16384 1.031x, 1536-4096
+# and 20480 1.005-1.012x, but 12288 0.952x (its t512 b3 plan; no cause found).
 PACKED_HEAD = True
+
+# Whether a persistent kernel asks for just the shared memory its resident blocks need,
+# leaving the rest of the SM's 256 KiB to L1 (`runtime.normalization._set_carveout`):
+# the 1-D tensors of a ``param_cache="global"`` plan are re-read every row. Not yet
+# timed (benchmarks/norm_flag_probe.py --flag L1_CARVEOUT).
+L1_CARVEOUT = False
 
 RULES = PlannerRules(deep_below=64 * 1024, one_pass_warps=0, global_params=True, packed_row=True)
 RULE_GRID = {"deep_below": (0, 32 * 1024, 48 * 1024, 64 * 1024, 1 << 30),
