@@ -147,35 +147,8 @@ def _kernel(spec: NormalizationSpec, device_index: int):
 
         compiled = jit.kernel_cache().get(render_normalization(spec), [spec.kernel_name],
                                           jit.device_arch(device_index))
-        kernel = jit.load(compiled, device_index)[spec.kernel_name]
-        _set_carveout(kernel, spec.plan, device_index)
-        _KERNELS[key] = kernel
+        kernel = _KERNELS[key] = jit.load(compiled, device_index)[spec.kernel_name]
     return kernel
-
-
-def _set_carveout(kernel, plan, device_index: int) -> None:
-    """The split of an SM's 256 KiB between shared memory and L1 the kernel prefers
-    (`L1_CARVEOUT`): just the shared memory its resident blocks need, so that the rest is
-    L1 for the 1-D tensors a plan re-reads every row (``param_cache="global"``: 160 KiB
-    of them at 20480, fp16). Off: the driver's default. Set on every load, as the loaded
-    function may be shared with a spec loaded before under the other setting."""
-    import lowering.kernels.normalization as nm
-
-    value = -1  # CU_SHAREDMEM_CARVEOUT_DEFAULT
-    if nm.L1_CARVEOUT and plan.persistent:
-        try:
-            import cupy
-
-            total = cupy.cuda.Device(device_index).attributes["MaxSharedMemoryPerMultiprocessor"]
-            static = kernel.attribute("SHARED_SIZE_BYTES")
-            need = resident_blocks(kernel, plan) * (plan.dynamic_shared_bytes + static + 1024)
-            value = min(100, -(-100 * need // total))
-        except Exception:  # noqa: BLE001 -- no attribute: leave the driver's default
-            return
-    from cupy.cuda import driver
-
-    driver.funcSetAttribute(kernel.function.ptr,
-                            driver.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, value)
 
 
 def compiled_kernel(spec: NormalizationSpec, arch: str = "sm_90"):

@@ -613,11 +613,6 @@ TREE_SUMS = False
 # and 20480 1.005-1.012x, but 12288 0.952x (its t512 b3 plan; no cause found).
 PACKED_HEAD = True
 
-# Whether a persistent kernel asks for just the shared memory its resident blocks need,
-# leaving the rest of the SM's 256 KiB to L1 (`runtime.normalization._set_carveout`):
-# the 1-D tensors of a ``param_cache="global"`` plan are re-read every row. Not yet
-# timed (benchmarks/norm_flag_probe.py --flag L1_CARVEOUT).
-L1_CARVEOUT = False
 
 RULES = PlannerRules(deep_below=64 * 1024, one_pass_warps=0, global_params=True, packed_row=True)
 RULE_GRID = {"deep_below": (0, 32 * 1024, 48 * 1024, 64 * 1024, 1 << 30),
