@@ -1,14 +1,15 @@
 """Time a switch of the normalization code generator on and off, side by side.
 
-A module flag of lowering/kernels/normalization.py (``--flag``, e.g. ``TREE_SUMS``: the
-statistics summed as independent chains and a tree; ``BALANCED_GRID``: the persistent
+A module flag of lowering/kernels/normalization.py (``--flag``, e.g. ``PACKED_HEAD``:
+the prologue's ``half(x + b0)`` as 16-bit pair adds; ``BALANCED_GRID``: the persistent
 grid balanced over the rounds of the row loop) changes the kernel or its launch but
-not the plan. This runs the planner's kernel of the reference fusion with the flag off
+not the plan. (Flags timed with it and then taken out: ``TREE_SUMS``, the statistics
+summed as independent chains and a tree, 2bb99a1; ``L1_CARVEOUT``, c36ae8f.) This runs the planner's kernel of the reference fusion with the flag off
 and on, and the device-to-device copy, per hidden size, in interleaved rounds
 (CUDA-graph replays, input sets rotated as in the layer_norm bench), and checks both
 against the float64 reference on inputs with large-mean rows:
 
-    python benchmarks/norm_flag_probe.py --flag TREE_SUMS --out probe.json
+    python benchmarks/norm_flag_probe.py --flag PACKED_HEAD --out probe.json
 """
 
 from __future__ import annotations

@@ -599,20 +599,12 @@ class PlannerRules:
 # does not make up for fewer blocks keeping bytes in flight in all the others.
 BALANCED_GRID = False
 
-# Whether the two-pass statistics sum a thread's values as kVec independent chains and a
-# tree (SNIPPETS "tree_sum_*") rather than one chain. Measured off
-# (benchmarks/norm_flag_probe.py --flag TREE_SUMS, norm_flag_TREE_SUMS_nvidia-h200_2bb99a1.json):
-# 0.977-1.026x, most sizes a little slower; the chain's latency is not what holds the
-# kernel back.
-TREE_SUMS = False
-
 # Whether the kernels run the prologue's leading (+ b, 16-bit cast) pairs as 16-bit pair
 # adds (`NormalizationRenderer._packed_lead`: the same bits, four instructions an element
 # fewer). Measured on (norm_flag_PACKED_HEAD_nvidia-h200_3da0822.json, every output the
 # same bits): 1280 1.089x, 1600 1.092x, 2560 1.051x, 5140 1.071x, 16384 1.031x, 1536-4096
 # and 20480 1.005-1.012x, but 12288 0.952x (its t512 b3 plan; no cause found).
 PACKED_HEAD = True
-
 
 RULES = PlannerRules(deep_below=64 * 1024, one_pass_warps=0, global_params=True, packed_row=True)
 RULE_GRID = {"deep_below": (0, 32 * 1024, 48 * 1024, 64 * 1024, 1 << 30),
@@ -1190,15 +1182,6 @@ __device__ __forceinline__ unsigned int pair_add_bf16(unsigned int a, unsigned i
   __device__ __forceinline__ void add2_##T(unsigned int& a, const unsigned int& b) {{ a = pair_add_##T(a, b); }}
 HOSTIR_ADD2(fp16)
 HOSTIR_ADD2(bf16)
-// The sum of N partial sums as a tree (log2 N dependent adds, not N).
-template <int N>
-__device__ __forceinline__ float tree_sum(float (&p)[N]) {{
-#pragma unroll
-  for (int w = N / 2; w > 0; w /= 2)
-#pragma unroll
-    for (int e = 0; e < w; ++e) p[e] += p[e + w];
-  return p[0];
-}}
 """,
     # Sum over the threads of one row. With several warps a row: each warp's lane 0
     # writes its partial, one barrier, then every warp sums all partials itself, which
@@ -1292,50 +1275,6 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
     for (int i = 0; i < kBatch; ++i)
 #pragma unroll
       for (int e = 0; e < kVec; ++e) s += VAL(i, e) * VAL(i, e);
-""",
-    # The same three sums as kVec independent chains (one per vector lane) then a tree:
-    # kBatch + log2(kVec) dependent adds where one chain has kBatch * kVec (32 at b4 v8,
-    # about 130 cycles of latency a pass that few warps a scheduler cannot hide).
-    "tree_sum_value": """\
-    {{
-      float p[kVec];
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) p[e] = 0.f;
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i)
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) p[e] += VAL(i, e);
-      s += tree_sum(p);
-    }}
-""",
-    "tree_sum_centered": """\
-    {{
-      float p[kVec];
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) p[e] = 0.f;
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i) {{
-        const bool ok = i < kFullBatches || i * kThreadsPerRow + lane < kVectors;
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) {{
-          const float d = VAL(i, e) - mean;
-          p[e] += ok ? d * d : 0.f;
-        }}
-      }}
-      s += tree_sum(p);
-    }}
-""",
-    "tree_sum_squares": """\
-    {{
-      float p[kVec];
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) p[e] = 0.f;
-#pragma unroll
-      for (int i = 0; i < kBatch; ++i)
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) p[e] += VAL(i, e) * VAL(i, e);
-      s += tree_sum(p);
-    }}
 """,
     "layer_norm_stats": """\
     const float mean = row_sum(s, {partials0}) * (1.f / kHidden);
@@ -1463,15 +1402,14 @@ class NormalizationRenderer:
         part = ["partials[0][row_in_block]", "partials[1][row_in_block]"] if p.warps_per_row > 1 else ["nullptr", "nullptr"]
         self.emit("sum_open")
         eps = repr(float(s.norm.eps))
-        tree = "tree_" if TREE_SUMS else ""
         if isinstance(s.norm, LayerNorm):
-            self.emit(tree + "sum_value")
+            self.emit("sum_value")
             self.emit(
                 "layer_norm_stats", partials0=part[0], partials1=part[1], eps=eps,
-                sum_centered=SNIPPETS[tree + "sum_centered"].format(),
+                sum_centered=SNIPPETS["sum_centered"].format(),
             )
         else:
-            self.emit(tree + "sum_squares")
+            self.emit("sum_squares")
             self.emit("rms_norm_stats", partials0=part[0], eps=eps)
 
     def _normalize_and_store_tail(self) -> None:
@@ -1813,7 +1751,7 @@ __device__ __forceinline__ void bulk_wait(unsigned long long* bar, unsigned pari
         if not (p.one_pass and isinstance(s.norm, LayerNorm)):
             if flip:  # rms_norm: its one reduction, on the buffer of this row's parity
                 self.emit("sum_open")
-                self.emit("tree_sum_squares" if TREE_SUMS else "sum_squares")
+                self.emit("sum_squares")
                 self.emit("rms_norm_stats", partials0=parts, eps=repr(float(s.norm.eps)))
                 out.append(flip)
             else:
