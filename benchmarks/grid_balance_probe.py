@@ -43,10 +43,12 @@ def main() -> None:
     def with_grid(balanced, fn):
         def call():
             saved, nm.BALANCED_GRID = nm.BALANCED_GRID, balanced
+            rn.clear_caches()  # the prepared launch holds its grid
             try:
                 fn()
             finally:
                 nm.BALANCED_GRID = saved
+                rn.clear_caches()
         return call
 
     rows, res = a.rows, []

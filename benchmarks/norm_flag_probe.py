@@ -47,7 +47,7 @@ def main() -> None:
 
     def switch(value: bool) -> None:
         setattr(nm, a.flag, value)
-        rn._KERNELS.clear()  # kernels are cached by spec; the flag changes the source
+        rn.clear_caches()  # kernels and launches are cached by spec; the flag changes them
 
     rows, res = a.rows, []
     for hidden in (int(h) for h in a.hidden.split(",")):

@@ -34,6 +34,25 @@ TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32":
 _NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 
 
+_SPECS: dict[tuple, NormalizationSpec] = {}
+
+
+def _spec(kind: str, rows: int, hidden: int, eps: float, dtype: str, alignment: int):
+    """The spec of a call, built once per (kind, rows, hidden, eps, dtype, alignment):
+    building and validating one takes tens of microseconds, several times a short
+    kernel's host budget."""
+    key = (kind, rows, hidden, eps, dtype, alignment)
+    spec = _SPECS.get(key)
+    if spec is None:
+        make = {"fused": NormalizationSpec.reference_fusion, "layer_norm": NormalizationSpec.layer_norm,
+                "rms_norm": NormalizationSpec.rms_norm}[kind]
+        spec = make(rows, hidden, eps, dtype, alignment=alignment)
+        if len(_SPECS) >= 4096:
+            _SPECS.clear()
+        _SPECS[key] = spec
+    return spec
+
+
 def layer_norm_fused(x, b0, b1, w, b2, eps: float = 1e-5, out=None):
     """``half(layer_norm(float(half(float(x) + float(b0))) + float(b1)) * w + b2)`` over rows.
 
@@ -41,25 +60,63 @@ def layer_norm_fused(x, b0, b1, w, b2, eps: float = 1e-5, out=None):
     Returns a tensor shaped like x, in x's dtype.
     """
     dtype = _dtype_name(x, "x")
-    spec = NormalizationSpec.reference_fusion(_rows(x), x.shape[-1], eps, dtype,
-                                              alignment=_alignment(x, b0, b1, w, b2, out))
+    spec = _spec("fused", _rows(x), x.shape[-1], eps, dtype, _alignment(x, b0, b1, w, b2, out))
     return normalize(spec, {"x": x, "b0": b0, "b1": b1, "weight": w, "bias": b2}, out)
 
 
 def layer_norm(x, w, b, eps: float = 1e-5, out=None):
     """``layer_norm(x) * w + b`` over the last axis, fp32 math, output in x's dtype."""
     dtype = _dtype_name(x, "x")
-    spec = NormalizationSpec.layer_norm(_rows(x), x.shape[-1], eps, dtype,
-                                        alignment=_alignment(x, w, b, out))
+    spec = _spec("layer_norm", _rows(x), x.shape[-1], eps, dtype, _alignment(x, w, b, out))
     return normalize(spec, {"x": x, "weight": w, "bias": b}, out)
 
 
 def rms_norm(x, w, eps: float = 1e-6, out=None):
     """``x / sqrt(mean(x^2) + eps) * w`` over the last axis, fp32 math, output in x's dtype."""
     dtype = _dtype_name(x, "x")
-    spec = NormalizationSpec.rms_norm(_rows(x), x.shape[-1], eps, dtype,
-                                      alignment=_alignment(x, w, out))
+    spec = _spec("rms_norm", _rows(x), x.shape[-1], eps, dtype, _alignment(x, w, out))
     return normalize(spec, {"x": x, "weight": w}, out)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Prepared:
+    """What a launch of a spec on a device needs beyond the tensors: found once."""
+
+    kernel: object
+    grid: tuple
+    block: tuple
+    smem: int
+    names: tuple
+    dtypes: tuple
+    rows: object  # numpy int32
+
+
+_PREPARED: dict[tuple, _Prepared] = {}
+
+
+def clear_caches() -> None:
+    """Forget loaded kernels and prepared launches (a probe that switches a generator
+    flag of lowering.kernels.normalization: the sources and grids change with it)."""
+    _KERNELS.clear()
+    _PREPARED.clear()
+
+
+def _prepare(spec: NormalizationSpec, device_index: int) -> _Prepared:
+    key = (spec, device_index)
+    p = _PREPARED.get(key)
+    if p is None:
+        import numpy as np
+
+        kernel = _kernel(spec, device_index)
+        plan = spec.plan
+        grid = launch_grid(spec, kernel, torch.device("cuda", device_index))
+        p = _Prepared(kernel, (grid, 1, 1), (plan.block_threads, 1, 1),
+                      plan.dynamic_shared_bytes, spec.parameter_names(),
+                      spec.parameter_dtypes(), np.int32(spec.rows))
+        if len(_PREPARED) >= 4096:
+            _PREPARED.clear()
+        _PREPARED[key] = p
+    return p
 
 
 def normalize(spec: NormalizationSpec, tensors: Mapping[str, torch.Tensor], out=None):
@@ -77,16 +134,20 @@ def normalize(spec: NormalizationSpec, tensors: Mapping[str, torch.Tensor], out=
     _check_tensor("y", out, x.device, spec.output_dtype, tuple(x.shape))
     if x.numel() == 0:
         return out
-    kernel = _kernel(spec, x.device.index)
-    plan = spec.plan
-    args = [tensors[n].data_ptr() for n in names[:-1]] + [out.data_ptr()]
     import numpy as np
 
-    with torch.cuda.device(x.device):
-        grid = launch_grid(spec, kernel, x.device)
-        kernel.launch((grid, 1, 1), (plan.block_threads, 1, 1),
-                      tuple(np.uint64(a) for a in args) + (np.int32(spec.rows),),
-                      plan.dynamic_shared_bytes)
+    from runtime import jit
+
+    dev = x.get_device()
+    p = _prepare(spec, dev)
+    args = tuple(np.uint64(tensors[n].data_ptr()) for n in p.names[:-1]) + (
+        np.uint64(out.data_ptr()), p.rows)
+    handle = jit.current_stream_handle(dev)
+    if dev == torch.cuda.current_device():
+        p.kernel.launch_raw(p.grid, p.block, args, p.smem, handle)
+    else:  # the kernel's module lives in the device's context: make it current
+        with torch.cuda.device(dev):
+            p.kernel.launch_raw(p.grid, p.block, args, p.smem, handle)
     return out
 
 
@@ -140,6 +201,9 @@ _KERNELS: dict[tuple[NormalizationSpec, int], object] = {}
 
 def _kernel(spec: NormalizationSpec, device_index: int):
     """The loaded kernel; rows are a launch argument, so specs differing in rows share it."""
+    kernel = _KERNELS.get((spec, device_index))
+    if kernel is not None:
+        return kernel
     key = (dataclasses.replace(spec, rows=1), device_index)
     kernel = _KERNELS.get(key)
     if kernel is None:
@@ -148,6 +212,7 @@ def _kernel(spec: NormalizationSpec, device_index: int):
         compiled = jit.kernel_cache().get(render_normalization(spec), [spec.kernel_name],
                                           jit.device_arch(device_index))
         kernel = _KERNELS[key] = jit.load(compiled, device_index)[spec.kernel_name]
+    _KERNELS[(spec, device_index)] = kernel
     return kernel
 
 
