@@ -606,11 +606,6 @@ BALANCED_GRID = False
 # and 20480 1.005-1.012x, but 12288 0.952x (its t512 b3 plan; no cause found).
 PACKED_HEAD = True
 
-# Whether 16-bit outputs are rounded two at a time (cvt.rn.f16x2.f32 / bf16x2: the same
-# bits as one cvt each, half the conversions). Not yet timed
-# (benchmarks/norm_flag_probe.py --flag PACKED_STORE).
-PACKED_STORE = False
-
 RULES = PlannerRules(deep_below=64 * 1024, one_pass_warps=0, global_params=True, packed_row=True)
 RULE_GRID = {"deep_below": (0, 32 * 1024, 48 * 1024, 64 * 1024, 1 << 30),
              "one_pass_warps": (0, 2, 4, 8, 16),
@@ -1421,11 +1416,7 @@ class NormalizationRenderer:
         """Per element: normalize, weight, bias, the epilogue ops, then store the vector
         (the 1-D tensors' vectors ``v_<name>`` are in scope, however they were loaded)."""
         s = self.spec
-        width = self.plan.vector_width
-        pack = render.PACK2.get(_SHORT[s.output_dtype]) if PACKED_STORE and width >= 2 else None
         self.emit("out_decl", t=CUDA_TYPES[s.output_dtype])
-        if pack:
-            self.out.append("      float o[kVec];\n")
         self.emit("element_loop_open")
         self.emit("normalize")
         if s.norm.weight:
@@ -1434,17 +1425,8 @@ class NormalizationRenderer:
             self.emit("add", value=TO_FLOAT[s.norm.bias_dtype].format("v_bias.e[e]"))
         for op in s.epilogue:
             self._pointwise(op)
-        if pack:
-            self.out.append("        o[e] = a;\n")
-        else:
-            self.emit("out_assign", value=FROM_FLOAT[s.output_dtype].format("a"))
+        self.emit("out_assign", value=FROM_FLOAT[s.output_dtype].format("a"))
         self.emit("loop_close")
-        if pack:
-            # two outputs rounded by one cvt.rn.{f16,bf16}x2: each rounded to nearest even
-            # as by its own cvt, so the same bits, half the conversions and no byte shuffles
-            words = [f"{pack}(o[{k}], o[{k + 1}])" for k in range(0, width, 2)]
-            make = {1: "{}", 2: "make_uint2({})", 4: "make_uint4({})"}[len(words)]
-            self.out.append(f"      v_y.raw = {make.format(', '.join(words))};\n")
         self.emit("store_y", t=CUDA_TYPES[s.output_dtype])
         self.emit("batch_loop_close")
 
