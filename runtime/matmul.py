@@ -156,10 +156,6 @@ def prepare(M: int, N: int, K: int, *, dtype=torch.bfloat16, out_dtype=None, lay
     return spec
 
 
-def _ptr(t: torch.Tensor | None) -> np.uint64:
-    return np.uint64(0 if t is None else t.data_ptr())
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Prepared:
     """What a launch of a spec needs that depends only on the spec, the shape, the row
@@ -211,6 +207,15 @@ def _prepare(spec: MatmulSpec, M: int, N: int, K: int, lda: int, ldb: int, ldc: 
     return prepared
 
 
+def _launch(p: _Prepared, args: tuple, ws: int, out: torch.Tensor, bias_ptr, handle: int) -> None:
+    p.main.launch_raw(p.grid, p.block, args, p.smem_bytes, handle)
+    if p.reduce_grid is not None:
+        u64 = np.uint64
+        p.reduce.launch_raw(p.reduce_grid, p.reduce_block,
+                            (u64(ws), u64(out.data_ptr()), bias_ptr) + p.reduce_consts, 0,
+                            handle)
+
+
 def launch(spec: MatmulSpec, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
            bias: torch.Tensor | None, M: int, N: int, K: int) -> None:
     """Launch `spec` on the current stream of `a`'s device (operands already checked)."""
@@ -227,11 +232,11 @@ def launch(spec: MatmulSpec, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     if spec.tma:
         from runtime import tma
         args += (u64(tma.tensor_maps(spec, a, b, M, N, K, dev)),)
-    p.main.launch_raw(p.grid, p.block, args, p.smem_bytes, handle)
-    if p.reduce_grid is not None:
-        p.reduce.launch_raw(p.reduce_grid, p.reduce_block,
-                            (u64(ws), u64(out.data_ptr()), bias_ptr) + p.reduce_consts, 0,
-                            handle)
+    if dev == torch.cuda.current_device():
+        _launch(p, args, ws, out, bias_ptr, handle)
+    else:  # the kernels' module lives in the device's context: make it current
+        with torch.cuda.device(dev):
+            _launch(p, args, ws, out, bias_ptr, handle)
     if options().enable("check_zeroed"):
         arena.check_zeroed()
 
