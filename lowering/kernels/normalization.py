@@ -606,11 +606,6 @@ BALANCED_GRID = False
 # and 20480 1.005-1.012x, but 12288 0.952x (its t512 b3 plan; no cause found).
 PACKED_HEAD = True
 
-# Whether a block of several rows reduces each row behind a named barrier of that row's
-# warps alone (bar.sync 1 + row, its threads) instead of __syncthreads: the rows of a
-# block stop waiting for each other. Not yet timed (norm_flag_probe.py --flag ROW_BARRIERS).
-ROW_BARRIERS = False
-
 RULES = PlannerRules(deep_below=64 * 1024, one_pass_warps=0, global_params=True, packed_row=True)
 RULE_GRID = {"deep_below": (0, 32 * 1024, 48 * 1024, 64 * 1024, 1 << 30),
              "one_pass_warps": (0, 2, 4, 8, 16),
@@ -1202,7 +1197,7 @@ __device__ __forceinline__ float row_sum(float v, float* partials) {{
   const int warp = (threadIdx.x % {threads_per_row}) >> 5;
   v = warp_sum(v);
   if (lane == 0) partials[warp] = v;
-  {barrier}
+  __syncthreads();
   return warp_sum(lane < {warps_per_row} ? partials[lane] : 0.f);
 }}
 """,
@@ -1325,15 +1320,7 @@ class NormalizationRenderer:
         if p.warps_per_row == 1:
             self.emit("row_sum_warp")
         else:
-            barrier = "__syncthreads();"
-            if ROW_BARRIERS and p.rows_per_block > 1:
-                # only the row's own warps wait for each other (named barrier 1 + the
-                # row's index in the block; 0 is __syncthreads'): the partials are per row
-                assert p.rows_per_block < 16, p
-                barrier = ('asm volatile("bar.sync %0, %1;" :: "r"(1 + (int)(threadIdx.x / '
-                           f'{p.threads_per_row})), "n"({p.threads_per_row}) : "memory");')
-            self.emit("row_sum_block", threads_per_row=p.threads_per_row,
-                      warps_per_row=p.warps_per_row, barrier=barrier)
+            self.emit("row_sum_block", threads_per_row=p.threads_per_row, warps_per_row=p.warps_per_row)
         names, dtypes = s.parameter_names(), s.parameter_dtypes()
         # in_/out_/v_ prefixes keep tensor names apart from the kernel's own locals
         params = [f"const {CUDA_TYPES[d]}* __restrict__ in_{n}" for n, d in zip(names[:-1], dtypes[:-1])]
