@@ -90,16 +90,24 @@ def check(out, ref64, torch) -> float:
 
 
 def _compile_probe(M, N, K) -> dict:
-    """Cold compile vs warm first call, each in a fresh process sharing one cache dir."""
+    """Cold compile vs warm first call, each in a fresh process sharing one cache dir.
+
+    Each process times its phases apart: importing CuPy (the same either way, and the
+    larger part of a first call), choosing the spec, getting the kernel (NVRTC when the
+    cache is cold, a disk read when warm), and the first launch with its sync.
+    """
     code = (
-        "import time, torch; t0=time.perf_counter();"
+        "import time, torch;"
         "from runtime import matmul as mm, jit;"
         f"a=torch.randn({M},{K},device='cuda',dtype=torch.bfloat16);"
         f"b=torch.randn({N},{K},device='cuda',dtype=torch.bfloat16);"
-        "torch.cuda.synchronize(); t1=time.perf_counter();"
-        "c=mm.matmul(a,b); torch.cuda.synchronize(); t2=time.perf_counter();"
+        "torch.cuda.synchronize(); t0=time.perf_counter();"
+        "import cupy; t1=time.perf_counter();"
+        f"spec=mm.choose_spec(mm.Problem({M},{N},{K},'bf16','bf16','TN',False)); t2=time.perf_counter();"
+        "mm.load(spec); t3=time.perf_counter();"
+        "c=mm.matmul(a,b,spec=spec); torch.cuda.synchronize(); t4=time.perf_counter();"
         "s=jit.kernel_cache().stats;"
-        "print('PROBE', t2-t1, s.compiles, s.disk_hits)")
+        "print('PROBE', t1-t0, t2-t1, t3-t2, t4-t3, s.compiles, s.disk_hits)")
     root = Path(__file__).resolve().parents[2]
     res = {}
     with tempfile.TemporaryDirectory() as d:
@@ -111,9 +119,11 @@ def _compile_probe(M, N, K) -> dict:
             if not line:
                 res[label] = {"error": (p.stderr or p.stdout)[-500:]}
                 continue
-            _, secs, compiles, hits = line[0].split()
-            res[label] = {"first_call_ms": float(secs) * 1e3, "compiles": int(compiles),
-                          "disk_hits": int(hits)}
+            _, imp, choose, get, first, compiles, hits = line[0].split()
+            res[label] = {"import_cupy_ms": float(imp) * 1e3, "choose_ms": float(choose) * 1e3,
+                          "kernel_ms": float(get) * 1e3, "first_launch_ms": float(first) * 1e3,
+                          "first_call_ms": (float(choose) + float(get) + float(first)) * 1e3,
+                          "compiles": int(compiles), "disk_hits": int(hits)}
     return res
 
 
