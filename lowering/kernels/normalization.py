@@ -544,13 +544,11 @@ class PlannerRules:
 
     - ``deep_below``: a deeper cp.async ring (``stages`` 2) where one row ahead leaves
       fewer than this many bytes of x in flight an SM (`bytes_in_flight` x 2): Little's
-      law with room to spare. 0: never. Fitted: 80 KiB (64 KiB on the 75f9994 and f274ee2
-      sweeps, where nothing lay between; the 0344c81 and ffa45e6 sweeps, fitted with
-      ``packed_for_blocks``, put the packed 1600, 2048 and 4096 plans with their extra
-      block below it: 1600 1.000x two rows ahead against 1.075x one). Two rows ahead
-      is the best at every size up to 12288 (one block of 512 threads, 24 KiB a row:
-      1.000x against 1.119x one row ahead); at 20480 (40 KiB a row) one row ahead holds
-      enough and the third buffer only takes shared memory (1.000x/1.032x).
+      law with room to spare. 0: never. Fitted: 64 KiB. Two rows ahead is the best at
+      every size up to 12288 (one block of 512 threads, 24 KiB a row: 1.000x against
+      1.119x one row ahead); from 16384 (32 KiB a row and up) one row ahead holds enough
+      and the third buffer only takes shared memory (16384 1.004x/1.000x, 20480
+      1.000x/1.032x).
     - ``one_pass_warps``: the one-pass reduction (one block barrier a row) for rows on
       at least this many warps (a barrier waits for the slowest warp of the row: the
       more warps, the more it costs). 0: never. Fitted: never; every one-pass plan of
@@ -566,14 +564,6 @@ class PlannerRules:
       0.881 of copy bandwidth against 0.818 for the best unpacked plan, tensors in L2).
       Where the tensors fit beside the fp32 row the recomputed tail costs more than the
       registers save (packed twins 0.93-0.99x, a few 1.02-1.14x).
-    - ``packed_for_blocks``: with ``packed_row``, also pack the staged row slice where
-      that lets an SM hold one more block (the packed twin's `min_blocks_per_sm` above
-      the unpacked one's), though the tensors fit beside the fp32 row. Fitted: on. In
-      the 0344c81 and ffa45e6 sweeps (999 plans each) packing moved 1600, 2048 and 4096
-      from 3 to 4 blocks an SM and its twin ran 0.993-1.045x (1600: 1.024x, 1.045x);
-      where the blocks stay the same the twins are a wash (0.977-1.007x). With
-      ``deep_below`` at 80 KiB the fit's worst size goes from 1.050x to 1.041x (12288)
-      and its mean from 1.019x to 1.014x.
     - ``bulk_x``: stage x by one bulk copy a row (``LaunchPlan.x_bulk``) wherever the row
       allows it. Fitted: off. In the 626bc24 sweep (760 plans) the bulk twin of a plan
       ran 0.88-1.13x its cp.async twin's speed: the best plan at 1600 (0.810 of copy
@@ -598,7 +588,6 @@ class PlannerRules:
     global_params: bool = False
     l2_hint: str = ""
     packed_row: bool = False
-    packed_for_blocks: bool = False
     bulk_x: bool = False
     split_params: bool = False
 
@@ -617,14 +606,12 @@ BALANCED_GRID = False
 # and 20480 1.005-1.012x, but 12288 0.952x (its t512 b3 plan; no cause found).
 PACKED_HEAD = True
 
-RULES = PlannerRules(deep_below=80 * 1024, one_pass_warps=0, global_params=True, packed_row=True,
-                     packed_for_blocks=True)
-RULE_GRID = {"deep_below": (0, 32 * 1024, 48 * 1024, 64 * 1024, 80 * 1024, 96 * 1024, 1 << 30),
+RULES = PlannerRules(deep_below=64 * 1024, one_pass_warps=0, global_params=True, packed_row=True)
+RULE_GRID = {"deep_below": (0, 32 * 1024, 48 * 1024, 64 * 1024, 1 << 30),
              "one_pass_warps": (0, 2, 4, 8, 16),
              "global_params": (False, True),
              "l2_hint": L2_HINTS,
              "packed_row": (False, True),
-             "packed_for_blocks": (False, True),
              "bulk_x": (False, True),
              "split_params": (False, True)}
 
@@ -681,10 +668,11 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
     10. Fewer registers.
 
     Against the 0344c81 sweep (999 plans, every kernel with the 16-bit pair adds of
-    `PACKED_HEAD`; what the sweep test holds the planner to) the picks are within 1.041x
-    of the best: 1.000-1.019x but at 2048 1.031, 12288 1.041 (t384 b4, tensors in
-    shared memory, bulk rows) and 20480 1.035 (two tensors staged, `split_params`); no
-    setting of `PlannerRules` does better at its worst size over it and ffa45e6's. Against the f274ee2 sweep (584 plans with the packed row) the picks were
+    `PACKED_HEAD`; what the sweep test holds the planner to) the picks are within 1.050x
+    of the best: 1.000-1.023x but at 1600 1.045, 4096 1.050 (the packed twin, one row
+    ahead), 12288 1.041 (t384 b4, tensors in shared memory, bulk rows) and 20480 1.035
+    (two tensors staged, `split_params`); no setting of `PlannerRules` does better at its
+    worst size. Against the f274ee2 sweep (584 plans with the packed row) the picks were
     within 1.021x of the best at every size (768 1.015,
     1024 1.019, 1280 1.020, 1600 1.013, 4096 1.021, 16384 1.012: the packed row, the
     rest 1.000-1.009). Against the 75f9994 sweep (benchmarks/sweep_rules.py) the picks were the best plan or
@@ -698,14 +686,6 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
     registers_fit = any(p.prefetch and p.param_cache == "registers" and not p.packed
                         for p in plans)
     most_staged = max((p.shared_param_bytes for p in plans), default=0)
-    twins: dict[str, dict[bool, LaunchPlan]] = {}
-    for p in plans:
-        twins.setdefault(p.describe().replace(" packed", ""), {})[p.packed] = p
-
-    def packing_adds_blocks(p: LaunchPlan) -> bool:
-        pair = twins.get(p.describe().replace(" packed", ""), {})
-        return (len(pair) == 2
-                and pair[True].min_blocks_per_sm > pair[False].min_blocks_per_sm)
 
     def breaks_rules(p: LaunchPlan) -> int:
         broken = 0
@@ -726,9 +706,7 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
         elif p.one_pass:
             broken += 1
         broken += p.packed != (rules.packed_row and p.x_staged and value_bytes == 2
-                               and p.param_cache == "registers"
-                               and (not registers_fit
-                                    or (rules.packed_for_blocks and packing_adds_blocks(p))))
+                               and p.param_cache == "registers" and not registers_fit)
         broken += p.x_bulk != (rules.bulk_x and p.x_staged and not p.one_pass
                                and bulk_ok(hidden, p.vector_width, value_bytes))
         if p.param_cache == "global":
