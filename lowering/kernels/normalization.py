@@ -558,6 +558,11 @@ class PlannerRules:
       rather than staging them in shared memory, where staging them leaves no room
       for the prefetch of x (no shared-cache plan with the prefetch fits). Fitted: on
       (20480: 1.000x, where the shared tensors without the prefetch were 1.198x).
+    - (Tried and reverted, 3b6da53: packing the row slice wherever it lets an SM hold
+      one more block, with the deep ring below 80 KiB. Fitted on the 0344c81 and
+      ffa45e6 sweeps it promised 1600 and 4096 a few percent, but the bench run after it
+      (layer_norm_nvidia-h200_refit_3b6da53.json) gave 1600 0.875 of copy against 0.866,
+      4096 0.861 against 0.862, and lost 16384 to the deeper ring: 0.876 against 0.899.)
     - ``packed_row``: hold the staged row slice as 16-bit values (``LaunchPlan.packed``)
       where the 1-D tensors fit registers only so: no unpacked plan with the prefetch
       caches them in registers. Fitted: on (f274ee2 sweep: 16384, t512 b4 in registers,
