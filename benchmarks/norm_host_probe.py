@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -21,25 +20,13 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def per_call_us(fn, n: int = 200, rounds: int = 5) -> float:
-    samples = []
-    for _ in range(rounds):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        t1 = time.perf_counter()
-        torch.cuda.synchronize()
-        samples.append((t1 - t0) / n * 1e6)
-    return statistics.median(samples)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=8192)
     ap.add_argument("--hidden", type=int, default=1600)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
+    from benchmarks.matmul_host_probe import per_call_us
     from hostir.jobs.layer_norm import make_inputs, time_per_call
     from runtime import normalization as rn
 
@@ -50,11 +37,11 @@ def main() -> None:
            "commit": os.environ.get("HOSTIR_COMMIT", "unknown"), "rows": a.rows,
            "hidden": a.hidden, "method": "host microseconds a call, 200 calls without "
            "sync, median of 5; gpu_us by CUDA-graph replay",
-           "fused_host_us": per_call_us(fused),
-           "layer_norm_host_us": per_call_us(lambda: rn.layer_norm(x, w, b2, 1e-5, out=out)),
-           "rms_norm_host_us": per_call_us(lambda: rn.rms_norm(x, w, 1e-6, out=out)),
+           "fused_host_us": per_call_us(lambda i: fused()),
+           "layer_norm_host_us": per_call_us(lambda i: rn.layer_norm(x, w, b2, 1e-5, out=out)),
+           "rms_norm_host_us": per_call_us(lambda i: rn.rms_norm(x, w, 1e-6, out=out)),
            "torch_layer_norm_host_us": per_call_us(
-               lambda: torch.nn.functional.layer_norm(x, (a.hidden,), w, b2, 1e-5)),
+               lambda i: torch.nn.functional.layer_norm(x, (a.hidden,), w, b2, 1e-5)),
            "fused_gpu_us": time_per_call([fused], 10)}
     print(json.dumps(res), flush=True)
     with open(a.out, "w") as fh:

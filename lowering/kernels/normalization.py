@@ -598,7 +598,8 @@ class PlannerRules:
 
 
 # Whether the persistent kernel's grid is balanced (`LaunchPlan.grid`). Measured off:
-# benchmarks/grid_balance_probe.py (grid_balance_probe_nvidia-h200_ec73902.json) timed the
+# benchmarks/grid_balance_probe.py at ec73902 (grid_balance_probe_nvidia-h200_ec73902.json;
+# now `norm_flag_probe.py --flag BALANCED_GRID`: 1600 0.965x again at 804fd45) timed the
 # balanced grid slower at 10 of 12 sizes (1600: 373 blocks 0.942x the speed of 396; 2560:
 # 512 blocks 0.968x of 528), even at 12288 (1.007x). Every block busy in the last round
 # does not make up for fewer blocks keeping bytes in flight in all the others.
@@ -1372,6 +1373,18 @@ class NormalizationRenderer:
             lead += 1
         return lead
 
+    def _packed_head(self, x: str) -> tuple[int, str]:
+        """Emit the `_packed_lead` pairs as 16-bit pair adds on ``h``, a copy of the
+        vector ``x`` (padded slots: 0 + 0); (the pairs done, what holds x after them)."""
+        s = self.spec
+        lead = self._packed_lead()
+        if not lead:
+            return 0, x
+        self.out.append(f"      Vec<{CUDA_TYPES[s.input_dtype]}, kVec> h = {x};\n")
+        for op in s.prologue[:2 * lead:2]:
+            self.out.append(f"      add2_{_SHORT[s.input_dtype]}(h.raw, v_{op.name}.raw);\n")
+        return lead, "h"
+
     def _load_and_prologue(self) -> None:
         s = self.spec
         self.emit("batch_loop_open")
@@ -1379,13 +1392,7 @@ class NormalizationRenderer:
         adds = [op for op in s.prologue if isinstance(op, AddBroadcast)]
         for op in adds:
             self.emit("load_param", t=CUDA_TYPES[op.dtype], name=op.name)
-        lead = self._packed_lead()
-        x = "v_x"
-        if lead:  # the leading (+ b, 16-bit cast) pairs in 16 bits, two lanes at a time
-            self.out.append(f"      Vec<{CUDA_TYPES[s.input_dtype]}, kVec> h = v_x;\n")
-            for op in s.prologue[:2 * lead:2]:
-                self.out.append(f"      add2_{_SHORT[s.input_dtype]}(h.raw, v_{op.name}.raw);\n")
-            x = "h"
+        lead, x = self._packed_head("v_x")
         self.emit("element_loop_open")
         self.emit("first_value", value=TO_FLOAT[s.input_dtype].format(x + ".e[e]"))
         for op in s.prologue[2 * lead:]:
@@ -1873,36 +1880,25 @@ __device__ __forceinline__ void bulk_wait(unsigned long long* bar, unsigned pari
         adds = [op for op in s.prologue if isinstance(op, AddBroadcast)]
         for op in adds:
             out.append(f"      const Vec<{CUDA_TYPES[op.dtype]}, kVec> v_{op.name} = {self._param(op.name)};\n")
-        lead = self._packed_lead()
-        x = "xr[i]"
-        if lead:
-            # the leading (+ b, 16-bit cast) pairs two lanes an instruction, in 16 bits;
-            # padded slots: 0 + 0
-            out.append(f"      Vec<{CUDA_TYPES[s.input_dtype]}, kVec> h = xr[i];\n")
-            for op in s.prologue[:2 * lead:2]:
-                out.append(f"      add2_{_SHORT[s.input_dtype]}(h.raw, v_{op.name}.raw);\n")
-            x = "h"
-        ops = s.prologue[2 * lead:]
-        if self.plan.packed and lead:
-            head, _ = self._split_prologue()
-            if len(head) == 2 * lead:
-                # the whole head done in 16 bits: it is the slice; padded slots must be
-                # 0 for the sums (x staged by a bulk copy leaves them unwritten)
-                out.append("      if (!ok) h.raw = {};\n      pv[i] = h;\n    }\n")
-                return
+        lead, x = self._packed_head("xr[i]")
+        head, _ = self._split_prologue()
+        if self.plan.packed and lead and len(head) == 2 * lead:
+            # the whole head done in 16 bits: it is the slice; padded slots must be 0 for
+            # the sums (x staged by a bulk copy leaves them unwritten)
+            out.append("      if (!ok) h.raw = {};\n      pv[i] = h;\n    }\n")
+            return
         out.append("#pragma unroll\n      for (int e = 0; e < kVec; ++e) {\n")
         out.append(f"        float a = {TO_FLOAT[s.input_dtype].format(x + '.e[e]')};\n")
         if self.plan.packed:
             # the head of the prologue, held in 16 bits (exact: it ends with a 16-bit cast
             # or is x itself); padded slots hold 0, and the tail's tensors hold 0 there too
-            head, _ = self._split_prologue()
             for op in head[2 * lead:]:
                 self._pointwise(op)
             carrier = self._carrier()
             out.append(f"        pv[i].e[e] = {FROM_FLOAT[carrier].format('ok ? a : 0.f')};\n"
                        "      }\n    }\n")
             return
-        for op in ops:
+        for op in s.prologue[2 * lead:]:
             self._pointwise(op)
         # padded slots must be exactly 0 for the sums (their tensors hold 0, but a cast
         # or a later op need not keep it so)
