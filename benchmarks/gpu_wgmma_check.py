@@ -50,7 +50,8 @@ def _splits_for_shape(M, N, K):
     """(mode, split) pairs worth timing: split-K only where M x N is a few waves at most."""
     if M * N >= 4096 * 4096:
         return [("none", 1)]
-    return [("none", 1), ("serial", 2), ("serial", 4), ("serial", 8), ("parallel", 4)]
+    return [("none", 1), ("serial", 2), ("serial", 4), ("serial", 8), ("parallel", 4),
+            ("cluster", 2), ("cluster", 4)]
 
 
 def plan(shapes, quick: bool = False) -> list[dict]:
@@ -65,7 +66,10 @@ def plan(shapes, quick: bool = False) -> list[dict]:
         kernel = base.kernel_name
         # Edge checks first: a layout or descriptor bug shows here in milliseconds.
         for mode, split, out_dtype in (("none", 1, "bf16"), ("serial", 3, "fp32"),
-                                       ("parallel", 4, "bf16")):
+                                       ("parallel", 4, "bf16"), ("cluster", 2, "fp32"),
+                                       ("cluster", 4, "bf16")):
+            if not heuristics.mode_fits(base, mode, split):
+                continue  # cluster split-K: the TMA feed's tiles only
             spec = dataclasses.replace(base, split_k=split, split_mode=mode, bias=True,
                                        out_dtype=out_dtype)
             variants.append({"label": f"{base.tile} {base.feed} edge {mode} s{split} "
@@ -81,6 +85,8 @@ def plan(shapes, quick: bool = False) -> list[dict]:
             if quick:
                 pairs = pairs[:2]
             for mode, split in pairs:
+                if not heuristics.mode_fits(base, mode, split):
+                    continue
                 spec = dataclasses.replace(base, split_k=split, split_mode=mode)
                 ktiles = -(-K // spec.tile_k)
                 if split > 1 and ktiles // split < 4:

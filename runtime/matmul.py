@@ -247,9 +247,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, layout: str = "TN",
            out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """C = A @ B^T (layout "TN", B is [N, K]) or A @ B ("NN", B is [K, N]) plus bias.
 
-    mode: "auto" (stored autotune winner or heuristics), "none", "serial", "parallel".
+    mode: "auto" (stored autotune winner or heuristics), "none", "serial", "parallel",
+    "cluster" (Hopper: a tile's K-slices summed in a thread-block cluster).
     Launches on the current torch stream; serial split-K is one launch and takes its
-    semaphores from the zeroed arena of (device, current stream).
+    semaphores from the zeroed arena of (device, current stream); cluster split-K is one
+    launch and takes nothing from the arena.
     """
     if out_dtype is None:
         out_dtype = out.dtype if out is not None else a.dtype

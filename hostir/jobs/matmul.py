@@ -131,6 +131,7 @@ def bench(args) -> dict:
     import torch
 
     from lowering.kernels.heuristics import choose
+    from lowering.kernels.matmul import supports_wgmma
     from runtime import autotune, jit, workspace
     from runtime.matmul import Problem, matmul, sm_count, tuning_arch
 
@@ -152,7 +153,8 @@ def bench(args) -> dict:
         arch = tuning_arch()
         variants = {"heuristic": choose(M, N, K, layout=args.layout, sm_count=sm_count(),
                                         arch=arch)}
-        for mode in ("none", "serial", "parallel"):
+        # cluster split-K (summed in a thread-block cluster) is generated for Hopper only
+        for mode in ("none", "serial", "parallel") + (("cluster",) if supports_wgmma(arch) else ()):
             variants[mode] = choose(M, N, K, layout=args.layout, sm_count=sm_count(), mode=mode,
                                     arch=arch)
         if args.tune:

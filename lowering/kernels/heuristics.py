@@ -12,7 +12,9 @@ term of the model (see `estimate_us`):
   small and K large.
 * Splitting is not free: serial split-K chains (split-1) fp32 tile round trips through
   L2 per tile; parallel split-K writes split fp32 planes, reads them back in a second
-  kernel and pays a second launch (about 20 us on the lent VMs, GPU.md).
+  kernel and pays a second launch (about 20 us on the lent VMs, GPU.md); cluster split-K
+  (Hopper) reads each CTA's tile once from the cluster's shared memory and waits on two
+  cluster barriers, nothing through L2.
 
 Example:
     >>> spec = choose(512, 1024, 50304, sm_count=132)
@@ -25,7 +27,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from lowering.kernels.matmul import DEFAULT_SM_COUNT, MatmulSpec, supports_wgmma, tiles
+from lowering.kernels.matmul import (CLUSTER_SPLITS, DEFAULT_SM_COUNT, MatmulSpec,
+                                     supports_wgmma, tiles)
 
 # (tile_m, tile_n, tile_k, warps_m, warps_n, stages): the tile shapes we generate. Each
 # warp computes a (tile_m/warps_m) x (tile_n/warps_n) sub-tile.
@@ -107,6 +110,10 @@ TILE_EFFICIENCY = {
 
 # Split factors the heuristics and the autotuner consider.
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+SPLIT_MODES = ("none", "serial", "parallel", "cluster")
+# Feeds whose tiles the cluster split-K mode is generated for: the TMA feed is the fastest
+# non-persistent one (the mode needs one tile a CTA and the fp32 C tile in shared memory).
+CLUSTER_SPLIT_FEEDS = ("tma",)
 # A K-slice shorter than this many K-tiles spends too much of its time filling the
 # pipeline and in the epilogue.
 MIN_KTILES_PER_SLICE = 8
@@ -115,6 +122,8 @@ MIN_KTILES_PER_SLICE = 8
 MMA_FLOPS_PER_SM_US = 4.0e6        # mma.sync bf16 per SM per microsecond (about 530 TF/s)
 L2_BYTES_PER_SM_US = 40.0e3        # L2 bandwidth share of one SM, bytes per microsecond
 DRAM_BYTES_PER_US = 3.5e6          # device bandwidth for the parallel reduction
+DSMEM_BYTES_PER_SM_US = 100.0e3    # one SM's reads of its cluster's shared memory
+CLUSTER_SYNC_US = 1.0              # the cluster split's two barriers
 LAUNCH_US = 20.0                   # one extra kernel launch on the lent VMs
 CTA_FIXED_US = 2.0                 # prologue (STAGES-1 tiles in flight) + epilogue
 # With this many waves unsplit, the last wave's idle SMs cost little: do not split (the
@@ -178,6 +187,9 @@ def estimate_us(spec: MatmulSpec, M: int, N: int, K: int, sm_count: int) -> floa
     elif spec.split_mode == "parallel":
         total += tile_bytes / L2_BYTES_PER_SM_US
         total += LAUNCH_US + (spec.split_k + 1) * M * N * 4 / DRAM_BYTES_PER_US
+    elif spec.split_mode == "cluster":
+        # Each wave's CTAs read a tile of partials (theirs and their peers' rows) once.
+        total += waves * (tile_bytes / DSMEM_BYTES_PER_SM_US + CLUSTER_SYNC_US)
     return total
 
 
@@ -191,8 +203,18 @@ def _splits_for(K: int, tile_k: int) -> list[int]:
     return [s for s in SPLITS if s == 1 or ktiles // s >= MIN_KTILES_PER_SLICE]
 
 
+def mode_fits(base: MatmulSpec, mode: str, split: int) -> bool:
+    """Whether `mode` with `split` is a variant generated for `base`'s tile and feed."""
+    if (mode == "none") != (split == 1):
+        return False
+    if mode == "cluster":
+        return (base.instr == "wgmma" and base.feed in CLUSTER_SPLIT_FEEDS
+                and split in CLUSTER_SPLITS and base.tile_m % split == 0)
+    return True
+
+
 def candidates(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str = "bf16",
-               layout: str = "TN", bias: bool = False, modes=("none", "serial", "parallel"),
+               layout: str = "TN", bias: bool = False, modes=SPLIT_MODES,
                sm_count: int = DEFAULT_SM_COUNT, arch: str | None = None,
                prefer_wgmma: bool = False) -> list[MatmulSpec]:
     """Every spec the autotuner may time for this problem: tiles x split factors x modes.
@@ -210,9 +232,8 @@ def candidates(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str 
             if split > 1 and many_waves:
                 continue
             for mode in modes:
-                if (mode == "none") != (split == 1):
-                    continue
-                out.append(dataclasses.replace(base, split_k=split, split_mode=mode))
+                if mode_fits(base, mode, split):
+                    out.append(dataclasses.replace(base, split_k=split, split_mode=mode))
     return out
 
 
@@ -223,11 +244,15 @@ def choose(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str = "b
 
     Ties go to the earlier (larger) tile and the smaller split: less workspace traffic.
     On a part that runs wgmma (`arch` "sm_90"/"sm_90a") and layout TN only wgmma tiles
-    are considered; `arch=None` (any part) keeps to mma.sync.
+    are considered; `arch=None` (any part) keeps to mma.sync. Mode "cluster" (split-K
+    summed in a thread-block cluster) needs such a part.
     """
-    modes = ("none", "serial", "parallel") if mode == "auto" else (mode,)
-    if mode not in ("auto", "none", "serial", "parallel"):
-        raise ValueError(f"mode must be auto, none, serial or parallel; got {mode!r}")
+    modes = SPLIT_MODES if mode == "auto" else (mode,)
+    if mode != "auto" and mode not in SPLIT_MODES:
+        raise ValueError(f"mode must be auto, none, serial, parallel or cluster; got {mode!r}")
+    if mode == "cluster" and configs_for(arch, layout, prefer=True) != WGMMA_CONFIGS:
+        raise ValueError(f"mode 'cluster' needs an sm_90 part and layout TN (thread-block "
+                         f"clusters and wgmma); got arch {arch!r}, layout {layout!r}")
     specs = candidates(M, N, K, a_dtype=a_dtype, out_dtype=out_dtype, layout=layout,
                        bias=bias, modes=modes, sm_count=sm_count, arch=arch,
                        prefer_wgmma=True)
@@ -241,6 +266,8 @@ def choose(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str = "b
         # A forced split mode on a K too short to split: split in two anyway.
         small = WGMMA_CONFIGS[-1] if configs_for(arch, layout, prefer=True) == WGMMA_CONFIGS \
             else TILE_CONFIGS[2]
+        if mode == "cluster":
+            small = next(c for c in WGMMA_CONFIGS if c[6] in CLUSTER_SPLIT_FEEDS)
         specs = [dataclasses.replace(spec_for(small, a_dtype=a_dtype,
                                               b_dtype=a_dtype, out_dtype=out_dtype,
                                               layout=layout, bias=bias),
@@ -260,6 +287,9 @@ def all_source_specs() -> list[MatmulSpec]:
                 for layout in ("TN", "NN"):
                     if config in WGMMA_CONFIGS and layout != "TN":
                         continue
-                    out.append(spec_for(config, a_dtype=a, b_dtype=a, out_dtype=o,
-                                        layout=layout))
+                    base = spec_for(config, a_dtype=a, b_dtype=a, out_dtype=o, layout=layout)
+                    out.append(base)
+                    # the cluster split's size is compiled in: one source per factor
+                    out += [dataclasses.replace(base, split_k=k, split_mode="cluster")
+                            for k in CLUSTER_SPLITS if mode_fits(base, "cluster", k)]
     return out

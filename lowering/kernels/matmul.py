@@ -20,6 +20,13 @@ Split-K modes:
             launch, no memset: the arena is zero before and after.
   parallel: every slice stores its fp32 partial to workspace[slice]; a second kernel sums
             the slices and applies the epilogue. Two launches, nothing to zero.
+  cluster:  (Hopper, the non-persistent wgmma feeds) the `split_k` slices of a tile are
+            the CTAs of one thread-block cluster. Each stages its fp32 partial in its own
+            shared memory; after a cluster barrier, CTA r sums rows r/split_k of the
+            tile over every CTA's partial through distributed shared memory, applies the
+            epilogue and writes C. One launch, no workspace, no semaphore: the partials
+            never leave the GPC. The cluster size is compiled in (`__cluster_dims__`), so
+            unlike the other modes split_k is part of the source.
 
 Example:
     >>> spec = MatmulSpec(a_dtype="bf16", b_dtype="bf16", out_dtype="bf16", layout="TN")
@@ -38,9 +45,13 @@ from lowering.kernels.render import DTYPE_BYTES, FROM_FLOAT, PACK2, TO_FLOAT, Re
 IN_DTYPES = ("bf16", "fp16")
 OUT_DTYPES = ("bf16", "fp16", "fp32")
 LAYOUTS = ("TN", "NN")
-SPLIT_MODES = ("none", "serial", "parallel")
+SPLIT_MODES = ("none", "serial", "parallel", "cluster")
 INSTRS = ("mma", "wgmma")
-MODE_CODE = {"none": 0, "serial": 1, "parallel": 2}
+MODE_CODE = {"none": 0, "serial": 1, "parallel": 2, "cluster": 3}
+# Cluster split-K: the split factors (CTAs a cluster) it takes. 8 is the portable maximum
+# of a cluster; past 4 a tile's rows per CTA get few and the wave needs 8 free SMs of one
+# GPC at once.
+CLUSTER_SPLITS = (2, 4)
 
 # Shared memory per CTA that an sm_80 / sm_90 part can give a kernel (opt-in maximum).
 MAX_SMEM_BYTES = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
@@ -81,7 +92,8 @@ class MatmulSpec:
     """Everything that determines one generated matmul kernel (plus its split factor).
 
     `split_k` is a launch parameter, not part of the source: specs that differ only in
-    `split_k` share one compiled kernel. Bias (if any) has `out_dtype` and shape [N].
+    `split_k` share one compiled kernel, except in split_mode "cluster", whose cluster
+    size is compiled in (`source_key`). Bias (if any) has `out_dtype` and shape [N].
     """
 
     a_dtype: str = "bf16"
@@ -144,6 +156,14 @@ class MatmulSpec:
         need(self.split_k >= 1, "split_k must be >= 1")
         need((self.split_mode == "none") == (self.split_k == 1),
              "split_k == 1 exactly when split_mode == 'none'")
+        if self.split_mode == "cluster":
+            need(self.instr == "wgmma" and not self.persistent and self.cluster_m == 1,
+                 "split_mode 'cluster' needs a non-persistent wgmma feed without B multicast "
+                 "(instr 'wgmma', persistent False, cluster_m 1)")
+            need(self.split_k in CLUSTER_SPLITS,
+                 f"split_mode 'cluster' takes split_k in {CLUSTER_SPLITS} (CTAs a cluster)")
+            need(self.tile_m % self.split_k == 0,
+                 "split_mode 'cluster': tile_m must divide into split_k row bands")
         need(self.accumulators_per_thread <= 128,
              "warp tile too large: more than 128 fp32 accumulators per thread spill")
         loaders = 32 * self.producer_warps if self.warp_specialized else self.threads
@@ -204,6 +224,16 @@ class MatmulSpec:
         return "ws" if self.warp_specialized else "sync"
 
     @property
+    def cluster_k(self) -> int:
+        """CTAs of a cluster that share one tile's K (split_mode "cluster"), else 1."""
+        return self.split_k if self.split_mode == "cluster" else 1
+
+    @property
+    def cluster_size(self) -> int:
+        """CTAs of the compiled-in thread-block cluster along x (1: no cluster)."""
+        return self.cluster_m * self.cluster_k
+
+    @property
     def warpgroups(self) -> int:
         """wgmma: groups of 4 warps, each owning tile_m / warpgroups rows and all columns."""
         return max(1, self.warps // 4)
@@ -232,15 +262,18 @@ class MatmulSpec:
     def kernel_name(self) -> str:
         prefix = "hostir_mm" if self.instr == "mma" else f"hostir_{self.instr}"
         ws = FEED_SUFFIX[self.feed]
+        ck = f"_ck{self.cluster_k}" if self.cluster_k > 1 else ""
         return (f"{prefix}_{self.layout.lower()}_{self.a_dtype}_{self.out_dtype}_"
-                f"{self.tile}_w{self.warps_m}x{self.warps_n}_s{self.stages}{ws}")
+                f"{self.tile}_w{self.warps_m}x{self.warps_n}_s{self.stages}{ws}{ck}")
 
     @property
     def source_key(self) -> tuple:
-        """The fields the generated source depends on (mode, split, bias are arguments)."""
+        """The fields the generated source depends on (mode, split, bias are arguments,
+        except a cluster split's factor: the cluster's size is compiled in)."""
         return (self.a_dtype, self.b_dtype, self.out_dtype, self.layout, self.tile_m,
                 self.tile_n, self.tile_k, self.warps_m, self.warps_n, self.stages, self.instr,
-                self.warp_specialized, self.tma, self.persistent, self.cluster_m, self.pingpong)
+                self.warp_specialized, self.tma, self.persistent, self.cluster_m, self.pingpong,
+                self.cluster_k)
 
     def arch(self, major: int, minor: int) -> str:
         """The NVRTC target for a device of this compute capability: wgmma needs sm_90a."""
@@ -686,6 +719,18 @@ __device__ __forceinline__ void produce_stage(const in_t* smem, unsigned long lo
   } else {
     tma_load_2d(smem_addr(smem + s * STAGE_ELEMS + BM * BK), tmap_b, k0, n0, bar);
   }
+}
+""",
+    "dsmem": r"""
+// Four floats at shared-memory offset `addr` of the cluster's CTA `rank` (distributed
+// shared memory, sm_90): mapa turns this CTA's offset into the peer's window.
+__device__ __forceinline__ float4 ld_cluster4(unsigned addr, unsigned rank) {
+  unsigned remote;
+  float4 v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(rank));
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(remote) : "memory");
+  return v;
 }
 """,
     # Rendered per tile_n by `_wgmma_instr`: @N@, @REGS@, @OPERANDS@, @IDX_*@, @TYPE@.
@@ -1141,6 +1186,35 @@ EPILOGUE = r"""
   }
 """
 
+# split_mode "cluster": replaces EPILOGUE. Every CTA of the cluster holds its slice's fp32
+# partial of the same tile in sC; CTA `slice` owns the tile's rows
+# [slice * BM / CLUSTER_K, (slice + 1) * BM / CLUSTER_K) and sums them over the cluster's
+# partials in K order (the same order on every run: deterministic).
+CLUSTER_EPILOGUE = r"""
+  // Every slice's partial is in its CTA's shared memory (release/acquire at cluster
+  // scope makes the sC stores visible to the peers' loads).
+  cluster_sync();
+  {
+    constexpr int QUADS = BN / 4, ROWS = BM / CLUSTER_K, ITEMS = ROWS * QUADS;
+    const bool vec_out = (N % 4 == 0) && (ldc % 4 == 0) &&
+                         ((reinterpret_cast<size_t>(C) & 15) == 0);
+    const unsigned sc = smem_addr(sC);
+    // Four items a thread in flight: a remote load's round trip crosses the GPC.
+#pragma unroll 4
+    for (int i = tid; i < ITEMS; i += THREADS) {
+      const int r = slice * ROWS + i / QUADS, c = (i % QUADS) * 4;
+      const int row = m0 + r, col = n0 + c;
+      const unsigned off = sc + (unsigned)(r * CLD + c) * 4u;
+      float4 v = ld_cluster4(off, 0);
+#pragma unroll
+      for (int s = 1; s < CLUSTER_K; ++s) v = add4(v, ld_cluster4(off, s));
+      if (row < M && col < N) store_out4(C, bias, row, col, N, ldc, vec_out && col + 4 <= N, v);
+    }
+  }
+  // A CTA's shared memory must outlive its peers' reads of it.
+  cluster_sync();
+"""
+
 REDUCE_BODY = r"""
   // Sum the split fp32 partials of each element, apply bias and cast; four columns per
   // thread, grid-stride over the [M, N] output.
@@ -1216,7 +1290,8 @@ def _prelude(spec: MatmulSpec) -> str:
         "WARPS_M": spec.warps_m, "WARPS_N": spec.warps_n, "THREADS": spec.threads,
         "STAGES": spec.stages, **tiling,
         "STAGE_ELEMS": (spec.tile_m + spec.tile_n) * spec.tile_k, "CLD": spec.tile_n + CPAD,
-        "GROUP_M": GROUP_M, "CLUSTER_M": spec.cluster_m, "MODE_NONE": MODE_CODE["none"],
+        "GROUP_M": GROUP_M, "CLUSTER_M": spec.cluster_m, "CLUSTER_K": spec.cluster_k,
+        "MODE_NONE": MODE_CODE["none"],
         "MODE_SERIAL": MODE_CODE["serial"], "MODE_PARALLEL": MODE_CODE["parallel"],
         "B_KMAJOR": spec.layout == "TN",
         "OUT_IS_F32": spec.out_dtype == "fp32",
@@ -1273,19 +1348,24 @@ def render(spec: MatmulSpec) -> KernelSource:
 
     Matmul kernel parameters, in order: A, B, C, bias (null: none), ws (fp32 workspace,
     split-K only), sems (zeroed ints, one per output tile, serial only), M, N, K, lda,
-    ldb, ldc, split, mode (0 none, 1 serial, 2 parallel); TMA kernels add tmaps (the
+    ldb, ldc, split, mode (0 none, 1 serial, 2 parallel, 3 cluster); TMA kernels add tmaps (the
     CUtensorMaps of A then B, TENSOR_MAP_BYTES each, in global memory).
     Reduction kernel: ws, C, bias, M, N, ldc, split.
     """
     name = spec.kernel_name
     reduce_name = name + "_reduce"
     kind = spec.instr + FEED_SUFFIX[spec.feed]
-    body = "".join(BODIES[kind])
+    parts, snippets = BODIES[kind], SNIPPET_NAMES[kind]
+    if spec.cluster_k > 1:  # the tile's slices sum in the cluster, not through memory
+        parts = tuple(CLUSTER_EPILOGUE if p is EPILOGUE else p for p in parts)
+        # cluster_sync lives in the mbarrier snippet, which the plain wgmma feed lacks
+        snippets += tuple(n for n in ("mbarrier", "dsmem") if n not in snippets)
+    body = "".join(parts)
     source = RENDERER.source(
         [], _prelude(spec),
-        *[_snippet(s, spec) for s in SNIPPET_NAMES[kind]],
+        *[_snippet(s, spec) for s in snippets],
         RENDERER.kernel(name, _params(spec), body, threads=spec.threads,
-                        cluster=spec.cluster_m),
+                        cluster=spec.cluster_size),
         RENDERER.kernel(reduce_name, _reduce_params(), REDUCE_BODY, threads=REDUCE_THREADS))
 
     return KernelSource(spec=spec, source=source, kernel_name=name, reduce_name=reduce_name,

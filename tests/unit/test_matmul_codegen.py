@@ -2,6 +2,7 @@
 and every variant the heuristics and the autotuner can emit compiles for sm_90 and sm_80
 (wgmma variants for sm_90a only, with no spills)."""
 
+import dataclasses
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -36,6 +37,12 @@ ISSUE_SHAPES = [(1024, 2048, 50304), (8192, 8192, 8192), (4096, 4096, 8192),
     ({"instr": "wgmma", "tile_k": 64, "warps_m": 8, "warps_n": 1, "stages": 2}, "stages"),
     ({"warp_specialized": True}, "warp_specialized"),
     ({"instr": "wgmma", "tile_k": 64, "warps_m": 8, "warps_n": 1, "tma": True}, "tma needs"),
+    ({"split_mode": "cluster", "split_k": 2}, "non-persistent wgmma"),
+    ({"instr": "wgmma", "tile_k": 64, "warps_m": 8, "warps_n": 1, "split_mode": "cluster",
+      "split_k": 3}, "split_k in"),
+    ({"instr": "wgmma", "tile_k": 64, "warps_m": 8, "warps_n": 1, "warp_specialized": True,
+      "tma": True, "persistent": True, "split_mode": "cluster", "split_k": 2},
+     "non-persistent"),
 ])
 def test_spec_refuses_bad_fields_with_a_clear_error(fields, message):
     with pytest.raises(ValueError, match=message):
@@ -105,6 +112,44 @@ def test_wgmma_on_sm90_only_and_tn_only():
     for mode in ("none", "serial", "parallel"):
         spec = heuristics.choose(1024, 2048, 50304, mode=mode, arch="sm_90")
         assert spec.instr == "wgmma" and spec.split_mode == mode
+
+
+def test_cluster_split_k_source_and_choice():
+    """split_mode "cluster": the split factor is compiled in as the cluster's size, the
+    epilogue sums peers' partials through distributed shared memory, and no semaphore or
+    workspace is touched; the heuristics offer it on Hopper only."""
+    base = heuristics.spec_for((128, 256, 64, 8, 1, 4, "tma"))
+    two = dataclasses.replace(base, split_k=2, split_mode="cluster")
+    four = dataclasses.replace(base, split_k=4, split_mode="cluster")
+    assert (two.cluster_k, two.cluster_size, base.cluster_k) == (2, 2, 1)
+    assert len({base.source_key, two.source_key, four.source_key}) == 3
+    assert two.kernel_name.endswith("_tma_ck2")
+    # the serial and parallel modes still share the unsplit source
+    assert dataclasses.replace(base, split_k=4, split_mode="serial").source_key == base.source_key
+    src = render(two)
+    main = src.source.split(f"{two.kernel_name}(")[1].split("__global__")[0]
+    assert "__cluster_dims__(2, 1, 1)" in src.source
+    assert "ld.shared::cluster.v4.f32" in src.source and "mapa.shared::cluster" in src.source
+    # two cluster barriers: the partials are in, and the peers are done reading them
+    assert sum(line.strip() == "cluster_sync();" for line in main.splitlines()) == 2
+    assert "sem_wait" not in main and "store_partial4" not in main
+    assert "__cluster_dims__" not in render(base).source
+    # a launch is one CTA per (tile, slice), in clusters of the split's CTAs
+    assert src.launch(1024, 2048, 50304).grid == (tiles(two, 1024, 2048) * 2, 1, 1)
+    # offered on Hopper (TN) only, and refused by name elsewhere
+    assert any(s.split_mode == "cluster"
+               for s in heuristics.candidates(1024, 2048, 50304, arch="sm_90"))
+    assert not any(s.split_mode == "cluster"
+                   for s in heuristics.candidates(1024, 2048, 50304, arch="sm_80"))
+    assert heuristics.choose(1024, 2048, 50304, mode="cluster", arch="sm_90").split_mode == "cluster"
+    with pytest.raises(ValueError, match="cluster.*sm_90"):
+        heuristics.choose(1024, 2048, 50304, mode="cluster", arch="sm_80")
+    # the model prefers summing in the cluster to chaining slices through L2
+    spec = heuristics.choose(1024, 2048, 50304, arch="sm_90")
+    serial = heuristics.choose(1024, 2048, 50304, arch="sm_90", mode="serial")
+    assert spec.split_mode == "cluster"
+    assert (heuristics.estimate_us(spec, 1024, 2048, 50304, 132)
+            < heuristics.estimate_us(serial, 1024, 2048, 50304, 132))
 
 
 def test_wgmma_source_is_table_driven():
