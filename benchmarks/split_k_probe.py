@@ -1,0 +1,132 @@
+"""Split-K on the shapes where it matters: every way of summing the slices, side by side.
+
+For each shape (default: the issue's split-K shape 1024x2048x50304 and the skinny
+256x4096x16384), the variants below are checked first (output poisoned with NaN,
+relative error against a float64 reference, kernels and memsets counted by
+torch.profiler), then timed side by side with cuBLAS (`hostir.jobs.matmul`'s groups of
+back-to-back calls, the candidates taking turns, medians), on rotated input sets where
+the operands would sit in L2:
+
+  parallel  fp32 partials to a workspace, then a reduction kernel (two launches)
+  serial    the slices take turns through a semaphore of the zeroed arena (one launch)
+  cluster   the slices are one thread-block cluster and sum in distributed shared
+            memory (one launch, no workspace, no semaphore)
+
+over the TMA feed's tiles (and the persistent feed's, the autotuner's earlier winner on
+the split-K shape), plus what the heuristics pick.
+
+    python benchmarks/split_k_probe.py --out probe.json [--shapes 1024x2048x50304]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hostir.jobs.matmul import L2_BYTES, _inputs, _time_side_by_side, check, count_launches  # noqa: E402
+from hostir.jobs.results import commit  # noqa: E402
+from lowering.kernels import heuristics  # noqa: E402
+from runtime import workspace  # noqa: E402
+from runtime.matmul import matmul, sm_count, tuning_arch  # noqa: E402
+
+SHAPES = ((1024, 2048, 50304), (256, 4096, 16384))
+TILES = ((128, 256, 64, 8, 1, 4), (256, 128, 64, 8, 1, 4), (128, 128, 64, 8, 1, 6))
+
+
+def variants(M, N, K) -> dict:
+    """Label -> spec: each tile of the TMA feed in every split mode at 2 and 4 slices, the
+    persistent feed's parallel split, and the heuristics' picks."""
+    out = {}
+    for tile in TILES:
+        for feed in ("tma", "ptma"):
+            base = heuristics.spec_for(tile + (feed,))
+            for mode in ("parallel", "serial", "cluster"):
+                for split in (2, 4):
+                    if feed == "ptma" and mode != "parallel":
+                        continue
+                    if not heuristics.mode_fits(base, mode, split):
+                        continue
+                    out[f"{feed} {base.tile} {mode} s{split}"] = dataclasses.replace(
+                        base, split_k=split, split_mode=mode)
+    arch = tuning_arch()
+    out["heuristic"] = heuristics.choose(M, N, K, sm_count=sm_count(), arch=arch)
+    return out
+
+
+def probe(M, N, K, reps) -> dict:
+    torch.manual_seed(M + N + K)
+    nbytes = 2 * (M * K + N * K)
+    sets = max(1, min(8, -(-3 * L2_BYTES // nbytes))) if nbytes < 3 * L2_BYTES else 1
+    inputs = _inputs(M, N, K, "TN", sets, torch)
+    a, b = inputs[0]
+    ref = a.double() @ b.double().t()
+    out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    flops = 2.0 * M * N * K
+    rows, fns = {}, {"cublas": lambda x, y: x @ y.t()}
+    for label, spec in variants(M, N, K).items():
+        out.fill_(float("nan"))
+        fn = lambda x, y, spec=spec: matmul(x, y, out=out, spec=spec)
+        try:
+            fn(a, b)
+            torch.cuda.synchronize()
+        except Exception as e:  # noqa: BLE001 - a variant that fails is reported, not fatal
+            rows[label] = {"error": f"{type(e).__name__}: {e}"[:300]}
+            continue
+        err = check(out, ref, torch)
+        launches = count_launches(lambda: fn(a, b), torch)
+        workspace.check_all_zeroed()
+        rows[label] = {"feed": spec.feed, "tile": spec.tile, "split_k": spec.split_k,
+                       "mode": spec.split_mode, "rel_err": err,
+                       "launches": launches["kernels"], "memsets": launches["memsets"]}
+        if err < 1e-2:
+            fns[label] = fn
+    timed = _time_side_by_side(fns, inputs, reps)
+    cublas_us = timed.pop("cublas")
+    for label, us in timed.items():
+        rows[label].update(us=us, tflops=flops / us / 1e6, over_cublas=cublas_us / us)
+    del inputs, a, b, ref, out
+    torch.cuda.empty_cache()
+    return {"shape": f"{M}x{N}x{K}", "cublas_us": cublas_us,
+            "cublas_tflops": flops / cublas_us / 1e6, "input_sets": sets, "variants": rows}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default=None, help="comma-separated MxNxK list")
+    ap.add_argument("--reps", type=int, default=15, help="timed groups per variant")
+    ap.add_argument("--out", default=None, help="result JSON path")
+    args = ap.parse_args()
+    shapes = SHAPES if not args.shapes else tuple(
+        tuple(int(x) for x in s.split("x")) for s in args.shapes.split(","))
+    results = []
+    for M, N, K in shapes:
+        r = probe(M, N, K, args.reps)
+        results.append(r)
+        print(f"{r['shape']}: cuBLAS {r['cublas_us']:.1f} us")
+        for label, v in sorted(r["variants"].items(), key=lambda kv: kv[1].get("us", 1e9)):
+            if "us" in v:
+                print(f"  {label:>32}: {v['us']:8.1f} us  {v['over_cublas']:.3f}x cuBLAS  "
+                      f"launches {v['launches']} memsets {v['memsets']} err {v['rel_err']:.1e}")
+            else:
+                print(f"  {label:>32}: {v.get('error') or 'wrong: rel err %.2e' % v['rel_err']}")
+    doc = {"device": torch.cuda.get_device_name(),
+           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+           "commit": commit(), "sm_count": sm_count(), "torch": torch.__version__,
+           "method": "side by side with cuBLAS, groups of 10 back-to-back calls, medians of "
+                     f"{args.reps} groups; inputs rotated where they fit in L2",
+           "results": results}
+    if args.out:
+        Path(args.out).write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
