@@ -51,7 +51,7 @@ def _splits_for_shape(M, N, K):
     if M * N >= 4096 * 4096:
         return [("none", 1)]
     return [("none", 1), ("serial", 2), ("serial", 4), ("serial", 8), ("parallel", 4),
-            ("cluster", 2), ("cluster", 4)]
+            ("cluster", 2)]
 
 
 def plan(shapes, quick: bool = False) -> list[dict]:
@@ -66,8 +66,7 @@ def plan(shapes, quick: bool = False) -> list[dict]:
         kernel = base.kernel_name
         # Edge checks first: a layout or descriptor bug shows here in milliseconds.
         for mode, split, out_dtype in (("none", 1, "bf16"), ("serial", 3, "fp32"),
-                                       ("parallel", 4, "bf16"), ("cluster", 2, "fp32"),
-                                       ("cluster", 4, "bf16")):
+                                       ("parallel", 4, "bf16"), ("cluster", 2, "fp32")):
             if not heuristics.mode_fits(base, mode, split):
                 continue  # cluster split-K: the TMA feed's tiles only
             spec = dataclasses.replace(base, split_k=split, split_mode=mode, bias=True,

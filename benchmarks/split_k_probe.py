@@ -49,7 +49,7 @@ def variants(M, N, K) -> dict:
         for feed in ("tma", "ptma"):
             base = heuristics.spec_for(tile + (feed,))
             for mode in ("parallel", "serial", "cluster"):
-                for split in (2, 4):
+                for split in (2, 4):  # (cluster split-K: pairs only, mode_fits)
                     if feed == "ptma" and mode != "parallel":
                         continue
                     if not heuristics.mode_fits(base, mode, split):

@@ -126,6 +126,9 @@ DSMEM_BYTES_PER_SM_US = 100.0e3    # one SM's reads of its cluster's shared memo
 CLUSTER_SYNC_US = 1.0              # the cluster split's two barriers
 LAUNCH_US = 20.0                   # one extra kernel launch on the lent VMs
 CTA_FIXED_US = 2.0                 # prologue (STAGES-1 tiles in flight) + epilogue
+# A grid of at least this fraction of the SM count fills a wave (`fills_a_wave`): 128
+# tiles on 132 SMs do.
+WAVE_FILL = 0.95
 # With this many waves unsplit, the last wave's idle SMs cost little: do not split (the
 # workspace traffic of split-K then competes with the mainloop for DRAM).
 NO_SPLIT_WAVES = 2
@@ -193,6 +196,18 @@ def estimate_us(spec: MatmulSpec, M: int, N: int, K: int, sm_count: int) -> floa
     return total
 
 
+def fills_a_wave(ctas: int, sm_count: int) -> bool:
+    """Whether a grid of `ctas` CTAs fills a wave of the SMs, to within WAVE_FILL.
+
+    Splitting K until the grid passes the SM count only helps where it fills the SMs
+    better: 128 CTAs on 132 SMs already keep 97% of them busy, and splitting further
+    to 256 adds a second wave that is again 97% full, plus the cost of more slices.
+    Measured at 1024x2048x50304 on the H200: two slices a tile in 128 CTAs, 1.10x
+    cuBLAS; four in 256, 0.69-0.85x (split_k_probe_nvidia-h200_f579964.json).
+    """
+    return ctas >= WAVE_FILL * sm_count
+
+
 def _fills(spec: MatmulSpec, M: int, N: int, sm_count: int) -> bool:
     """Whether the unsplit grid of this tile already runs NO_SPLIT_WAVES waves."""
     return tiles(spec, M, N) >= NO_SPLIT_WAVES * sm_count * ctas_per_sm(spec)
@@ -258,9 +273,11 @@ def choose(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str = "b
                        prefer_wgmma=True)
     if mode == "auto":
         specs = [s for s in specs if s.split_k == 1 or not _fills(s, M, N, sm_count)]
-    # The wave rule, as a hard constraint where it can be met: a grid smaller than the
-    # SM count leaves SMs idle for the whole kernel, whatever the model says.
-    filling = [s for s in specs if tiles(s, M, N) * s.split_k >= sm_count]
+    # The wave rule, as a hard constraint where it can be met: a grid much smaller than
+    # the SM count leaves SMs idle for the whole kernel, whatever the model says.
+    # (Tiles that hold rows: a cluster pair's second tile past M stores nothing.)
+    filling = [s for s in specs
+               if fills_a_wave(-(-M // s.tile_m) * -(-N // s.tile_n) * s.split_k, sm_count)]
     specs = filling or specs
     if not specs:
         # A forced split mode on a K too short to split: split in two anyway.

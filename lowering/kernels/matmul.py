@@ -48,10 +48,12 @@ LAYOUTS = ("TN", "NN")
 SPLIT_MODES = ("none", "serial", "parallel", "cluster")
 INSTRS = ("mma", "wgmma")
 MODE_CODE = {"none": 0, "serial": 1, "parallel": 2, "cluster": 3}
-# Cluster split-K: the split factors (CTAs a cluster) it takes. 8 is the portable maximum
-# of a cluster; past 4 a tile's rows per CTA get few and the wave needs 8 free SMs of one
-# GPC at once.
-CLUSTER_SPLITS = (2, 4)
+# Cluster split-K: the split factors (CTAs a cluster) it takes. Only pairs: clusters of 4
+# CTAs of 200 KB shared memory each do not pack into the GPCs (at 1024x2048x50304 on the
+# H200, 64 clusters of 4 ran 1.55x as long as 64 clusters of 2 doing the same work: three
+# waves where two should do; 0.63-0.72 of cuBLAS on both split-K shapes,
+# benchmarks/results/split_k_probe_nvidia-h200_f579964.json).
+CLUSTER_SPLITS = (2,)
 
 # Shared memory per CTA that an sm_80 / sm_90 part can give a kernel (opt-in maximum).
 MAX_SMEM_BYTES = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
