@@ -126,6 +126,13 @@ DSMEM_BYTES_PER_SM_US = 100.0e3    # one SM's reads of its cluster's shared memo
 CLUSTER_SYNC_US = 1.0              # the cluster split's two barriers
 LAUNCH_US = 20.0                   # one extra kernel launch on the lent VMs
 CTA_FIXED_US = 2.0                 # prologue (STAGES-1 tiles in flight) + epilogue
+# Storing a CTA's fp32 C tile while its tensor cores idle: a non-persistent wgmma CTA does
+# it once a wave; a persistent one stores a unit's C while its producer loads the next
+# unit, so only its last store shows. Fitted on the H200 (tma vs ptma 256x128, final
+# rounds side by side: 61 us over 16 waves at 8192^3, 50 us over 32 waves at
+# 16384x8192x4096: about 2.7 us a 128 KiB tile; benchmarks/results/matmul_NVIDIA_H200.json
+# and raw/autotune_large_0103efa.log).
+EPILOGUE_BYTES_PER_SM_US = 48.0e3
 # A grid of at least this fraction of the SM count fills a wave (`fills_a_wave`): 128
 # tiles on 132 SMs do.
 WAVE_FILL = 0.95
@@ -184,6 +191,8 @@ def estimate_us(spec: MatmulSpec, M: int, N: int, K: int, sm_count: int) -> floa
     # Pipeline fill and epilogue: a fixed cost per CTA, so many short CTAs are not free.
     total = waves * (cta_us + CTA_FIXED_US * occ)
     tile_bytes = spec.tile_m * spec.tile_n * 4
+    if spec.instr == "wgmma":  # (the mma.sync efficiencies were measured with it in)
+        total += (1 if spec.persistent else waves) * tile_bytes / EPILOGUE_BYTES_PER_SM_US
     if spec.split_mode == "serial":
         # Each step reads and writes one fp32 tile; steps of one tile are chained.
         total += (spec.split_k - 1) * 2 * tile_bytes / L2_BYTES_PER_SM_US
