@@ -78,18 +78,7 @@ def time_us(fn, warmup: int = 3, reps: int = 10, per_group: int = 8) -> float:
     the GPU idles while the host enqueues it, and a kernel of tens of microseconds would
     be timed as host overhead (two launches would lose to one for the wrong reason).
     """
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(per_group):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / per_group)
-    return statistics.median(times)
+    return side_by_side({0: lambda i: fn()}, reps=reps, per_group=per_group, warmup=warmup)[0]
 
 
 def side_by_side(fns: dict, reps: int = 15, per_group: int = 8, warmup: int = 2) -> dict:

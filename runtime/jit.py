@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -318,6 +319,16 @@ class Kernel:
                                   f"smem={smem_bytes} stream={stream_handle:#x}")
         self.function(grid, block, args, shared_mem=smem_bytes,
                       stream=_external_stream(stream_handle))
+
+
+def on_device(device_index: int):
+    """A context making ``device_index`` current for a launch (a loaded module belongs to
+    its device's context); a no-op when it already is, the common case."""
+    import torch
+
+    if device_index == torch.cuda.current_device():
+        return contextlib.nullcontext()
+    return torch.cuda.device(device_index)
 
 
 def current_stream_handle(device_index: int) -> int:

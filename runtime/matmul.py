@@ -9,6 +9,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 
 import numpy as np
@@ -176,16 +177,9 @@ class _Prepared:
     reduce_consts: tuple
 
 
-_PREPARED: dict[tuple, _Prepared] = {}
-_PREPARED_MAX = 4096  # distinct (spec, shape, strides, device): cleared past this
-
-
+@functools.lru_cache(maxsize=4096)
 def _prepare(spec: MatmulSpec, M: int, N: int, K: int, lda: int, ldb: int, ldc: int,
              dev: int) -> _Prepared:
-    key = (spec, M, N, K, lda, ldb, ldc, dev)
-    prepared = _PREPARED.get(key)
-    if prepared is not None:
-        return prepared
     spec.check_shape(M, N, K)
     loaded = load(spec, dev)
     sms = sm_count(dev)
@@ -194,26 +188,12 @@ def _prepare(spec: MatmulSpec, M: int, N: int, K: int, lda: int, ldb: int, ldc: 
     consts = (i32(M), i32(N), i32(K), i32(lda), i32(ldb), i32(ldc), i32(spec.split_k),
               i32(MODE_CODE[spec.split_mode]))
     rc = reduce_launch(M, N, sms) if spec.split_mode == "parallel" else None
-    prepared = _Prepared(
+    return _Prepared(
         loaded.main, loaded.reduce, cfg.grid, cfg.block, cfg.smem_bytes, consts,
         tiles(spec, M, N) if spec.split_mode == "serial" else 0,
         {"serial": M * N, "parallel": spec.split_k * M * N}.get(spec.split_mode, 0),
         rc.grid if rc else None, rc.block if rc else None,
         (i32(M), i32(N), i32(ldc), i32(spec.split_k)))
-    with _LOCK:
-        if len(_PREPARED) >= _PREPARED_MAX:
-            _PREPARED.clear()
-        _PREPARED[key] = prepared
-    return prepared
-
-
-def _launch(p: _Prepared, args: tuple, ws: int, out: torch.Tensor, bias_ptr, handle: int) -> None:
-    p.main.launch_raw(p.grid, p.block, args, p.smem_bytes, handle)
-    if p.reduce_grid is not None:
-        u64 = np.uint64
-        p.reduce.launch_raw(p.reduce_grid, p.reduce_block,
-                            (u64(ws), u64(out.data_ptr()), bias_ptr) + p.reduce_consts, 0,
-                            handle)
 
 
 def launch(spec: MatmulSpec, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor,
@@ -232,11 +212,12 @@ def launch(spec: MatmulSpec, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     if spec.tma:
         from runtime import tma
         args += (u64(tma.tensor_maps(spec, a, b, M, N, K, dev)),)
-    if dev == torch.cuda.current_device():
-        _launch(p, args, ws, out, bias_ptr, handle)
-    else:  # the kernels' module lives in the device's context: make it current
-        with torch.cuda.device(dev):
-            _launch(p, args, ws, out, bias_ptr, handle)
+    with jit.on_device(dev):
+        p.main.launch_raw(p.grid, p.block, args, p.smem_bytes, handle)
+        if p.reduce_grid is not None:
+            p.reduce.launch_raw(p.reduce_grid, p.reduce_block,
+                                (u64(ws), u64(out.data_ptr()), bias_ptr) + p.reduce_consts,
+                                0, handle)
     if options().enable("check_zeroed"):
         arena.check_zeroed()
 

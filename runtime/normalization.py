@@ -17,6 +17,7 @@ the tests and the benchmark compare against it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Mapping, Sequence
 
 import torch
@@ -34,23 +35,16 @@ TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32":
 _NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 
 
-_SPECS: dict[tuple, NormalizationSpec] = {}
+_MAKE = {"fused": NormalizationSpec.reference_fusion, "layer_norm": NormalizationSpec.layer_norm,
+         "rms_norm": NormalizationSpec.rms_norm}
 
 
+@functools.lru_cache(maxsize=4096)
 def _spec(kind: str, rows: int, hidden: int, eps: float, dtype: str, alignment: int):
     """The spec of a call, built once per (kind, rows, hidden, eps, dtype, alignment):
     building and validating one takes tens of microseconds, several times a short
     kernel's host budget."""
-    key = (kind, rows, hidden, eps, dtype, alignment)
-    spec = _SPECS.get(key)
-    if spec is None:
-        make = {"fused": NormalizationSpec.reference_fusion, "layer_norm": NormalizationSpec.layer_norm,
-                "rms_norm": NormalizationSpec.rms_norm}[kind]
-        spec = make(rows, hidden, eps, dtype, alignment=alignment)
-        if len(_SPECS) >= 4096:
-            _SPECS.clear()
-        _SPECS[key] = spec
-    return spec
+    return _MAKE[kind](rows, hidden, eps, dtype, alignment=alignment)
 
 
 def layer_norm_fused(x, b0, b1, w, b2, eps: float = 1e-5, out=None):
@@ -86,37 +80,25 @@ class _Prepared:
     grid: tuple
     block: tuple
     smem: int
-    names: tuple
-    dtypes: tuple
     rows: object  # numpy int32
-
-
-_PREPARED: dict[tuple, _Prepared] = {}
 
 
 def clear_caches() -> None:
     """Forget loaded kernels and prepared launches (a probe that switches a generator
     flag of lowering.kernels.normalization: the sources and grids change with it)."""
     _KERNELS.clear()
-    _PREPARED.clear()
+    _prepare.cache_clear()
 
 
+@functools.lru_cache(maxsize=4096)
 def _prepare(spec: NormalizationSpec, device_index: int) -> _Prepared:
-    key = (spec, device_index)
-    p = _PREPARED.get(key)
-    if p is None:
-        import numpy as np
+    import numpy as np
 
-        kernel = _kernel(spec, device_index)
-        plan = spec.plan
-        grid = launch_grid(spec, kernel, torch.device("cuda", device_index))
-        p = _Prepared(kernel, (grid, 1, 1), (plan.block_threads, 1, 1),
-                      plan.dynamic_shared_bytes, spec.parameter_names(),
-                      spec.parameter_dtypes(), np.int32(spec.rows))
-        if len(_PREPARED) >= 4096:
-            _PREPARED.clear()
-        _PREPARED[key] = p
-    return p
+    kernel = _kernel(spec, device_index)
+    plan = spec.plan
+    grid = launch_grid(spec, kernel, torch.device("cuda", device_index))
+    return _Prepared(kernel, (grid, 1, 1), (plan.block_threads, 1, 1),
+                     plan.dynamic_shared_bytes, np.int32(spec.rows))
 
 
 def normalize(spec: NormalizationSpec, tensors: Mapping[str, torch.Tensor], out=None):
@@ -140,14 +122,11 @@ def normalize(spec: NormalizationSpec, tensors: Mapping[str, torch.Tensor], out=
 
     dev = x.get_device()
     p = _prepare(spec, dev)
-    args = tuple(np.uint64(tensors[n].data_ptr()) for n in p.names[:-1]) + (
+    args = tuple(np.uint64(tensors[n].data_ptr()) for n in names[:-1]) + (
         np.uint64(out.data_ptr()), p.rows)
     handle = jit.current_stream_handle(dev)
-    if dev == torch.cuda.current_device():
+    with jit.on_device(dev):
         p.kernel.launch_raw(p.grid, p.block, args, p.smem, handle)
-    else:  # the kernel's module lives in the device's context: make it current
-        with torch.cuda.device(dev):
-            p.kernel.launch_raw(p.grid, p.block, args, p.smem, handle)
     return out
 
 
@@ -201,9 +180,6 @@ _KERNELS: dict[tuple[NormalizationSpec, int], object] = {}
 
 def _kernel(spec: NormalizationSpec, device_index: int):
     """The loaded kernel; rows are a launch argument, so specs differing in rows share it."""
-    kernel = _KERNELS.get((spec, device_index))
-    if kernel is not None:
-        return kernel
     key = (dataclasses.replace(spec, rows=1), device_index)
     kernel = _KERNELS.get(key)
     if kernel is None:
@@ -212,7 +188,6 @@ def _kernel(spec: NormalizationSpec, device_index: int):
         compiled = jit.kernel_cache().get(render_normalization(spec), [spec.kernel_name],
                                           jit.device_arch(device_index))
         kernel = _KERNELS[key] = jit.load(compiled, device_index)[spec.kernel_name]
-    _KERNELS[(spec, device_index)] = kernel
     return kernel
 
 

@@ -39,8 +39,6 @@ class ZeroedArena:
         self.stream_handle = stream_handle
         self._sems = torch.zeros(0, dtype=torch.int32, device=device)
         self._partials = torch.empty(0, dtype=torch.float32, device=device)
-        self._sems_ptr = self._sems.data_ptr()
-        self._partials_ptr = self._partials.data_ptr()
         self.grows = 0  # how many times the semaphores were (re)zeroed: tests read it
         self._retired: list[torch.Tensor] = []
 
@@ -57,7 +55,6 @@ class ZeroedArena:
             # replay later: it is kept, never freed nor handed out again.
             self._retired.append(self._sems)
             self._sems = torch.zeros(size, dtype=torch.int32, device=self.device)
-            self._sems_ptr = self._sems.data_ptr()
             self.grows += 1
         return self._sems[:count]
 
@@ -66,7 +63,7 @@ class ZeroedArena:
         per-call path of the generated matmul)."""
         if count > self._sems.numel():
             self.semaphores(count)
-        return self._sems_ptr
+        return self._sems.data_ptr()
 
     def partials(self, numel: int) -> torch.Tensor:
         """fp32 scratch of at least `numel` elements, contents undefined."""
@@ -74,14 +71,13 @@ class ZeroedArena:
             size = -(-numel // _PARTIAL_GRANULE) * _PARTIAL_GRANULE
             self._retired.append(self._partials)  # as above: captured graphs hold it
             self._partials = torch.empty(size, dtype=torch.float32, device=self.device)
-            self._partials_ptr = self._partials.data_ptr()
         return self._partials[:numel]
 
     def partials_ptr(self, numel: int) -> int:
         """The address of `partials(numel)`, without building a tensor view."""
         if numel > self._partials.numel():
             self.partials(numel)
-        return self._partials_ptr
+        return self._partials.data_ptr()
 
     def check_zeroed(self) -> None:
         """Raise unless every semaphore is zero. Synchronizes the arena's device."""
