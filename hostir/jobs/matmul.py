@@ -195,7 +195,7 @@ def bench(args) -> dict:
         print(f"{M}x{N}x{K}: cuBLAS {cublas_us:.1f} us; " + "; ".join(
             f"{k} {v['tile']} s{v['split_k']} {v['mode']} {v['us']:.1f} us err {v['rel_err']:.1e} "
             f"launches {v['launches']}" for k, v in rows.items()), flush=True)
-        del inputs, a, b, ref, out
+        inputs = a = b = ref = out = None  # free this shape's tensors (the closures see None)
         torch.cuda.empty_cache()
     doc = {"device": device, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "commit": commit(), "layout": args.layout, "sm_count": sm_count(),

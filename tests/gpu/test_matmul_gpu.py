@@ -195,3 +195,32 @@ def test_autotune_times_finalists_again_and_persists_the_winner(tmp_path, capsys
         assert table.count("final round") == 2
     finally:
         set_options(saved)
+
+
+def test_autotune_times_the_heuristic_pick_in_the_final_round(tmp_path, capsys, monkeypatch):
+    """The heuristics' pick joins the side-by-side final round even when the noisy first
+    round ranks it last, so a tuned winner never loses to the default it replaces."""
+    import dataclasses
+
+    from hostir.options import options, set_options
+    from runtime import autotune
+    from runtime.matmul import Problem
+
+    base = spec_for(TILE_CONFIGS[2])
+    slow = dataclasses.replace(spec_for(TILE_CONFIGS[5]), split_k=8, split_mode="serial")
+    fast = [dataclasses.replace(base, split_k=s, split_mode=m)
+            for s, m in ((1, "none"), (2, "serial"))]
+    monkeypatch.setattr(autotune.heuristics, "choose", lambda *a, **k: slow)
+    saved = options()
+    set_options(dataclasses.replace(saved, cache_dir=tmp_path, dumps=frozenset({"autotune"})))
+    try:
+        p = Problem(512, 1024, 4096, "bf16", "bf16", "TN", False)
+        best = autotune.tune(p, candidates=fast + [slow], reps=3, finalists=1, final_reps=3)
+        table = capsys.readouterr().out
+        assert "2 finalists timed again side by side" in table, table
+        slow_line = next(line for line in table.splitlines()
+                         if f" {slow.tile:>11} " in line and f"split {slow.split_k:>2}" in line)
+        assert "final round" in slow_line, table
+        assert best in fast + [slow]
+    finally:
+        set_options(saved)
