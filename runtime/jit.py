@@ -276,6 +276,9 @@ class Kernel:
         self.function = function
         self.name = name
         self._smem_set = 0
+        # CTAs of its compiled-in thread-block cluster (__cluster_dims__), where the
+        # loader knows it: printed by the launch_params dump
+        self.cluster = 1
 
     def ensure_smem(self, nbytes: int) -> None:
         # Without the attribute a kernel may use 48 KiB of shared memory, static and
@@ -315,7 +318,8 @@ class Kernel:
         if smem_bytes > self._smem_set:
             self.ensure_smem(smem_bytes)
         if options().dump("launch_params"):
-            dump("launch_params", f"launch {self.name} grid={grid} block={block} "
+            cluster = f" cluster={self.cluster}" if self.cluster > 1 else ""
+            dump("launch_params", f"launch {self.name} grid={grid} block={block}{cluster} "
                                   f"smem={smem_bytes} stream={stream_handle:#x}")
         self.function(grid, block, args, shared_mem=smem_bytes,
                       stream=_external_stream(stream_handle))

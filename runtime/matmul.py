@@ -141,6 +141,7 @@ def load(spec: MatmulSpec, device_index: int | None = None) -> LoadedMatmul:
         ck = jit.kernel_cache().get(src.source, src.names, spec.arch(major, minor))
         fns = jit.load(ck, dev)
         loaded = LoadedMatmul(src, fns[src.kernel_name], fns[src.reduce_name])
+        loaded.main.cluster = spec.cluster_size  # compiled in: shown by launch_params
         with _LOCK:
             _LOADED[key] = loaded
     return loaded

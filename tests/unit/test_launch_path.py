@@ -52,9 +52,12 @@ def test_launch_raw_passes_the_raw_stream_and_dumps_only_when_asked(monkeypatch,
         assert capsys.readouterr().out == ""
         set_options(dataclasses.replace(saved, dumps=frozenset({"launch_params"})))
         k.launch_raw((3, 1, 1), (64, 1, 1), (), 0, 0xDEF)
+        k.cluster = 2  # a kernel compiled with __cluster_dims__(2, 1, 1)
+        k.launch_raw((4, 1, 1), (64, 1, 1), (), 0, 0xDEF)
         out = capsys.readouterr().out
     finally:
         set_options(saved)
     assert smem == [64 * 1024]  # the attribute once, for the larger size
-    assert [c[4] for c in fn.calls] == [("stream", 0xABC)] * 2 + [("stream", 0xDEF)]
+    assert [c[4] for c in fn.calls] == [("stream", 0xABC)] * 2 + [("stream", 0xDEF)] * 2
     assert "launch k grid=(3, 1, 1) block=(64, 1, 1) smem=0 stream=0xdef" in out
+    assert "launch k grid=(4, 1, 1) block=(64, 1, 1) cluster=2 smem=0 stream=0xdef" in out
