@@ -16,6 +16,9 @@ over the TMA feed's tiles (and the persistent feed's, the autotuner's earlier wi
 the split-K shape), plus what the heuristics pick.
 
     python benchmarks/split_k_probe.py --out probe.json [--shapes 1024x2048x50304]
+
+With --feeds, the same for the unsplit feeds on the large shapes (which feed a default
+should be): python benchmarks/split_k_probe.py --feeds --out feeds.json
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from runtime import workspace  # noqa: E402
 from runtime.matmul import matmul, sm_count, tuning_arch  # noqa: E402
 
 SHAPES = ((1024, 2048, 50304), (256, 4096, 16384))
+LARGE_SHAPES = ((8192, 8192, 8192), (4096, 4096, 8192), (16384, 8192, 4096))
 TILES = ((128, 256, 64, 8, 1, 4), (256, 128, 64, 8, 1, 4), (128, 128, 64, 8, 1, 6))
 
 
@@ -61,7 +65,20 @@ def variants(M, N, K) -> dict:
     return out
 
 
-def probe(M, N, K, reps) -> dict:
+def feed_variants(M, N, K) -> dict:
+    """Label -> spec: every wgmma tile of the TMA-fed kinds unsplit (one tile a CTA;
+    persistent; ping-pong persistent), and the heuristics' pick: which feed a large
+    shape's default should be."""
+    out = {}
+    for config in heuristics.WGMMA_CONFIGS:
+        if config[6] in ("tma", "ptma", "pptma"):
+            spec = heuristics.spec_for(config)
+            out[f"{spec.feed} {spec.tile} none"] = spec
+    out["heuristic"] = heuristics.choose(M, N, K, sm_count=sm_count(), arch=tuning_arch())
+    return out
+
+
+def probe(M, N, K, reps, make=variants) -> dict:
     torch.manual_seed(M + N + K)
     nbytes = 2 * (M * K + N * K)
     sets = max(1, min(8, -(-3 * L2_BYTES // nbytes))) if nbytes < 3 * L2_BYTES else 1
@@ -71,7 +88,7 @@ def probe(M, N, K, reps) -> dict:
     out = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
     flops = 2.0 * M * N * K
     rows, fns = {}, {"cublas": lambda x, y: x @ y.t()}
-    for label, spec in variants(M, N, K).items():
+    for label, spec in make(M, N, K).items():
         out.fill_(float("nan"))
         fn = lambda x, y, spec=spec: matmul(x, y, out=out, spec=spec)
         try:
@@ -103,12 +120,15 @@ def main() -> int:
     ap.add_argument("--shapes", default=None, help="comma-separated MxNxK list")
     ap.add_argument("--reps", type=int, default=15, help="timed groups per variant")
     ap.add_argument("--out", default=None, help="result JSON path")
+    ap.add_argument("--feeds", action="store_true",
+                    help="unsplit feeds instead of split modes (default shapes: the large three)")
     args = ap.parse_args()
-    shapes = SHAPES if not args.shapes else tuple(
+    default = LARGE_SHAPES if args.feeds else SHAPES
+    shapes = default if not args.shapes else tuple(
         tuple(int(x) for x in s.split("x")) for s in args.shapes.split(","))
     results = []
     for M, N, K in shapes:
-        r = probe(M, N, K, args.reps)
+        r = probe(M, N, K, args.reps, feed_variants if args.feeds else variants)
         results.append(r)
         print(f"{r['shape']}: cuBLAS {r['cublas_us']:.1f} us")
         for label, v in sorted(r["variants"].items(), key=lambda kv: kv[1].get("us", 1e9)):
