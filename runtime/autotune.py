@@ -84,13 +84,21 @@ def time_us(fn, warmup: int = 3, reps: int = 10, per_group: int = 8) -> float:
 def side_by_side(fns: dict, reps: int = 15, per_group: int = 8, warmup: int = 2) -> dict:
     """Median microseconds per call of each of `fns` (callables taking the call's index in
     its group), timed side by side: one sample of each in turn, `reps` rounds, so that
-    clock and power drift over the run weigh on each alike."""
+    clock and power drift over the run weigh on each alike. The rounds follow a
+    carryover-balanced order (`balanced_orders`; `reps` rounds up to whole cycles of it),
+    so that each candidate comes right after every other equally often: a kernel run right after a power-hungry one inherits
+    its lowered clock (in one fixed order the same kernel, timed twice, came out 3.7% apart
+    at 8192^3 and 7% at 16384x8192x4096; feed_probe_nvidia-h200_134d458.json)."""
     for fn in fns.values():
         for i in range(warmup):
             fn(i)
     times = {k: [] for k in fns}
-    for _ in range(reps):
-        for label, fn in fns.items():
+    labels = list(fns)
+    orders = balanced_orders(len(labels))
+    reps = -(-reps // len(orders)) * len(orders)  # whole cycles: the balance holds
+    for r in range(reps):
+        for label in (labels[j] for j in orders[r % len(orders)]):
+            fn = fns[label]
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for i in range(per_group):
@@ -99,6 +107,27 @@ def side_by_side(fns: dict, reps: int = 15, per_group: int = 8, warmup: int = 2)
             end.synchronize()
             times[label].append(start.elapsed_time(end) * 1e3 / per_group)
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+def balanced_orders(n: int) -> list[list[int]]:
+    """Orders of n candidates, one a round, in which each candidate directly follows every
+    other exactly once over the rounds (a Williams design, as crossover trials use against
+    carryover): n rounds for even n; for odd n the mirrored rounds too, each pair twice.
+
+    Example:
+        >>> balanced_orders(4)
+        [[0, 1, 3, 2], [1, 2, 0, 3], [2, 3, 1, 0], [3, 0, 2, 1]]
+    """
+    first, lo, hi = [0], 1, n - 1
+    for j in range(1, n):
+        if j % 2:
+            first.append(lo)
+            lo += 1
+        else:
+            first.append(hi)
+            hi -= 1
+    rows = [[(x + r) % n for x in first] for r in range(n)]
+    return rows + [row[::-1] for row in rows] if n % 2 else rows
 
 
 def input_copies(nbytes: int, dev, limit: int = 8) -> int:
