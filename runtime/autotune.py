@@ -93,11 +93,8 @@ def side_by_side(fns: dict, reps: int = 15, per_group: int = 8, warmup: int = 2)
         for i in range(warmup):
             fn(i)
     times = {k: [] for k in fns}
-    labels = list(fns)
-    orders = balanced_orders(len(labels))
-    reps = -(-reps // len(orders)) * len(orders)  # whole cycles: the balance holds
-    for r in range(reps):
-        for label in (labels[j] for j in orders[r % len(orders)]):
+    for labels in balanced_rounds(list(fns), reps):
+        for label in labels:
             fn = fns[label]
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -128,6 +125,15 @@ def balanced_orders(n: int) -> list[list[int]]:
             hi -= 1
     rows = [[(x + r) % n for x in first] for r in range(n)]
     return rows + [row[::-1] for row in rows] if n % 2 else rows
+
+
+def balanced_rounds(labels: list, reps: int) -> list[list]:
+    """The order of `labels` in each round of a side-by-side timing: `balanced_orders`,
+    `reps` rounded up to whole cycles of it, so that the balance holds. The same on every
+    rank (a multi-rank benchmark's collectives must match)."""
+    orders = balanced_orders(len(labels))
+    rounds = -(-reps // len(orders)) * len(orders)
+    return [[labels[j] for j in orders[r % len(orders)]] for r in range(rounds)]
 
 
 def input_copies(nbytes: int, dev, limit: int = 8) -> int:

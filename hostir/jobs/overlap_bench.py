@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from hostir.jobs.results import commit
+from runtime.autotune import balanced_rounds
 from runtime.jit import write_atomically
 
 SHAPES = [(8192, 8192, 8192), (16384, 8192, 8192), (32768, 8192, 4096),
@@ -43,7 +44,9 @@ class Timer:
 
     A sample runs ``reps`` back-to-back iterations of one candidate between two CUDA
     events, after a device synchronize and a barrier. Samples are interleaved: round r
-    takes one sample of every candidate in turn, so that clocks, temperature and power,
+    takes one sample of every candidate in turn, in a carryover-balanced order
+    (`runtime.autotune.balanced_rounds`: each right after every other equally often; the
+    results before 56daeb5 took a fixed order), so that clocks, temperature and power,
     which drift over seconds of sustained GEMMs on these parts, weigh on every candidate
     alike (timing candidates one after another favoured the first ones: the GEMM alone,
     the yardstick, ran on a cooler chip than the programs compared with it)."""
@@ -76,9 +79,10 @@ class Timer:
         torch.cuda.synchronize()
         gpu = {name: [] for name in fns}
         host = {name: [] for name in fns}
-        for _ in range(self.samples):
-            for name, fn in fns.items():
-                g, h = self.sample(fn)
+        # carryover-balanced order: each candidate right after every other equally often
+        for names in balanced_rounds(list(fns), self.samples):
+            for name in names:
+                g, h = self.sample(fns[name])
                 gpu[name].append(g)
                 host[name].append(h)
         return {name: (self.mpi.allreduce(statistics.median(gpu[name]), op=_max()),

@@ -314,15 +314,19 @@ class _PlainRow(torch.autograd.Function):
 
 
 def _side_by_side(steps: dict, iters: int, warmup: int) -> dict:
-    """Median milliseconds of each step, samples interleaved round robin (CUDA events on
-    the current stream; the host clock on the CPU)."""
+    """Median milliseconds of each step, samples interleaved in carryover-balanced rounds
+    (`runtime.autotune.balanced_rounds`: each step right after every other equally often;
+    CUDA events on the current stream, the host clock on the CPU)."""
+    from runtime.autotune import balanced_rounds
+
     for step in steps.values():
         for _ in range(warmup):
             step()
     times = {name: [] for name in steps}
     cuda = torch.cuda.is_available()
-    for _ in range(iters):
-        for name, step in steps.items():
+    for names in balanced_rounds(list(steps), iters):
+        for name in names:
+            step = steps[name]
             if cuda:
                 torch.cuda.synchronize()
                 start, end = (torch.cuda.Event(enable_timing=True),
