@@ -229,12 +229,15 @@ def _splits_for(K: int, tile_k: int) -> list[int]:
 
 
 def mode_fits(base: MatmulSpec, mode: str, split: int) -> bool:
-    """Whether `mode` with `split` is a variant generated for `base`'s tile and feed."""
-    if (mode == "none") != (split == 1):
+    """Whether `mode` with `split` is a variant generated for `base`'s tile and feed: a
+    valid spec (`MatmulSpec` holds the rules) and, for the cluster mode, a feed it is
+    generated for."""
+    if mode == "cluster" and base.feed not in CLUSTER_SPLIT_FEEDS:
         return False
-    if mode == "cluster":
-        return (base.instr == "wgmma" and base.feed in CLUSTER_SPLIT_FEEDS
-                and split in CLUSTER_SPLITS and base.tile_m % split == 0)
+    try:
+        dataclasses.replace(base, split_k=split, split_mode=mode)
+    except ValueError:
+        return False
     return True
 
 
@@ -275,7 +278,8 @@ def choose(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str = "b
     modes = SPLIT_MODES if mode == "auto" else (mode,)
     if mode != "auto" and mode not in SPLIT_MODES:
         raise ValueError(f"mode must be auto, none, serial, parallel or cluster; got {mode!r}")
-    if mode == "cluster" and configs_for(arch, layout, prefer=True) != WGMMA_CONFIGS:
+    hopper = configs_for(arch, layout, prefer=True) == WGMMA_CONFIGS
+    if mode == "cluster" and not hopper:
         raise ValueError(f"mode 'cluster' needs an sm_90 part and layout TN (thread-block "
                          f"clusters and wgmma); got arch {arch!r}, layout {layout!r}")
     specs = candidates(M, N, K, a_dtype=a_dtype, out_dtype=out_dtype, layout=layout,
@@ -291,8 +295,7 @@ def choose(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str = "b
     specs = filling or specs
     if not specs:
         # A forced split mode on a K too short to split: split in two anyway.
-        small = WGMMA_CONFIGS[-1] if configs_for(arch, layout, prefer=True) == WGMMA_CONFIGS \
-            else TILE_CONFIGS[2]
+        small = WGMMA_CONFIGS[-1] if hopper else TILE_CONFIGS[2]
         if mode == "cluster":
             small = next(c for c in WGMMA_CONFIGS if c[6] in CLUSTER_SPLIT_FEEDS)
         specs = [dataclasses.replace(spec_for(small, a_dtype=a_dtype,
