@@ -34,11 +34,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hostir.jobs.matmul import L2_BYTES, _inputs, _time_side_by_side, check, count_launches  # noqa: E402
+from hostir.jobs.matmul import _inputs, _time_side_by_side, check_variant, input_sets  # noqa: E402
 from hostir.jobs.results import commit  # noqa: E402
 from lowering.kernels import heuristics  # noqa: E402
-from runtime import workspace  # noqa: E402
-from runtime.matmul import matmul, sm_count, tuning_arch  # noqa: E402
+from runtime.matmul import sm_count, tuning_arch  # noqa: E402
 
 SHAPES = ((1024, 2048, 50304), (256, 4096, 16384))
 LARGE_SHAPES = ((8192, 8192, 8192), (4096, 4096, 8192), (16384, 8192, 4096))
@@ -80,8 +79,7 @@ def feed_variants(M, N, K) -> dict:
 
 def probe(M, N, K, reps, make=variants) -> dict:
     torch.manual_seed(M + N + K)
-    nbytes = 2 * (M * K + N * K)
-    sets = max(1, min(8, -(-3 * L2_BYTES // nbytes))) if nbytes < 3 * L2_BYTES else 1
+    sets = input_sets(M, N, K)
     inputs = _inputs(M, N, K, "TN", sets, torch)
     a, b = inputs[0]
     ref = a.double() @ b.double().t()
@@ -89,21 +87,12 @@ def probe(M, N, K, reps, make=variants) -> dict:
     flops = 2.0 * M * N * K
     rows, fns = {}, {"cublas": lambda x, y: x @ y.t()}
     for label, spec in make(M, N, K).items():
-        out.fill_(float("nan"))
-        fn = lambda x, y, spec=spec: matmul(x, y, out=out, spec=spec)
         try:
-            fn(a, b)
-            torch.cuda.synchronize()
+            fn, rows[label] = check_variant(spec, a, b, out, ref, "TN", torch)
         except Exception as e:  # noqa: BLE001 - a variant that fails is reported, not fatal
             rows[label] = {"error": f"{type(e).__name__}: {e}"[:300]}
             continue
-        err = check(out, ref, torch)
-        launches = count_launches(lambda: fn(a, b), torch)
-        workspace.check_all_zeroed()
-        rows[label] = {"feed": spec.feed, "tile": spec.tile, "split_k": spec.split_k,
-                       "mode": spec.split_mode, "rel_err": err,
-                       "launches": launches["kernels"], "memsets": launches["memsets"]}
-        if err < 1e-2:
+        if rows[label]["rel_err"] < 1e-2:
             fns[label] = fn
     timed = _time_side_by_side(fns, inputs, reps)
     cublas_us = timed.pop("cublas")
@@ -141,7 +130,8 @@ def main() -> int:
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "commit": commit(), "sm_count": sm_count(), "torch": torch.__version__,
            "method": "side by side with cuBLAS, groups of 10 back-to-back calls, medians of "
-                     f"{args.reps} groups; inputs rotated where they fit in L2",
+                     f"at least {args.reps} groups (whole cycles of a carryover-balanced "
+                     "order); inputs rotated where they fit in L2",
            "results": results}
     if args.out:
         Path(args.out).write_text(json.dumps(doc, indent=1))

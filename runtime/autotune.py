@@ -85,10 +85,11 @@ def side_by_side(fns: dict, reps: int = 15, per_group: int = 8, warmup: int = 2)
     """Median microseconds per call of each of `fns` (callables taking the call's index in
     its group), timed side by side: one sample of each in turn, `reps` rounds, so that
     clock and power drift over the run weigh on each alike. The rounds follow a
-    carryover-balanced order (`balanced_orders`; `reps` rounds up to whole cycles of it),
-    so that each candidate comes right after every other equally often: a kernel run right after a power-hungry one inherits
-    its lowered clock (in one fixed order the same kernel, timed twice, came out 3.7% apart
-    at 8192^3 and 7% at 16384x8192x4096; feed_probe_nvidia-h200_134d458.json)."""
+    carryover-balanced order (`balanced_rounds`; `reps` rounds up to whole cycles of it),
+    so that each candidate comes right after every other equally often: a kernel run
+    right after a power-hungry one inherits its lowered clock (in one fixed order the
+    same kernel, timed twice, came out 3.7% apart at 8192^3 and 7% at 16384x8192x4096;
+    feed_probe_nvidia-h200_134d458.json)."""
     for fn in fns.values():
         for i in range(warmup):
             fn(i)

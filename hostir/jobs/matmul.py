@@ -89,6 +89,34 @@ def check(out, ref64, torch) -> float:
     return ((out.double() - ref64).norm() / ref64.norm()).item()
 
 
+def input_sets(M: int, N: int, K: int) -> int:
+    """Operand pairs to rotate through: where one pair would sit in L2, enough to overflow
+    it three times (at most 8); else one."""
+    nbytes = 2 * (M * K + N * K)
+    return max(1, min(8, -(-3 * L2_BYTES // nbytes))) if nbytes < 3 * L2_BYTES else 1
+
+
+def check_variant(spec, a, b, out, ref, layout: str, torch):
+    """A generated matmul checked before it is timed: the output poisoned with NaN (every
+    element must be written), the relative error against the float64 reference, the
+    kernels and memsets one call launches, the zeroed arena checked. Returns the call
+    (taking an operand pair, writing `out`) and the row that describes it."""
+    from runtime import workspace
+    from runtime.matmul import matmul
+
+    out.fill_(float("nan"))
+    fn = lambda x, y: matmul(x, y, layout=layout, out=out, spec=spec)
+    fn(a, b)
+    torch.cuda.synchronize()
+    err = check(out, ref, torch)
+    launches = count_launches(lambda: fn(a, b), torch)
+    workspace.check_all_zeroed()
+    return fn, {"instr": spec.instr, "feed": spec.feed, "tile": spec.tile,
+                "warps": spec.warps, "stages": spec.stages, "split_k": spec.split_k,
+                "mode": spec.split_mode, "rel_err": err, "launches": launches["kernels"],
+                "memsets": launches["memsets"]}
+
+
 def _compile_probe(M, N, K) -> dict:
     """Cold compile vs warm first call, each in a fresh process sharing one cache dir.
 
@@ -132,8 +160,8 @@ def bench(args) -> dict:
 
     from lowering.kernels.heuristics import choose
     from lowering.kernels.matmul import supports_wgmma
-    from runtime import autotune, jit, workspace
-    from runtime.matmul import Problem, matmul, sm_count, tuning_arch
+    from runtime import autotune, jit
+    from runtime.matmul import Problem, sm_count, tuning_arch
 
     device = torch.cuda.get_device_name()
     shapes = SHAPES if not args.shapes else tuple(
@@ -141,8 +169,7 @@ def bench(args) -> dict:
     results = []
     for M, N, K in shapes:
         torch.manual_seed(M + N + K)
-        nbytes = 2 * (M * K + N * K)
-        sets = max(1, min(8, -(-3 * L2_BYTES // nbytes))) if nbytes < 3 * L2_BYTES else 1
+        sets = input_sets(M, N, K)
         inputs = _inputs(M, N, K, args.layout, sets, torch)
         a, b = inputs[0]
         ref = a.double() @ (b.double().t() if args.layout == "TN" else b.double())
@@ -164,18 +191,9 @@ def bench(args) -> dict:
         # arena checked zero), then every correct variant and cuBLAS timed side by side.
         rows, fns = {}, {"cublas": bt}
         for label, spec in variants.items():
-            out.fill_(float("nan"))
-            fn = lambda x, y, spec=spec: matmul(x, y, layout=args.layout, out=out, spec=spec)
-            fn(a, b)
-            torch.cuda.synchronize()
-            err = check(out, ref, torch)
-            launches = count_launches(lambda: fn(a, b), torch)
-            workspace.check_all_zeroed()
-            if err < 1e-2:
+            fn, rows[label] = check_variant(spec, a, b, out, ref, args.layout, torch)
+            if rows[label]["rel_err"] < 1e-2:
                 fns[label] = fn
-            rows[label] = {"instr": spec.instr, "feed": spec.feed, "tile": spec.tile, "warps": spec.warps, "stages": spec.stages,
-                           "split_k": spec.split_k, "mode": spec.split_mode, "rel_err": err,
-                           "launches": launches["kernels"], "memsets": launches["memsets"]}
         timed = _time_side_by_side(fns, inputs, args.reps)
         cublas_us = timed.pop("cublas")
         for label, row in rows.items():
