@@ -13,6 +13,8 @@ matmul_work() {
     > "$OUT/wgmma.log" 2>&1; echo "rc=$?"
   echo "== matmul bench"; timeout 300 python3 -m hostir.run matmul --bench --tune \
     --output "$OUT/matmul.json" > "$OUT/matmul.log" 2>&1; echo "rc=$?"
+  echo "== split-K: parallel, serial and cluster side by side"; timeout 150 python3 \
+    benchmarks/split_k_probe.py --out "$OUT/split_k_probe.json" > "$OUT/split_k_probe.log" 2>&1; echo "rc=$?"
   echo "== matmul host time a call"; timeout 120 python3 benchmarks/matmul_host_probe.py \
     --out "$OUT/matmul_host_probe.json" > "$OUT/matmul_host_probe.log" 2>&1; echo "rc=$?"
   echo "== 256x4096x16384 on same, rotated and flushed inputs"; timeout 200 python3 \
