@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -125,45 +124,6 @@ NAMES = ["vcopy", "vcopy_cs"] + [f"rowcopy{b}_{t}_{n}" for t, n, _ in ROWCOPY_SH
                                  for b in ("", "_bar")]
 
 
-def graph_of(calls, launches: int = 48):
-    """A CUDA graph cycling through ``calls``; returns (replay, calls a replay)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for c in calls:
-            c()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    rounds = max(1, launches // len(calls))
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(rounds):
-            for c in calls:
-                c()
-    g.replay()
-    torch.cuda.synchronize()
-    return g, rounds * len(calls)
-
-
-def time_side_by_side(cands: dict, reps: int) -> dict:
-    """Median microseconds a call of each candidate (label -> list of calls), one graph
-    replay of each a round, in carryover-balanced order."""
-    from runtime.autotune import balanced_rounds
-
-    graphs = {k: graph_of(v) for k, v in cands.items()}
-    samples = {k: [] for k in cands}
-    for labels in balanced_rounds(list(cands), reps):
-        for k in labels:
-            g, n = graphs[k]
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            g.replay()
-            b.record()
-            b.synchronize()
-            samples[k].append(a.elapsed_time(b) * 1e3 / n)
-    return {k: statistics.median(v) for k, v in samples.items()}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--hidden", default="1600,4096,12288,20480")
@@ -173,7 +133,7 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true",
                     help="launch each candidate twice eagerly, untimed, for Nsight Compute")
     a = ap.parse_args()
-    from hostir.jobs.layer_norm import ROTATE_BYTES, make_inputs
+    from hostir.jobs.layer_norm import ROTATE_BYTES, make_inputs, time_side_by_side
     from lowering.kernels.normalization import NormalizationSpec
     from runtime import jit
     from runtime import normalization as rn

@@ -9,6 +9,11 @@ device-to-device copy, in carryover-balanced rounds of CUDA-graph replays; every
 variant is checked against the float64 reference first (rows with a large mean).
 
     python benchmarks/norm_stage_probe.py --out probe.json
+    python benchmarks/norm_stage_probe.py --mode long --hidden 12288,16384,20480 --out p.json
+
+``--mode long``: for the longest rows, the tensors in shared memory with x prefetched
+into registers, or in registers beside a packed row slice, over 512-1024 threads a row
+(what the register and shared-memory budgets let through).
 """
 
 from __future__ import annotations
@@ -23,7 +28,6 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 SIZES = "768,1024,1280,1536,1600,2048,2560,4096,5140,12288,16384,20480"
 DEPTHS = (1, 2, 3, 4, 6, 8)
@@ -67,38 +71,31 @@ def variants(spec, depths=DEPTHS):
     return out
 
 
-def shared32_variants(spec):
-    """(label, spec): the 1-D tensors staged as fp32 in shared memory (``shared32``),
-    several rows a block sharing them, over the planner's row geometry and the one with
-    twice the threads a row; rings 1 and 2 rows deep."""
+def long_row_variants(spec):
+    """(label, spec) for the longest rows: the four 1-D tensors in shared memory with x
+    prefetched into registers (no ring: 160 KiB of tensors at 20480 leave no room for
+    one), or in registers beside a packed row slice with a ring of x."""
     import lowering.kernels.normalization as nm
 
-    p = spec.plan
-    out = [("planner", spec)]
-    geoms = {(p.threads_per_row, p.batch)}
-    if p.batch % 2 == 0 and 2 * p.threads_per_row <= 1024:
-        geoms.add((2 * p.threads_per_row, p.batch // 2))
-    if p.batch > 2 and p.threads_per_row >= 64 and (p.batch * p.threads_per_row) % 2 == 0:
-        pass
-    seen = {p}
-    for t, b in sorted(geoms):
-        for threads in (512, 768, 1024):
-            r = threads // t
-            if r < 1 or r * t != threads:
+    p, out, seen = spec.plan, [("planner", spec)], {spec.plan}
+    vectors = -(-spec.hidden // p.vector_width)
+    for t in (512, 640, 768, 1024):
+        b = -(-vectors // t)
+        for label, kw in (("shared_regprefetch", dict(param_cache="shared", x_staged=False)),
+                          ("registers_packed", dict(param_cache="registers", x_staged=True,
+                                                    packed=True, stages=1)),
+                          ("registers_packed_bulk", dict(param_cache="registers", x_staged=True,
+                                                         packed=True, stages=1, x_bulk=True))):
+            try:
+                s = dataclasses.replace(spec, threads_per_row=t, batch=b, rows_per_block=1,
+                                        prefetch=True, **kw)
+                q = s.plan
+            except nm.LoweringError:
                 continue
-            for d in (1, 2):
-                try:
-                    s = dataclasses.replace(spec, threads_per_row=t, batch=b, rows_per_block=r,
-                                            param_cache="shared32", prefetch=True,
-                                            x_staged=True, stages=d, x_bulk=None, packed=None,
-                                            one_pass=None, shared_param_bytes=None)
-                    q = s.plan
-                except nm.LoweringError:
-                    continue
-                if q in seen:
-                    continue
-                seen.add(q)
-                out.append((f"s32_t{t}_r{r}_d{d}", s))
+            if q in seen:
+                continue
+            seen.add(q)
+            out.append((f"{label}_t{t}", s))
     return out
 
 
@@ -108,18 +105,17 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=8192)
     ap.add_argument("--reps", type=int, default=6)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--mode", choices=("stages", "shared32"), default="stages")
+    ap.add_argument("--mode", choices=("stages", "long"), default="stages")
     a = ap.parse_args()
     import lowering.kernels.normalization as nm
     from hostir.jobs.layer_norm import (ROTATE_BYTES, TOLERANCE, make_inputs, precompile,
-                                        relative_error)
-    from norm_ceiling_probe import time_side_by_side
+                                        relative_error, time_side_by_side)
     from runtime import jit
     from runtime import normalization as rn
 
     nm.MAX_STAGES = max(nm.MAX_STAGES, max(DEPTHS))
     arch = jit.device_arch()
-    make = variants if a.mode == "stages" else shared32_variants
+    make = {"stages": variants, "long": long_row_variants}[a.mode]
     todo = {h: make(nm.NormalizationSpec.reference_fusion(a.rows, h, 1e-5))
             for h in (int(x) for x in a.hidden.split(","))}
     precompile([s for vs in todo.values() for _, s in vs], arch)

@@ -7,7 +7,10 @@
 For each hidden size (rows = 8192, fp16) it checks, then times, in one run:
 ours (the fused op of the nvFuser report, the heuristic's plan), the row-wise kernel
 (``param_cache="none"``, the kernel before the persistent one, its own heuristic), torch
-(the same math in eager ops), torch's ``layer_norm`` alone, and a device-to-device copy;
+(the same math in eager ops), torch's ``layer_norm`` alone, the device-to-device copy
+(``copy_``: cudaMemcpyAsync, the copy engine, the issue's baseline) and a plain copy kernel
+on the SMs (``sm_copy``: what a kernel that only copies reaches; not a baseline, a ceiling
+for reading the ratios), all side by side in carryover-balanced rounds;
 then (the sweep, on by default) every candidate plan of both kernels, each checked
 against float64 before it is timed; a plan that fails is recorded with its error and
 the rest go on. Each size reports the chosen plan and the fastest swept one ("best").
@@ -36,6 +39,57 @@ HIDDEN = (768, 1024, 1280, 1536, 1600, 2048, 2560, 4096, 5140, 12288, 16384, 204
 TOLERANCE = 1e-2
 ROTATE_BYTES = 256 << 20  # > 4x the 60 MB L2: a set is evicted before it comes round again
 LAUNCHES_PER_GRAPH = 48
+
+# The SM copy beside the copy engine: 16-byte vectors, four in flight a thread, 256
+# threads a block, 8 blocks an SM (2048 threads), grid-stride. At 0.91-0.97 of
+# cudaMemcpy on an H200 (benchmarks/results/norm_ceiling_probe_nvidia-h200.json).
+SM_COPY_SOURCE = r"""
+extern "C" __global__ void __launch_bounds__(256) hostir_sm_copy(const uint4* __restrict__ s,
+                                                                  uint4* __restrict__ d, long long n) {
+  long long base = (long long)blockIdx.x * 1024 + threadIdx.x;
+  const long long stride = (long long)gridDim.x * 1024;
+  for (; base < n; base += stride) {
+    uint4 v[4];
+#pragma unroll
+    for (int u = 0; u < 4; ++u) { const long long i = base + u * 256; if (i < n) v[u] = s[i]; }
+#pragma unroll
+    for (int u = 0; u < 4; ++u) { const long long i = base + u * 256; if (i < n) d[i] = v[u]; }
+  }
+}
+"""
+
+
+def sm_copy(src, dst) -> None:
+    """``dst.copy_(src)`` by `SM_COPY_SOURCE` on the current stream: same-size contiguous
+    CUDA tensors of a multiple of 16 bytes, both 16-byte aligned."""
+    import numpy as np
+    import torch
+
+    from runtime import jit
+
+    nbytes = src.numel() * src.element_size()
+    if (dst.numel() * dst.element_size() != nbytes or nbytes % 16 or src.data_ptr() % 16
+            or dst.data_ptr() % 16 or not (src.is_contiguous() and dst.is_contiguous())):
+        raise ValueError("sm_copy: same-size contiguous tensors of 16-byte multiples, aligned")
+    dev = src.get_device()
+    kernel = _sm_copy_kernel(dev)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    with jit.on_device(dev):
+        kernel.launch_raw((8 * sms, 1, 1), (256, 1, 1),
+                          (np.uint64(src.data_ptr()), np.uint64(dst.data_ptr()), np.int64(nbytes // 16)),
+                          0, jit.current_stream_handle(dev))
+
+
+_SM_COPY = {}
+
+
+def _sm_copy_kernel(dev: int):
+    from runtime import jit
+
+    if dev not in _SM_COPY:
+        ck = jit.kernel_cache().get(SM_COPY_SOURCE, ["hostir_sm_copy"], jit.device_arch(dev))
+        _SM_COPY[dev] = jit.load(ck, dev)["hostir_sm_copy"]
+    return _SM_COPY[dev]
 
 
 def add_arguments(p) -> None:
@@ -214,6 +268,63 @@ def time_per_call(calls, replays: int) -> float:
     return statistics.median(samples)
 
 
+def _graph_of(calls):
+    """(replay, calls a replay): a CUDA graph cycling through ``calls`` (one per input
+    set), warmed outside the graph first; back-to-back launches if capture is refused."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    rounds = max(1, LAUNCHES_PER_GRAPH // len(calls))
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for _ in range(rounds):
+                for call in calls:
+                    call()
+        replay = graph.replay
+    except RuntimeError as e:
+        print(f"graph capture failed ({e}); timing back-to-back launches", file=sys.stderr)
+        torch.cuda.synchronize()
+
+        def replay():
+            for _ in range(rounds):
+                for call in calls:
+                    call()
+    replay()
+    torch.cuda.synchronize()
+    return replay, rounds * len(calls)
+
+
+def time_side_by_side(candidates: dict, replays: int) -> dict:
+    """Median microseconds a call of each candidate (label -> one call per input set),
+    timed side by side: one graph replay of each a round, ``replays`` rounds rounded up
+    to whole cycles of a carryover-balanced order (`runtime.autotune.balanced_rounds`),
+    so that clock and power drift weigh on each alike and none always follows the same
+    neighbour."""
+    import torch
+
+    from runtime.autotune import balanced_rounds
+
+    graphs = {k: _graph_of(v) for k, v in candidates.items()}
+    samples = {k: [] for k in candidates}
+    for labels in balanced_rounds(list(candidates), replays):
+        for k in labels:
+            replay, n = graphs[k]
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            replay()
+            end.record()
+            end.synchronize()
+            samples[k].append(start.elapsed_time(end) * 1e3 / n)
+    return {k: statistics.median(v) for k, v in samples.items()}
+
+
 _DEADLINE = None  # time.monotonic() past which the sweep skips plans (--deadline-s)
 
 
@@ -306,22 +417,30 @@ def bench(rows: int, hidden: int, eps: float, replays: int, sweep: bool):
         return [lambda i=i, o=o: rn.normalize(s, named(i), o) for i, o in zip(inputs, outs)]
 
     rowwise = dataclasses.replace(spec, param_cache="none")  # the previous kernel and rule
-    times = {
-        "ours": time_per_call(ours(spec), replays),
-        "rowwise": time_per_call(ours(rowwise), replays),
-        "torch_fused": time_per_call(
-            [lambda i=i: torch_fused(*i, eps) for i in inputs], replays),
-        "torch_layer_norm": time_per_call(
-            [lambda i=i: F.layer_norm(i[0], (hidden,), i[3], i[4], eps) for i in inputs], replays),
-        "copy": time_per_call([lambda i=i, o=o: o.copy_(i[0]) for i, o in zip(inputs, outs)], replays),
+    candidates = {
+        "ours": ours(spec),
+        "rowwise": ours(rowwise),
+        "torch_fused": [lambda i=i: torch_fused(*i, eps) for i in inputs],
+        "torch_layer_norm": [lambda i=i: F.layer_norm(i[0], (hidden,), i[3], i[4], eps)
+                             for i in inputs],
+        "copy": [lambda i=i, o=o: o.copy_(i[0]) for i, o in zip(inputs, outs)],
+        "sm_copy": [lambda i=i, o=o: sm_copy(i[0], o) for i, o in zip(inputs, outs)],
     }
+    outs[0].zero_()
+    sm_copy(inputs[0][0], outs[0])
+    torch.cuda.synchronize()
+    if not torch.equal(outs[0], inputs[0][0]):
+        raise AssertionError("sm_copy copied wrong")
+    times = time_side_by_side(candidates, replays)
     compiled = rn.compiled_kernel(spec, _arch())
     plan = spec.plan
     copy_gbps = 2 * rows * hidden * 2 / (times["copy"] * 1e-6) / 1e9
+    sm_copy_gbps = 2 * rows * hidden * 2 / (times["sm_copy"] * 1e-6) / 1e9
     row = {
         "hidden": hidden,
         "ours_gbps": round(gbps(times["ours"]), 1),
         "copy_gbps": round(copy_gbps, 1),
+        "sm_copy_gbps": round(sm_copy_gbps, 1),
         "rowwise_gbps": round(gbps(times["rowwise"]), 1),
         "torch_fused_gbps": round(gbps(times["torch_fused"]), 1),
         "torch_layer_norm_gbps": round(gbps(times["torch_layer_norm"]), 1),
@@ -335,6 +454,8 @@ def bench(rows: int, hidden: int, eps: float, replays: int, sweep: bool):
         "input_sets": sets,
     }
     row["ours_over_copy"] = round(row["ours_gbps"] / row["copy_gbps"], 3)
+    row["sm_copy_over_copy"] = round(sm_copy_gbps / copy_gbps, 3)
+    row["ours_over_sm_copy"] = round(row["ours_gbps"] / sm_copy_gbps, 3)
     row["rowwise_over_copy"] = round(row["rowwise_gbps"] / row["copy_gbps"], 3)
     row["faster_than_torch"] = times["ours"] < min(times["torch_fused"], times["torch_layer_norm"])
     print(f"bench hidden={hidden}: " + json.dumps(row), flush=True)
@@ -404,7 +525,9 @@ def report(results, sweeps, args) -> None:
         "rows": args.rows,
         "dtype": "float16",
         "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
-        "method": "CUDA-graph replay of back-to-back launches, input sets rotated, median",
+        "method": "CUDA-graph replays of back-to-back launches (input sets rotated past L2), "
+                  "ours/rowwise/torch/copy/sm_copy side by side in carryover-balanced rounds, "
+                  "median; swept plans one after another",
         "results": results,
     }
     if sweeps:
@@ -413,15 +536,15 @@ def report(results, sweeps, args) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {path}")
-    print(f"{'hidden':>6} {'ours':>7} {'copy':>7} {'ours/copy':>9} {'rowwise':>7} {'best/copy':>9} "
-          f"{'torch':>7} {'torch_ln':>8} {'regs':>4} {'spill':>5}  plan (GB/s)")
+    print(f"{'hidden':>6} {'ours':>7} {'copy':>7} {'ours/copy':>9} {'sm_copy':>7} {'rowwise':>7} "
+          f"{'best/copy':>9} {'torch':>7} {'torch_ln':>8} {'regs':>4} {'spill':>5}  plan (GB/s)")
     for r in results:
         if "error" in r:
             print(f"{r['hidden']:>6} ERROR {r['error']}")
             continue
         best = r.get("best", {})
         print(f"{r['hidden']:>6} {r['ours_gbps']:>7.0f} {r['copy_gbps']:>7.0f} "
-              f"{r['ours_over_copy']:>9.3f} {r['rowwise_gbps']:>7.0f} "
+              f"{r['ours_over_copy']:>9.3f} {r['sm_copy_gbps']:>7.0f} {r['rowwise_gbps']:>7.0f} "
               f"{best.get('over_copy', float('nan')):>9.3f} {r['torch_fused_gbps']:>7.0f} "
               f"{r['torch_layer_norm_gbps']:>8.0f} {r['registers']:>4} {r['spill_bytes']:>5}  "
               f"{r['plan']['describe']}" + (f"  (best: {best['describe']})" if best else ""))

@@ -137,7 +137,7 @@ def _check_eps(eps: float) -> None:
 # --------------------------------------------------------------------------- plan
 
 
-PARAM_CACHES = ("none", "registers", "shared", "global", "shared32")
+PARAM_CACHES = ("none", "registers", "shared", "global")
 L2_HINTS = ("", "evict_first", "prefetch_256b")  # LaunchPlan.l2_hint
 MAX_STAGES = 3  # rows of x a cp.async ring may hold ahead of the current one
 # the depths `persistent_candidates` offers: two rows ahead already doubles the bytes in
@@ -164,14 +164,6 @@ class LaunchPlan:
       memory: for rows whose slices do not fit the registers beside the row (16384 at
       fp16; see `choose_persistent`), and with the prefetch in registers, where the
       registers they free buy occupancy (a pinned plan: the planner stages x instead).
-    - ``"shared32"``: ``"shared"`` with the tensors the fp32 math reads staged as
-      fp32 (converted once per block; those the prologue's 16-bit head adds stay 16-bit),
-      ``param_bytes`` counting them at 4 bytes a column. Per element that is one
-      shared-memory load a 4-element fp32 vector instead of a 16-bit-to-fp32 conversion
-      an element per tensor: the conversions were 4 of the 15.5 instructions an element
-      of the register-cached kernel at 4096 (its SASS), whose issue slots were 55% busy
-      with 3 warps a scheduler (ncu). With no tensor in registers, a block holds several
-      rows (``rows_per_block``) that share one copy of the tensors.
     - ``"global"``: the same loop, the 1-D tensors re-read every row through the
       read-only data path (``__ldg``: L1, then L2), neither registers nor shared memory
       held for them: for the longest rows, whose tensors (8 bytes a column in the
@@ -287,7 +279,7 @@ class LaunchPlan:
         """The staged 1-D tensors (``param_cache == "shared"``: every batch slot of a row),
         then, with ``x_staged``, ``stages + 1`` buffers of x for each row of the block."""
         slots = self.threads_per_row * self.batch * self.vector_width
-        params = (self.param_bytes if self.param_cache in ("shared", "shared32")
+        params = (self.param_bytes if self.param_cache == "shared"
                   else self.shared_param_bytes) * slots
         x = (self.stages + 1) * self.rows_per_block * slots * self.x_bytes if self.x_staged else 0
         return params + x
@@ -425,8 +417,6 @@ def persistent_register_estimate(values_per_thread: int, vector_width: int, valu
     # staged tensors: ptxas issues the shared-memory loads early, packed, (with the
     # prefetch, for the whole row slice)
     staged = 0 if not shared else (3 * v // 2 if prefetch and not x_staged else v // 2)
-    if shared == "fp32":  # shared32: the fp32 tensors are read where used, not held
-        staged = 0
     if x_staged:  # the next row waits in shared memory: only its buffer's addresses
         # packed: two values a register; with vectors under 16 bytes ptxas also keeps an
         # address a slot (5140, v4: 28 bytes of spills at the cap without them)
@@ -786,7 +776,6 @@ def plan_launch(
     x_bulk: bool | None = None,
     shared_param_bytes: int | None = None,
     param_sizes: tuple[int, ...] = (),
-    param_bytes32: int = 0,
 ) -> LaunchPlan:
     """Pick the kernel (row-wise or persistent), threads per row, the persistent batch
     and rows per block for ``hidden``.
@@ -841,7 +830,7 @@ def plan_launch(
         best = plan_launch(hidden, vector_width, value_bytes, threads_per_row, batch,
                            rows_per_block, param_cache, prefetch, param_bytes, x_staged,
                            bf16, stages, one_pass, None, packed, x_bulk, shared_param_bytes,
-                           param_sizes, param_bytes32)
+                           param_sizes)
         if not best.x_staged or best.x_bulk:
             raise LoweringError(f"normalization plan: l2_hint {l2_hint!r} is a hint on the "
                                 "cp.async of x: it needs x_staged")
@@ -875,8 +864,7 @@ def plan_launch(
         else:
             estimate = persistent_register_estimate(
                 b * vector_width, vector_width, value_bytes,
-                param_bytes if cache == "registers" else 0, pre,
-                "fp32" if cache == "shared32" else cache != "registers", staged_x,
+                param_bytes if cache == "registers" else 0, pre, cache != "registers", staged_x,
                 bf16, single, pack)
         margin = 8 if cache != "none" else 0  # the persistent kernel keeps min_blocks_per_sm's
         if estimate + margin > _register_budget(t * r):
@@ -893,9 +881,8 @@ def plan_launch(
                 f"normalization plan: shared_param_bytes={split} stages the leading 1-D tensors "
                 f"of param_cache global: expected a sum of the first tensors' bytes "
                 f"{list(itertools.accumulate(param_sizes[:-1]))}")
-        cached_bytes = {"none": 0, "shared32": param_bytes32}.get(cache, param_bytes)
         plan = LaunchPlan(vector_width, t, b, r, estimate, cache, pre,
-                          cached_bytes, staged_x, value_bytes,
+                          param_bytes if cache != "none" else 0, staged_x, value_bytes,
                           depth, single, "", pack, bool(x_bulk), split)
         if plan.dynamic_shared_bytes + plan.shared_bytes > SHARED_PER_BLOCK:
             raise LoweringError(
@@ -1102,7 +1089,6 @@ class NormalizationSpec:
             x_bulk=self.x_bulk,
             shared_param_bytes=self.shared_param_bytes,
             param_sizes=tuple(DTYPE_BYTES[d] for d in dtypes[1:-1]),
-            param_bytes32=sum(DTYPE_BYTES[d] for d in fp32_staged_dtypes(self, width).values()),
         )
 
     @property
@@ -1142,29 +1128,6 @@ class NormalizationSpec:
 
 
 @functools.lru_cache(maxsize=4096)
-def packed_lead(prologue, input_dtype: str, vector_width: int) -> int:
-    """How many leading (AddBroadcast, Cast) pairs of a prologue run on 16-bit pairs
-    (`PACKED_HEAD`): each adds a tensor of x's 16-bit dtype and casts back to it, so the
-    16-bit add gives the same bits; x in 16 bits, two lanes at least."""
-    if not PACKED_HEAD or DTYPE_BYTES[input_dtype] != 2 or vector_width < 2:
-        return 0
-    lead = 0
-    while (2 * lead + 1 < len(prologue) and isinstance(prologue[2 * lead], AddBroadcast)
-           and isinstance(prologue[2 * lead + 1], Cast)
-           and prologue[2 * lead].dtype == prologue[2 * lead + 1].dtype == input_dtype):
-        lead += 1
-    return lead
-
-
-def fp32_staged_dtypes(spec: "NormalizationSpec", vector_width: int) -> dict[str, str]:
-    """The 1-D tensors' dtypes as ``param_cache="shared32"`` stages them: float32 but for
-    the tensors of the packed 16-bit head (`packed_lead`), which keep theirs."""
-    names, dtypes = spec.parameter_names()[1:-1], spec.parameter_dtypes()[1:-1]
-    head = {op.name for op in spec.prologue[:2 * packed_lead(spec.prologue, spec.input_dtype,
-                                                             vector_width):2]}
-    return {n: (d if n in head else "float32") for n, d in zip(names, dtypes)}
-
-
 def _plan_of(spec: NormalizationSpec) -> LaunchPlan:
     # specs are frozen and hashable: each plan is worked out once per process
     return spec._make_plan()
@@ -1188,8 +1151,6 @@ SNIPPETS = {
 // __ldcs/__stcs (streaming, evict-first: x and y are touched once), which exist for
 // built-in types only.
 template <int Bytes> struct Raw;
-struct Raw32 {{ uint4 lo, hi; }};  // 8 fp32 values: two 16-byte loads
-template <> struct Raw<32> {{ using type = Raw32; }};
 template <> struct Raw<16> {{ using type = uint4; }};
 template <> struct Raw<8> {{ using type = uint2; }};
 template <> struct Raw<4> {{ using type = unsigned int; }};
@@ -1355,15 +1316,9 @@ class NormalizationRenderer:
         self.spec = spec
         self.plan = spec.plan
         self.out: list[str] = []
-        self.code_dtypes: dict[str, str] = {}
 
     def emit(self, key: str, **fields) -> None:
         self.out.append(SNIPPETS[key].format(**fields))
-
-    def _dt(self, name: str, dtype: str) -> str:
-        """The dtype the kernel's code holds 1-D tensor ``name`` in: its own, or float32
-        where ``param_cache="shared32"`` staged it so (`fp32_staged_dtypes`)."""
-        return self.code_dtypes.get(name, dtype)
 
     def _row_sum_and_params(self) -> list[str]:
         """Emit the row-sum helper the plan needs; the kernel's parameter declarations."""
@@ -1408,7 +1363,15 @@ class NormalizationRenderer:
         """How many leading (AddBroadcast, Cast) pairs of the prologue run on 16-bit
         pairs (`PACKED_HEAD`): each adds a tensor of x's 16-bit dtype and casts back to
         it, so the 16-bit add gives the same bits; x in 16 bits, two lanes at least."""
-        return packed_lead(self.spec.prologue, self.spec.input_dtype, self.plan.vector_width)
+        s = self.spec
+        if not PACKED_HEAD or DTYPE_BYTES[s.input_dtype] != 2 or self.plan.vector_width < 2:
+            return 0
+        ops, lead = s.prologue, 0
+        while (2 * lead + 1 < len(ops) and isinstance(ops[2 * lead], AddBroadcast)
+               and isinstance(ops[2 * lead + 1], Cast)
+               and ops[2 * lead].dtype == ops[2 * lead + 1].dtype == s.input_dtype):
+            lead += 1
+        return lead
 
     def _packed_head(self, x: str) -> tuple[int, str]:
         """Emit the `_packed_lead` pairs as 16-bit pair adds on ``h``, a copy of the
@@ -1440,7 +1403,7 @@ class NormalizationRenderer:
 
     def _pointwise(self, op: PointwiseOp, guard: str | None = None) -> None:
         if isinstance(op, AddBroadcast):
-            value = TO_FLOAT[self._dt(op.name, op.dtype)].format(f"v_{op.name}.e[e]")
+            value = TO_FLOAT[op.dtype].format(f"v_{op.name}.e[e]")
             # padded slots must stay exactly 0 for the sums: add only where loaded
             self.emit("add", value=f"({guard} ? {value} : 0.f)" if guard else value)
         else:
@@ -1469,9 +1432,9 @@ class NormalizationRenderer:
         self.emit("element_loop_open")
         self.emit("normalize")
         if s.norm.weight:
-            self.emit("mul", value=TO_FLOAT[self._dt("weight", s.norm.weight_dtype)].format("v_weight.e[e]"))
+            self.emit("mul", value=TO_FLOAT[s.norm.weight_dtype].format("v_weight.e[e]"))
         if isinstance(s.norm, LayerNorm) and s.norm.bias:
-            self.emit("add", value=TO_FLOAT[self._dt("bias", s.norm.bias_dtype)].format("v_bias.e[e]"))
+            self.emit("add", value=TO_FLOAT[s.norm.bias_dtype].format("v_bias.e[e]"))
         for op in s.epilogue:
             self._pointwise(op)
         self.emit("out_assign", value=FROM_FLOAT[s.output_dtype].format("a"))
@@ -1506,10 +1469,6 @@ class PersistentRenderer(NormalizationRenderer):
         params = self._row_sum_and_params()
         names, dtypes = s.parameter_names(), s.parameter_dtypes()
         self.tensors = dict(zip(names[1:-1], dtypes[1:-1]))  # the 1-D tensors
-        self.src_dtypes = dict(self.tensors)  # as they are in global memory
-        if p.param_cache == "shared32":
-            self.code_dtypes = fp32_staged_dtypes(s, p.vector_width)
-            self.tensors = dict(self.code_dtypes)
         vectors = -(-s.hidden // p.vector_width)
         tx = CUDA_TYPES[s.input_dtype]
         out = self.out
@@ -1786,7 +1745,7 @@ __device__ __forceinline__ void bulk_wait(unsigned long long* bar, unsigned pari
         for op in tail:
             if isinstance(op, AddBroadcast):
                 vec = self._param(op.name, "(i)")
-                expr = f"({expr} + {TO_FLOAT[self._dt(op.name, op.dtype)].format(f'{vec}.e[e]')})"
+                expr = f"({expr} + {TO_FLOAT[op.dtype].format(f'{vec}.e[e]')})"
             else:
                 expr = TO_FLOAT[op.dtype].format(FROM_FLOAT[op.dtype].format(expr))
         return f"#define VAL(i, e) {expr}\n"
@@ -1853,7 +1812,7 @@ __device__ __forceinline__ void bulk_wait(unsigned long long* bar, unsigned pari
         """The 1-D tensors staged in shared memory: all of them (``"shared"``), or with
         ``"global"`` the leading ones that make up ``shared_param_bytes`` a column."""
         p = self.plan
-        if p.param_cache in ("shared", "shared32"):
+        if p.param_cache == "shared":
             return list(self.tensors)
         if p.param_cache != "global" or not p.shared_param_bytes:
             return []
@@ -1906,14 +1865,7 @@ __device__ __forceinline__ void bulk_wait(unsigned long long* bar, unsigned pari
             offset += slots * p.vector_width * DTYPE_BYTES[d]
         out.append(f"  for (int j = threadIdx.x; j < {slots}; j += {p.block_threads}) {{\n")
         for name, d in staged.items():
-            t, src = CUDA_TYPES[d], self.src_dtypes[name]
-            if src != d:  # shared32: converted once here, read as fp32 every row
-                ts = CUDA_TYPES[src]
-                out.append(f"    {{\n      Vec<{ts}, kVec> g;\n      g.raw = {{}};\n"
-                           f"      if (j < kVectors) g.raw = (reinterpret_cast<const Vec<{ts}, kVec>*>(in_{name}) + j)->raw;\n"
-                           f"#pragma unroll\n      for (int e = 0; e < kVec; ++e) s_{name}[j].e[e] = "
-                           f"{TO_FLOAT[src].format('g.e[e]')};\n    }}\n")
-                continue
+            t = CUDA_TYPES[d]
             out.append(f"    s_{name}[j].raw = {{}};\n")
             out.append(f"    if (j < kVectors) s_{name}[j].raw = (reinterpret_cast<const Vec<{t}, kVec>*>(in_{name}) + j)->raw;\n")
         out.append("  }\n  __syncthreads();\n")
@@ -1927,7 +1879,7 @@ __device__ __forceinline__ void bulk_wait(unsigned long long* bar, unsigned pari
 """)
         adds = [op for op in s.prologue if isinstance(op, AddBroadcast)]
         for op in adds:
-            out.append(f"      const Vec<{CUDA_TYPES[self._dt(op.name, op.dtype)]}, kVec> v_{op.name} = {self._param(op.name)};\n")
+            out.append(f"      const Vec<{CUDA_TYPES[op.dtype]}, kVec> v_{op.name} = {self._param(op.name)};\n")
         lead, x = self._packed_head("xr[i]")
         head, _ = self._split_prologue()
         if self.plan.packed and lead and len(head) == 2 * lead:
@@ -1968,7 +1920,7 @@ __device__ __forceinline__ void bulk_wait(unsigned long long* bar, unsigned pari
             loads.append(("bias", s.norm.bias_dtype))
         loads += [(op.name, op.dtype) for op in s.epilogue if isinstance(op, AddBroadcast)]
         for name, d in loads:
-            out.append(f"      const Vec<{CUDA_TYPES[self._dt(name, d)]}, kVec> v_{name} = {self._param(name)};\n")
+            out.append(f"      const Vec<{CUDA_TYPES[d]}, kVec> v_{name} = {self._param(name)};\n")
         self._normalize_and_store_tail()
 
 

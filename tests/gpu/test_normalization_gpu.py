@@ -164,3 +164,26 @@ def test_resident_blocks_keep_the_plans_promise(hidden):
     spec = NormalizationSpec.reference_fusion(8192, hidden)
     kernel = rn._kernel(spec, torch.cuda.current_device())
     assert rn.resident_blocks(kernel, spec.plan) >= spec.plan.min_blocks_per_sm
+
+
+def test_bench_sm_copy_copies_and_refuses_odd_sizes():
+    from hostir.jobs.layer_norm import sm_copy
+
+    x = torch.randn(513, 1600, device="cuda", dtype=torch.float16)  # not a multiple of the grid
+    y = torch.full_like(x, float("nan"))
+    sm_copy(x, y)
+    torch.cuda.synchronize()
+    assert torch.equal(x, y)
+    with pytest.raises(ValueError):
+        sm_copy(x[:, :5], torch.empty(513, 5, device="cuda", dtype=torch.float16))
+
+
+def test_bench_side_by_side_times_each_candidate():
+    from hostir.jobs.layer_norm import time_side_by_side
+
+    a = torch.randn(1 << 22, device="cuda")
+    b = torch.empty_like(a)
+    calls = {"copy": [lambda: b.copy_(a)], "twice": [lambda: (b.copy_(a), b.copy_(a))]}
+    us = time_side_by_side(calls, replays=4)
+    assert set(us) == {"copy", "twice"}
+    assert 0 < us["copy"] < us["twice"]  # two copies take longer than one

@@ -537,3 +537,14 @@ def test_l2_hint_needs_staged_x():
                                            x_staged=False, l2_hint="evict_first")
     with pytest.raises(LoweringError, match="l2_hint"):
         NormalizationSpec.reference_fusion(8192, 4096, l2_hint="evict_last")
+
+
+def test_bench_sm_copy_kernel_compiles_without_spills():
+    """The layer_norm bench's SM copy (its ceiling column) compiles for sm_90, no spills."""
+    pytest.importorskip("cupy")
+    from hostir.jobs.layer_norm import SM_COPY_SOURCE
+    from runtime import jit
+
+    ck = jit.compile(SM_COPY_SOURCE, ["hostir_sm_copy"], "sm_90")
+    assert ck.registers["hostir_sm_copy"] > 0
+    assert ck.spill_bytes.get("hostir_sm_copy", 0) == 0
