@@ -611,11 +611,6 @@ BALANCED_GRID = False
 # same bits): 1280 1.089x, 1600 1.092x, 2560 1.051x, 5140 1.071x, 16384 1.031x, 1536-4096
 # and 20480 1.005-1.012x, but 12288 0.952x (its t512 b3 plan; no cause found).
 PACKED_HEAD = True
-# The variance pass stores v - mean back into the fp32 row slice, so the normalization
-# scales it without subtracting the mean again: bit-identical output, one FADD an element
-# fewer of the ~15.5 SASS instructions an element the 4096 kernel issues (issue-bound:
-# 55% of issue slots with 3 warps a scheduler, benchmarks/results/raw/ncu_stalls_343100b.csv).
-CENTER_IN_PLACE = True
 
 RULES = PlannerRules(deep_below=64 * 1024, one_pass_warps=0, global_params=True, packed_row=True)
 RULE_GRID = {"deep_below": (0, 32 * 1024, 48 * 1024, 64 * 1024, 1 << 30),
@@ -1292,22 +1287,7 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
     s = 0.f;
 {sum_centered}\
     const float rstd = rsqrtf(row_sum(s, {partials1}) * (1.f / kHidden) + {eps}f);
-    const float center = {center};
-""",
-    # CENTER_IN_PLACE: the variance pass leaves v - mean in the fp32 slice, which the
-    # normalization then only scales (the same float operations as subtracting the mean
-    # there: the same bits, one instruction an element fewer)
-    "sum_centered_in_place": """\
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i) {{
-      const bool ok = i < kFullBatches || i * kThreadsPerRow + lane < kVectors;
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) {{
-        const float d = v[i][e] - mean;
-        v[i][e] = d;
-        s += ok ? d * d : 0.f;
-      }}
-    }}
+    const float center = mean;
 """,
     "rms_norm_stats": """\
     const float rstd = rsqrtf(row_sum(s, {partials0}) * (1.f / kHidden) + {eps}f);
@@ -1436,13 +1416,9 @@ class NormalizationRenderer:
         eps = repr(float(s.norm.eps))
         if isinstance(s.norm, LayerNorm):
             self.emit("sum_value")
-            # in place only where VAL is the fp32 slice itself (not the packed one's
-            # recomputation)
-            in_place = CENTER_IN_PLACE and not getattr(p, "packed", False)
             self.emit(
                 "layer_norm_stats", partials0=part[0], partials1=part[1], eps=eps,
-                sum_centered=SNIPPETS["sum_centered_in_place" if in_place else "sum_centered"].format(),
-                center="0.f" if in_place else "mean",
+                sum_centered=SNIPPETS["sum_centered"].format(),
             )
         else:
             self.emit("sum_squares")
