@@ -6,7 +6,7 @@ grid balanced over the rounds of the row loop) changes the kernel or its launch 
 not the plan. (Flags timed with it and then taken out: ``TREE_SUMS``, the statistics
 summed as independent chains and a tree, 2bb99a1; ``L1_CARVEOUT``, c36ae8f;
 ``PACKED_STORE``, 29d52a9;
-``ROW_BARRIERS``, 9690515.) This runs the planner's kernel of the reference fusion with the flag off
+``ROW_BARRIERS``, 9690515; ``CENTER_IN_PLACE``, a29569c.) This runs the planner's kernel of the reference fusion with the flag off
 and on, and the device-to-device copy, per hidden size, in interleaved rounds
 (CUDA-graph replays, input sets rotated as in the layer_norm bench), and checks both
 against the float64 reference on inputs with large-mean rows:
