@@ -576,13 +576,16 @@ class PlannerRules:
       packed, ring of 2: 0.905/0.875), slower at 768-1536, 4096, 12288 and 20480; no
       threshold on the plan's dimensions separates the two groups, and on always the
       worst size falls behind (`benchmarks/sweep_rules.py --fit`).
-    - ``split_params``: where the tensors go through L2, stage as many of the leading ones
-      in shared memory as fit (``shared_param_bytes``, the most bytes first). Fitted:
-      off. Only 20480 has such plans (tensors through L2 there); in the 8b82399 sweep
-      (999 plans) its t640 b4 prefetch plan ran 0.810 of copy bandwidth with no tensor
-      staged, 0.787 with one (``+s2``), 0.845 with two (``+s4``), 0.794 with three
-      (``+s6``, what the rule picks: 1.064x the best). No monotone gain, and the spread is
-      that of one plan timed twice; `sweep_rules.py --fit` keeps it off (worst 1.043x).
+    - ``split_params``: where the tensors go through L2, stage the leading ones in shared
+      memory up to half of their bytes a column (``shared_param_bytes``: the largest
+      prefix within half), the rest staying in L2 with the L1 left beside the ring to
+      cache them. Only 20480 has such plans (tensors through L2 there). Its t640 b4
+      prefetch plan with two of the four tensors staged (``+s4``) against none, in
+      three runs: 0.845 against 0.810 of copy bandwidth (the 8b82399 sweep), 0.849
+      against 0.821 (0344c81), 0.851 against 0.823 (side by side,
+      norm_stage_probe_nvidia-h200.json); one staged (``+s2``, 0.787) or three
+      (``+s6``, 0.794, 200 KiB of shared memory with the ring, little L1 left for the
+      last tensor) are slower. On.
     - ``l2_hint``: the `L2_HINTS` hint the chosen plan puts on the cp.async of x when it
       stages x. Not yet timed (the sweep after 75f9994 times each
       hint on the planner's first two plans a size): "" until a sweep says otherwise.
@@ -612,7 +615,8 @@ BALANCED_GRID = False
 # and 20480 1.005-1.012x, but 12288 0.952x (its t512 b3 plan; no cause found).
 PACKED_HEAD = True
 
-RULES = PlannerRules(deep_below=64 * 1024, one_pass_warps=0, global_params=True, packed_row=True)
+RULES = PlannerRules(deep_below=64 * 1024, one_pass_warps=0, global_params=True, packed_row=True,
+                     split_params=True)
 RULE_GRID = {"deep_below": (0, 32 * 1024, 48 * 1024, 64 * 1024, 1 << 30),
              "one_pass_warps": (0, 2, 4, 8, 16),
              "global_params": (False, True),
@@ -676,9 +680,8 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
     Against the 0344c81 sweep (999 plans, every kernel with the 16-bit pair adds of
     `PACKED_HEAD`; what the sweep test holds the planner to) the picks are within 1.050x
     of the best: 1.000-1.023x but at 1600 1.045, 4096 1.050 (the packed twin, one row
-    ahead), 12288 1.041 (t384 b4, tensors in shared memory, bulk rows) and 20480 1.035
-    (two tensors staged, `split_params`); no setting of `PlannerRules` does better at its
-    worst size. Against the f274ee2 sweep (584 plans with the packed row) the picks were
+    ahead) and 12288 1.041 (t384 b4, tensors in shared memory, bulk rows); 20480 was
+    1.035 until `split_params` staged half the tensors' bytes (now its best plan). Against the f274ee2 sweep (584 plans with the packed row) the picks were
     within 1.021x of the best at every size (768 1.015,
     1024 1.019, 1280 1.020, 1600 1.013, 4096 1.021, 16384 1.012: the packed row, the
     rest 1.000-1.009). Against the 75f9994 sweep (benchmarks/sweep_rules.py) the picks were the best plan or
@@ -691,7 +694,8 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
     staged_fits = any(p.prefetch and p.param_cache != "global" for p in plans)
     registers_fit = any(p.prefetch and p.param_cache == "registers" and not p.packed
                         for p in plans)
-    most_staged = max((p.shared_param_bytes for p in plans), default=0)
+    half_staged = max((p.shared_param_bytes for p in plans
+                       if 2 * p.shared_param_bytes <= p.param_bytes), default=0)
 
     def breaks_rules(p: LaunchPlan) -> int:
         broken = 0
@@ -716,7 +720,7 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
         broken += p.x_bulk != (rules.bulk_x and p.x_staged and not p.one_pass
                                and bulk_ok(hidden, p.vector_width, value_bytes))
         if p.param_cache == "global":
-            broken += p.shared_param_bytes != (most_staged if rules.split_params else 0)
+            broken += p.shared_param_bytes != (half_staged if rules.split_params else 0)
         return broken
 
     plans = [p for p in plans if breaks_rules(p) == min(map(breaks_rules, plans))]
