@@ -30,31 +30,21 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+def _copy_sources() -> str:
+    """The bench's SM copy (``hostir_sm_copy``, reported as ``vcopy``) and its twin with
+    streaming loads and stores (``vcopy_cs``), made from its text."""
+    from hostir.jobs.layer_norm import SM_COPY_SOURCE
+
+    cs = SM_COPY_SOURCE
+    for old, new in (("hostir_sm_copy", "vcopy_cs"), ("v[u] = s[i]", "v[u] = __ldcs(s + i)"),
+                     ("d[i] = v[u]", "__stcs(d + i, v[u])")):
+        if old not in cs:
+            raise AssertionError(f"SM_COPY_SOURCE changed: no {old!r} in it")
+        cs = cs.replace(old, new)
+    return SM_COPY_SOURCE + cs
+
+
 SOURCE = r"""
-extern "C" __global__ void __launch_bounds__(256) vcopy(const uint4* __restrict__ s,
-                                                          uint4* __restrict__ d, long long n) {
-  long long base = (long long)blockIdx.x * 1024 + threadIdx.x;
-  const long long stride = (long long)gridDim.x * 1024;
-  for (; base < n; base += stride) {
-    uint4 v[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) { const long long i = base + u * 256; if (i < n) v[u] = s[i]; }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) { const long long i = base + u * 256; if (i < n) d[i] = v[u]; }
-  }
-}
-extern "C" __global__ void __launch_bounds__(256) vcopy_cs(const uint4* __restrict__ s,
-                                                             uint4* __restrict__ d, long long n) {
-  long long base = (long long)blockIdx.x * 1024 + threadIdx.x;
-  const long long stride = (long long)gridDim.x * 1024;
-  for (; base < n; base += stride) {
-    uint4 v[4];
-#pragma unroll
-    for (int u = 0; u < 4; ++u) { const long long i = base + u * 256; if (i < n) v[u] = __ldcs(s + i); }
-#pragma unroll
-    for (int u = 0; u < 4; ++u) { const long long i = base + u * 256; if (i < n) __stcs(d + i, v[u]); }
-  }
-}
 __device__ __forceinline__ float block_sum(float v, float* part, int nwarps) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -120,7 +110,7 @@ ROWCOPY(640, 4)
 
 # hidden: (threads, batch, blocks an SM) of the row copies, the planner's shapes there
 ROWCOPY_SHAPES = {1600: (64, 4, 8), 4096: (128, 4, 3), 12288: (512, 3, 1), 20480: (640, 4, 1)}
-NAMES = ["vcopy", "vcopy_cs"] + [f"rowcopy{b}_{t}_{n}" for t, n, _ in ROWCOPY_SHAPES.values()
+NAMES = ["hostir_sm_copy", "vcopy_cs"] + [f"rowcopy{b}_{t}_{n}" for t, n, _ in ROWCOPY_SHAPES.values()
                                  for b in ("", "_bar")]
 
 
@@ -140,7 +130,7 @@ def main() -> None:
 
     dev = torch.cuda.current_device()
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    ck = jit.compile(SOURCE, NAMES, jit.device_arch(dev))
+    ck = jit.compile(_copy_sources() + SOURCE, NAMES, jit.device_arch(dev))
     k = jit.load(ck, dev)
     stream = lambda: jit.current_stream_handle(dev)  # noqa: E731
     res = []
@@ -161,9 +151,9 @@ def main() -> None:
                 row["plan"] = spec.plan.describe()
                 n16 = rows * hidden * 2 // 16
                 ptr = lambda t: np.uint64(t.data_ptr())  # noqa: E731
-                for name in ("vcopy", "vcopy_cs"):
+                for name, fn in (("vcopy", "hostir_sm_copy"), ("vcopy_cs", "vcopy_cs")):
                     cands[name] = [
-                        lambda i=i, o=o, f=k[name], n16=n16: f.launch_raw(
+                        lambda i=i, o=o, f=k[fn], n16=n16: f.launch_raw(
                             (sms * 8, 1, 1), (256, 1, 1), (ptr(i[0]), ptr(o), np.int64(n16)), 0, stream())
                         for i, o in zip(ins, outs)]
                 shape = ROWCOPY_SHAPES.get(hidden)

@@ -27,6 +27,7 @@ plain layer_norm and rms_norm. Exit status 1 on any mismatch.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import datetime
 import json
 import statistics
@@ -225,47 +226,25 @@ def check(rows: int, hidden: int, eps: float) -> dict[str, float]:
 
 
 def time_per_call(calls, replays: int) -> float:
-    """Microseconds a call, from replaying a CUDA graph of many back-to-back calls.
+    """Microseconds a call, from replaying a CUDA graph of many back-to-back calls
+    (`_graph_of`), the median of ``replays`` replays.
 
     ``calls`` has one callable per input set; the graph cycles through them.
     """
+    graph = _graph_of(calls)
+    return statistics.median([_time_replay(*graph) for _ in range(replays)])
+
+
+def _time_replay(replay, n: int) -> float:
+    """Microseconds a call of one replay of a `_graph_of` graph of ``n`` calls."""
     import torch
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for call in calls:  # warm-up outside the graph: compiles, allocator pools
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    rounds = max(1, LAUNCHES_PER_GRAPH // len(calls))
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            for _ in range(rounds):
-                for call in calls:
-                    call()
-        run = graph.replay
-    except RuntimeError as e:  # capture refused: many launches back to back instead
-        print(f"graph capture failed ({e}); timing back-to-back launches", file=sys.stderr)
-        torch.cuda.synchronize()
-
-        def run():
-            for _ in range(rounds * 4):
-                for call in calls:
-                    call()
-        rounds *= 4
-    run()
-    torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    samples = []
-    for _ in range(replays):
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / (rounds * len(calls)))
-    return statistics.median(samples)
+    start.record()
+    replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / n
 
 
 def _graph_of(calls):
@@ -307,21 +286,13 @@ def time_side_by_side(candidates: dict, replays: int) -> dict:
     to whole cycles of a carryover-balanced order (`runtime.autotune.balanced_rounds`),
     so that clock and power drift weigh on each alike and none always follows the same
     neighbour."""
-    import torch
-
     from runtime.autotune import balanced_rounds
 
     graphs = {k: _graph_of(v) for k, v in candidates.items()}
     samples = {k: [] for k in candidates}
     for labels in balanced_rounds(list(candidates), replays):
         for k in labels:
-            replay, n = graphs[k]
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            replay()
-            end.record()
-            end.synchronize()
-            samples[k].append(start.elapsed_time(end) * 1e3 / n)
+            samples[k].append(_time_replay(*graphs[k]))
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
@@ -414,7 +385,7 @@ def bench(rows: int, hidden: int, eps: float, replays: int, sweep: bool):
     named = lambda i: {"x": i[0], "b0": i[1], "b1": i[2], "weight": i[3], "bias": i[4]}  # noqa: E731
 
     def ours(s):
-        return [lambda i=i, o=o: rn.normalize(s, named(i), o) for i, o in zip(inputs, outs)]
+        return [functools.partial(rn.normalize, s, named(i), o) for i, o in zip(inputs, outs)]
 
     rowwise = dataclasses.replace(spec, param_cache="none")  # the previous kernel and rule
     candidates = {
@@ -499,7 +470,11 @@ def bench(rows: int, hidden: int, eps: float, replays: int, sweep: bool):
             best = max(timed, key=lambda e: e["gbps"])
             row["best"] = {"describe": best["describe"], "gbps": best["gbps"],
                            "over_copy": best["over_copy"], "registers": best["registers"]}
-    del inputs, outs
+    # free this size's input sets before the next size allocates its own (the
+    # candidates' calls hold them too)
+    candidates.clear()
+    inputs.clear()
+    outs.clear()
     torch.cuda.empty_cache()
     return row, sweep_rows
 

@@ -548,3 +548,26 @@ def test_bench_sm_copy_kernel_compiles_without_spills():
     ck = jit.compile(SM_COPY_SOURCE, ["hostir_sm_copy"], "sm_90")
     assert ck.registers["hostir_sm_copy"] > 0
     assert ck.spill_bytes.get("hostir_sm_copy", 0) == 0
+
+
+@pytest.mark.parametrize("probe", ["norm_ceiling_probe", "copy_path_probe"])
+def test_ceiling_probes_kernels_compile_without_spills(probe, monkeypatch):
+    """The copy kernels the normalization's ceiling evidence was timed with (benchmarks/
+    norm_ceiling_probe.py, copy_path_probe.py) compile for sm_90, every one, no spills."""
+    pytest.importorskip("cupy")
+    import importlib
+    import pathlib
+    import sys
+
+    from runtime import jit
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+    mod = importlib.import_module(probe)
+    if probe == "norm_ceiling_probe":
+        source, names = mod._copy_sources() + mod.SOURCE, mod.NAMES
+    else:
+        source, names = mod.source(), mod.kernel_names()
+    ck = jit.compile(source, names, "sm_90")
+    assert set(names) <= set(ck.registers)
+    assert all(ck.spill_bytes.get(n, 0) == 0 for n in names)
+    sys.modules.pop(probe, None)
