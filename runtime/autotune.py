@@ -52,9 +52,23 @@ def _read() -> dict:
         return {}
 
 
+def stored_entry(key: str) -> dict | None:
+    """The entry stored under ``key`` (any tuner's), if any."""
+    return _read().get(key)
+
+
+def store_entry(key: str, entry: dict) -> None:
+    """Store ``entry`` under ``key``. Re-reads the file just before writing, so that
+    winners stored by other processes survive; the last writer of the same key wins,
+    which is fine (both timed a valid winner)."""
+    table = _read()
+    table[key] = entry
+    jit.write_atomically(_path(), json.dumps(table, indent=1, sort_keys=True).encode())
+
+
 def stored_winner(p, device=None) -> MatmulSpec | None:
     """The persisted winner for problem `p` on this device, if any."""
-    entry = _read().get(_key(p, device))
+    entry = stored_entry(_key(p, device))
     if entry is None:
         return None
     try:
@@ -64,11 +78,7 @@ def stored_winner(p, device=None) -> MatmulSpec | None:
 
 
 def _store(p, spec: MatmulSpec, us: float, device=None) -> None:
-    # Re-read just before writing so that winners stored by other processes survive;
-    # the last writer of the same key wins, which is fine (both timed a valid winner).
-    table = _read()
-    table[_key(p, device)] = {"spec": dataclasses.asdict(spec), "us": us}
-    jit.write_atomically(_path(), json.dumps(table, indent=1, sort_keys=True).encode())
+    store_entry(_key(p, device), {"spec": dataclasses.asdict(spec), "us": us})
 
 
 def time_us(fn, warmup: int = 3, reps: int = 10, per_group: int = 8) -> float:
@@ -105,6 +115,69 @@ def side_by_side(fns: dict, reps: int = 15, per_group: int = 8, warmup: int = 2)
             end.synchronize()
             times[label].append(start.elapsed_time(end) * 1e3 / per_group)
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+# Launches a timing graph holds (`graph_of`): enough that one replay of the shortest
+# normalization kernel (~8 us) spans hundreds of microseconds, so the events' own cost
+# and the host's replay call vanish from the per-call time.
+GRAPH_LAUNCHES = 48
+
+
+def graph_of(calls, launches: int = GRAPH_LAUNCHES):
+    """(replay, calls a replay): a CUDA graph cycling through ``calls`` (one callable
+    per input set, so that consecutive calls read different memory), about ``launches``
+    calls long, warmed outside the graph first (compiles, allocator pools); back-to-back
+    launches if capture is refused. For kernels of a few microseconds, which a host
+    timing loop of plain launches cannot keep fed."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    rounds = max(1, launches // len(calls))
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            for _ in range(rounds):
+                for call in calls:
+                    call()
+        replay = graph.replay
+    except RuntimeError as e:
+        print(f"graph capture failed ({e}); timing back-to-back launches", file=sys.stderr)
+        torch.cuda.synchronize()
+
+        def replay():
+            for _ in range(rounds):
+                for call in calls:
+                    call()
+    replay()
+    torch.cuda.synchronize()
+    return replay, rounds * len(calls)
+
+
+def time_replay(replay, n: int) -> float:
+    """Microseconds a call of one replay of a `graph_of` graph of ``n`` calls."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / n
+
+
+def graph_side_by_side(candidates: dict, reps: int) -> dict:
+    """Median microseconds a call of each candidate (label -> one call per input set),
+    timed side by side: one `graph_of` replay of each a round, ``reps`` rounds rounded
+    up to whole cycles of a carryover-balanced order (`balanced_rounds`), so that clock
+    and power drift weigh on each alike and none always follows the same neighbour."""
+    graphs = {k: graph_of(v) for k, v in candidates.items()}
+    samples = {k: [] for k in candidates}
+    for labels in balanced_rounds(list(candidates), reps):
+        for k in labels:
+            samples[k].append(time_replay(*graphs[k]))
+    return {k: statistics.median(v) for k, v in samples.items()}
 
 
 def balanced_orders(n: int) -> list[list[int]]:

@@ -23,12 +23,18 @@ from typing import Mapping, Sequence
 import torch
 
 from hostir.errors import InputMismatchError
+from hostir.errors import LoweringError
+from hostir.options import dump, options
 from lowering.kernels.normalization import (
+    PLAN_FIELDS,
     AddBroadcast,
     Cast,
     LayerNorm,
     NormalizationSpec,
     render_normalization,
+    spec_params,
+    spec_with_plan,
+    tune_plans,
 )
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -40,11 +46,13 @@ _MAKE = {"fused": NormalizationSpec.reference_fusion, "layer_norm": Normalizatio
 
 
 @functools.lru_cache(maxsize=4096)
-def _spec(kind: str, rows: int, hidden: int, eps: float, dtype: str, alignment: int):
-    """The spec of a call, built once per (kind, rows, hidden, eps, dtype, alignment):
-    building and validating one takes tens of microseconds, several times a short
-    kernel's host budget."""
-    return _MAKE[kind](rows, hidden, eps, dtype, alignment=alignment)
+def _spec(kind: str, rows: int, hidden: int, eps: float, dtype: str, alignment: int,
+          device_index: int):
+    """The spec of a call, built once per (kind, rows, hidden, eps, dtype, alignment,
+    device): building and validating one takes tens of microseconds, several times a
+    short kernel's host budget. The autotuner's stored winner where there is one
+    (`choose`)."""
+    return choose(_MAKE[kind](rows, hidden, eps, dtype, alignment=alignment), device_index)
 
 
 def layer_norm_fused(x, b0, b1, w, b2, eps: float = 1e-5, out=None):
@@ -54,21 +62,23 @@ def layer_norm_fused(x, b0, b1, w, b2, eps: float = 1e-5, out=None):
     Returns a tensor shaped like x, in x's dtype.
     """
     dtype = _dtype_name(x, "x")
-    spec = _spec("fused", _rows(x), x.shape[-1], eps, dtype, _alignment(x, b0, b1, w, b2, out))
+    spec = _spec("fused", _rows(x), x.shape[-1], eps, dtype, _alignment(x, b0, b1, w, b2, out),
+                 _index(x))
     return normalize(spec, {"x": x, "b0": b0, "b1": b1, "weight": w, "bias": b2}, out)
 
 
 def layer_norm(x, w, b, eps: float = 1e-5, out=None):
     """``layer_norm(x) * w + b`` over the last axis, fp32 math, output in x's dtype."""
     dtype = _dtype_name(x, "x")
-    spec = _spec("layer_norm", _rows(x), x.shape[-1], eps, dtype, _alignment(x, w, b, out))
+    spec = _spec("layer_norm", _rows(x), x.shape[-1], eps, dtype, _alignment(x, w, b, out),
+                 _index(x))
     return normalize(spec, {"x": x, "weight": w, "bias": b}, out)
 
 
 def rms_norm(x, w, eps: float = 1e-6, out=None):
     """``x / sqrt(mean(x^2) + eps) * w`` over the last axis, fp32 math, output in x's dtype."""
     dtype = _dtype_name(x, "x")
-    spec = _spec("rms_norm", _rows(x), x.shape[-1], eps, dtype, _alignment(x, w, out))
+    spec = _spec("rms_norm", _rows(x), x.shape[-1], eps, dtype, _alignment(x, w, out), _index(x))
     return normalize(spec, {"x": x, "weight": w}, out)
 
 
@@ -84,10 +94,150 @@ class _Prepared:
 
 
 def clear_caches() -> None:
-    """Forget loaded kernels and prepared launches (a probe that switches a generator
-    flag of lowering.kernels.normalization: the sources and grids change with it)."""
+    """Forget loaded kernels, prepared launches and the specs of calls (a probe that
+    switches a generator flag of lowering.kernels.normalization: the sources and grids
+    change with it; a new autotuning winner changes the spec of a call)."""
     _KERNELS.clear()
     _prepare.cache_clear()
+    _spec.cache_clear()
+
+
+def _index(x) -> int:
+    """The CUDA device index of ``x`` (-1 on the CPU: `_check` then refuses it)."""
+    return x.get_device() if x.is_cuda else -1
+
+
+# ----------------------------------------------------------------------------- autotuning
+#
+# The heuristic plan (`lowering.kernels.normalization.choose_persistent`) was fitted to
+# plan sweeps timed one plan after another; timed side by side, its twins beat it by
+# 1-3% at several sizes (benchmarks/results/norm_plan_probe_nvidia-h200.json). The
+# autotuner times `tune_plans` side by side on the device and stores the fastest plan
+# in the matmul tuner's file (`runtime.autotune`), keyed by device and problem (the spec
+# but its rows: the plan does not depend on them; the tuner times at the spec's rows).
+
+
+def _tune_key(spec: NormalizationSpec, device=None) -> str:
+    # alignments of 16 bytes and more allow the same plans (16-byte vectors at most)
+    problem = dataclasses.replace(spec, rows=1, alignment=min(spec.alignment, 16),
+                                  **{f: None for f in PLAN_FIELDS})
+    what = ",".join(f"{k}={v}" for k, v in spec_params(problem) if k != "rows")
+    return f"normalization|{torch.cuda.get_device_name(device)}|{what}"
+
+
+def stored_winner(spec: NormalizationSpec, device=None) -> NormalizationSpec | None:
+    """``spec`` with the plan the autotuner stored for its problem on this device, if
+    any (None too if the stored plan no longer validates: tune again)."""
+    from runtime import autotune
+
+    entry = autotune.stored_entry(_tune_key(spec, device))
+    if entry is None:
+        return None
+    try:
+        return dataclasses.replace(spec, **{f: entry["plan"].get(f) for f in PLAN_FIELDS})
+    except (LoweringError, TypeError, KeyError, AttributeError):
+        return None
+
+
+def choose(spec: NormalizationSpec, device_index: int) -> NormalizationSpec:
+    """The spec a call runs: the stored winner for ``spec``'s problem (only when no plan
+    field is pinned), else, under HOSTIR_ENABLE=autotune, one tuned now, else ``spec``
+    (the heuristic plan)."""
+    if device_index < 0 or any(getattr(spec, f) is not None for f in PLAN_FIELDS):
+        return spec
+    tuned = stored_winner(spec, device_index)
+    if tuned is None and options().enable("autotune"):
+        tuned = tune(spec, device=device_index)
+    return tuned or spec
+
+
+def tune_inputs(spec: NormalizationSpec, device, sets: int = 1, generator=None):
+    """``sets`` fresh random input sets for ``spec`` (name -> tensor, ``y`` left out): x
+    with every 7th row shifted by a large mean, the 1-D tensors random (weights near 1)."""
+    names, dtypes = spec.parameter_names(), spec.parameter_dtypes()
+    out = []
+    for _ in range(sets):
+        x = torch.randn(spec.rows, spec.hidden, device=device, generator=generator)
+        x[::7] += 100.0
+        t = {"x": x.to(TORCH_DTYPES[dtypes[0]])}
+        for n, d in zip(names[1:-1], dtypes[1:-1]):
+            v = torch.randn(spec.hidden, device=device, generator=generator)
+            t[n] = (v * 0.5 + 1.0 if n == "weight" else v).to(TORCH_DTYPES[d])
+        out.append(t)
+    return out
+
+
+ROTATE_BYTES = 256 << 20  # input sets a timing cycles through: > 4x the 60 MB L2 of an H200
+
+
+def tune(spec: NormalizationSpec, *, device=None, first_reps: int = 3, finalists: int = 4,
+         final_reps: int = 12, store: bool = True) -> NormalizationSpec:
+    """Time `tune_plans` for ``spec`` on the device and return (and store) ``spec`` with
+    the fastest plan. Each candidate is checked first against the float64 reference
+    (relative error < 1e-2; a wrong or failing kernel never wins). A quick round (the
+    median of ``first_reps`` replays of a graph of back-to-back calls, input sets
+    rotated past the L2) ranks them; the ``finalists`` fastest and the heuristic's
+    pick are timed again side by side in carryover-balanced rounds
+    (`runtime.autotune.graph_side_by_side`), and the fastest median there wins, so the
+    winner is never slower than the heuristic in the same round. HOSTIR_DUMP=autotune
+    prints the table."""
+    import statistics
+
+    from runtime import autotune
+
+    index = torch.cuda.current_device() if device is None else torch.device("cuda", device).index
+    dev = torch.device("cuda", index)
+    specs = [spec_with_plan(spec, p) for p in tune_plans(spec)]
+    heuristic = specs[0]
+    sets = tune_inputs(spec, dev, max(2, -(-ROTATE_BYTES // spec.bytes_moved())))
+    outs = [torch.empty(spec.rows, spec.hidden, device=dev,
+                        dtype=TORCH_DTYPES[spec.output_dtype]) for _ in sets]
+    ref = reference(spec, sets[0])
+    ref_norm = torch.linalg.vector_norm(ref)
+    rows, calls = [], {}
+    with torch.cuda.device(index):
+        for k, s in enumerate(specs):
+            try:
+                y = normalize(s, sets[0], torch.full_like(outs[0], float("nan")))
+                err = float(torch.linalg.vector_norm(y.double() - ref) / ref_norm)
+                if not err < 1e-2:  # nan compares False too
+                    rows.append((s, float("inf"), f"wrong (relative error {err:.2e})"))
+                    continue
+                calls[k] = [functools.partial(normalize, s, t, o) for t, o in zip(sets, outs)]
+                graph = autotune.graph_of(calls[k])
+                us = statistics.median([autotune.time_replay(*graph) for _ in range(first_reps)])
+                rows.append((s, us, "first round"))
+            except Exception as e:  # noqa: BLE001 -- a candidate that fails just loses
+                torch.cuda.synchronize()
+                rows.append((s, float("inf"), f"failed: {type(e).__name__}: {e}"[:160]))
+        del ref
+        ranked = sorted((r for r in rows if r[1] != float("inf")), key=lambda r: r[1])
+        if not ranked:
+            raise RuntimeError(f"autotune {spec.kernel_name}: no candidate ran correctly: "
+                               f"{rows[0][2]}")
+        final = ranked[:max(1, finalists)]
+        final += [r for r in ranked[max(1, finalists):] if r[0] is heuristic]
+        if len(final) > 1:
+            timed = autotune.graph_side_by_side(
+                {i: calls[specs.index(r[0])] for i, r in enumerate(final)}, final_reps)
+            final = sorted(((r[0], timed[i], f"final round; first round {r[1]:.2f} us")
+                            for i, r in enumerate(final)), key=lambda r: r[1])
+            rows = final + [r for r in rows if not any(r[0] is f[0] for f in final)]
+    gbps = lambda us: spec.bytes_moved() / (us * 1e-6) / 1e9  # noqa: E731
+    dump("autotune", "\n".join(
+        [f"autotune {spec.kernel_name} rows={spec.rows} ({len(specs)} plans, "
+         f"{len(final)} timed again side by side)"]
+        + [f"  {s.plan.describe():<58} {us:9.2f} us {gbps(us) if us != float('inf') else 0:7.1f} GB/s"
+           f"{' (heuristic)' if s is heuristic else ''} {note}" for s, us, note in rows]))
+    best, best_us, _ = final[0]
+    if store:
+        heuristic_us = next((us for s, us, _ in final if s is heuristic), None)
+        autotune.store_entry(_tune_key(spec, index), {
+            "plan": {f: getattr(best, f) for f in PLAN_FIELDS}, "describe": best.plan.describe(),
+            "us": best_us, "rows": spec.rows, "heuristic": heuristic.plan.describe(),
+            "heuristic_us": heuristic_us})
+        _spec.cache_clear()  # calls of this problem take the winner from now on
+    return best
 
 
 @functools.lru_cache(maxsize=4096)

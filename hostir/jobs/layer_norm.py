@@ -2,10 +2,13 @@
 
     python -m hostir.run layer_norm --bench --out $OUT/layer_norm.json   # all sizes + sweep
     python -m hostir.run layer_norm --bench --no-sweep # the heuristic's plans only
+    python -m hostir.run layer_norm --bench --tune     # autotune each size first
     python -m hostir.run layer_norm --check --hidden 5140 1600
 
 For each hidden size (rows = 8192, fp16) it checks, then times, in one run:
-ours (the fused op of the nvFuser report, the heuristic's plan), the row-wise kernel
+ours (the fused op of the nvFuser report, with the plan ``layer_norm_fused`` runs: the
+autotuner's stored winner for the problem on this device, tuned first with ``--tune``,
+else the heuristic's), the heuristic's plan (``heuristic``), the row-wise kernel
 (``param_cache="none"``, the kernel before the persistent one, its own heuristic), torch
 (the same math in eager ops), torch's ``layer_norm`` alone, the device-to-device copy
 (``copy_``: cudaMemcpyAsync, the copy engine, the issue's baseline) and a plain copy kernel
@@ -39,7 +42,7 @@ from hostir.jobs.results import commit
 HIDDEN = (768, 1024, 1280, 1536, 1600, 2048, 2560, 4096, 5140, 12288, 16384, 20480)
 TOLERANCE = 1e-2
 ROTATE_BYTES = 256 << 20  # > 4x the 60 MB L2: a set is evicted before it comes round again
-LAUNCHES_PER_GRAPH = 48
+LAUNCHES_PER_GRAPH = 48  # runtime.autotune.GRAPH_LAUNCHES
 
 # The SM copy beside the copy engine: 16-byte vectors, four in flight a thread, 256
 # threads a block, 8 blocks an SM (2048 threads), grid-stride. At 0.91-0.97 of
@@ -100,6 +103,10 @@ def add_arguments(p) -> None:
                    help="also time every candidate plan, row-wise and persistent (default)")
     p.add_argument("--no-sweep", dest="sweep", action="store_false",
                    help="time only the heuristic's plans")
+    p.add_argument("--tune", action="store_true",
+                   help="autotune each size first (runtime.normalization.tune: the heuristic's "
+                        "plan and its twins side by side; the winner is stored in the cache "
+                        "dir and is what layer_norm_fused runs from then on)")
     p.add_argument("--rows", type=int, default=8192)
     p.add_argument("--hidden", type=int, nargs="*", default=list(HIDDEN))
     p.add_argument("--eps", type=float, default=1e-5)
@@ -124,7 +131,7 @@ def main(args) -> int:
         import time
         _DEADLINE = time.monotonic() + args.deadline_s
     if args.bench:
-        from lowering.kernels.normalization import NormalizationSpec
+        from lowering.kernels.normalization import NormalizationSpec, spec_with_plan, tune_plans
 
         specs = []
         for hidden in args.hidden:
@@ -135,6 +142,8 @@ def main(args) -> int:
             specs.append(dataclasses.replace(base, param_cache="none"))
             if args.sweep:
                 specs += sweep_specs(base)
+            if args.tune:
+                specs += [spec_with_plan(base, p) for p in tune_plans(base)]
         precompile(specs, _arch())
     ok, results, sweeps = True, [], []
     for hidden in args.hidden:
@@ -149,7 +158,8 @@ def main(args) -> int:
               + ("" if good else "  FAILED"), flush=True)
         if args.bench and good:
             try:
-                row, sweep = bench(args.rows, hidden, args.eps, args.replays, args.sweep)
+                row, sweep = bench(args.rows, hidden, args.eps, args.replays, args.sweep,
+                                   args.tune)
             except Exception as e:  # noqa: BLE001 -- recorded; the other sizes still run
                 ok = False
                 row, sweep = {"hidden": hidden, "error": f"{type(e).__name__}: {e}"}, []
@@ -227,73 +237,23 @@ def check(rows: int, hidden: int, eps: float) -> dict[str, float]:
 
 def time_per_call(calls, replays: int) -> float:
     """Microseconds a call, from replaying a CUDA graph of many back-to-back calls
-    (`_graph_of`), the median of ``replays`` replays.
+    (`runtime.autotune.graph_of`), the median of ``replays`` replays.
 
     ``calls`` has one callable per input set; the graph cycles through them.
     """
-    graph = _graph_of(calls)
-    return statistics.median([_time_replay(*graph) for _ in range(replays)])
+    from runtime.autotune import graph_of, time_replay
 
-
-def _time_replay(replay, n: int) -> float:
-    """Microseconds a call of one replay of a `_graph_of` graph of ``n`` calls."""
-    import torch
-
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / n
-
-
-def _graph_of(calls):
-    """(replay, calls a replay): a CUDA graph cycling through ``calls`` (one per input
-    set), warmed outside the graph first; back-to-back launches if capture is refused."""
-    import torch
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for call in calls:
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    rounds = max(1, LAUNCHES_PER_GRAPH // len(calls))
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            for _ in range(rounds):
-                for call in calls:
-                    call()
-        replay = graph.replay
-    except RuntimeError as e:
-        print(f"graph capture failed ({e}); timing back-to-back launches", file=sys.stderr)
-        torch.cuda.synchronize()
-
-        def replay():
-            for _ in range(rounds):
-                for call in calls:
-                    call()
-    replay()
-    torch.cuda.synchronize()
-    return replay, rounds * len(calls)
+    graph = graph_of(calls, LAUNCHES_PER_GRAPH)
+    return statistics.median([time_replay(*graph) for _ in range(replays)])
 
 
 def time_side_by_side(candidates: dict, replays: int) -> dict:
     """Median microseconds a call of each candidate (label -> one call per input set),
-    timed side by side: one graph replay of each a round, ``replays`` rounds rounded up
-    to whole cycles of a carryover-balanced order (`runtime.autotune.balanced_rounds`),
-    so that clock and power drift weigh on each alike and none always follows the same
-    neighbour."""
-    from runtime.autotune import balanced_rounds
+    timed side by side in carryover-balanced rounds of graph replays
+    (`runtime.autotune.graph_side_by_side`)."""
+    from runtime.autotune import graph_side_by_side
 
-    graphs = {k: _graph_of(v) for k, v in candidates.items()}
-    samples = {k: [] for k in candidates}
-    for labels in balanced_rounds(list(candidates), replays):
-        for k in labels:
-            samples[k].append(_time_replay(*graphs[k]))
-    return {k: statistics.median(v) for k, v in samples.items()}
+    return graph_side_by_side(candidates, replays)
 
 
 _DEADLINE = None  # time.monotonic() past which the sweep skips plans (--deadline-s)
@@ -314,7 +274,7 @@ def sweep_specs(spec):
     hints: see `PlannerRules`), which is what lets benchmarks/sweep_rules.py --fit
     pick its rules from this run."""
     from lowering.kernels.normalization import (
-        DTYPE_BYTES, candidate_plans, hint_variants, persistent_candidates)
+        DTYPE_BYTES, candidate_plans, hint_variants, persistent_candidates, spec_with_plan)
 
     width, value_bytes = spec.plan.vector_width, DTYPE_BYTES[spec.input_dtype]
     param_bytes = sum(DTYPE_BYTES[d] for d in spec.parameter_dtypes()[1:-1])
@@ -328,15 +288,7 @@ def sweep_specs(spec):
     plans += [p for p in persistent if not p.one_pass]
     # the L2 hints on the cp.async of x: on the planner's two first plans only
     plans += hint_variants(persistent, spec.hidden, value_bytes)
-    return [dataclasses.replace(spec, threads_per_row=p.threads_per_row, batch=p.batch,
-                                rows_per_block=p.rows_per_block, param_cache=p.param_cache,
-                                prefetch=p.prefetch if p.persistent else None,
-                                x_staged=p.x_staged or None,
-                                stages=p.stages if p.x_staged else None,
-                                one_pass=p.one_pass or None, l2_hint=p.l2_hint or None,
-                                packed=p.packed or None, x_bulk=p.x_bulk or None,
-                                shared_param_bytes=p.shared_param_bytes or None)
-            for p in plans]
+    return [spec_with_plan(spec, p) for p in plans]
 
 
 def _compile_one(spec_and_arch):
@@ -369,7 +321,7 @@ def precompile(specs, arch: str) -> None:
         print(f"precompile failed ({e}); compiling one by one", file=sys.stderr)
 
 
-def bench(rows: int, hidden: int, eps: float, replays: int, sweep: bool):
+def bench(rows: int, hidden: int, eps: float, replays: int, sweep: bool, tune: bool = False):
     import torch
     import torch.nn.functional as F
 
@@ -388,8 +340,15 @@ def bench(rows: int, hidden: int, eps: float, replays: int, sweep: bool):
         return [functools.partial(rn.normalize, s, named(i), o) for i, o in zip(inputs, outs)]
 
     rowwise = dataclasses.replace(spec, param_cache="none")  # the previous kernel and rule
+    # ours: what layer_norm_fused runs, the plan the autotuner stored for this problem on
+    # this device if it has one (tuned now with --tune), else the heuristic's
+    dev = torch.cuda.current_device()
+    tuned = rn.tune(spec, device=dev) if tune else rn.stored_winner(spec, dev)
+    mine = tuned or spec
+    source = "autotuned now" if tune else ("autotuned before (stored)" if tuned else "heuristic")
     candidates = {
-        "ours": ours(spec),
+        "ours": ours(mine),
+        "heuristic": ours(spec),
         "rowwise": ours(rowwise),
         "torch_fused": [lambda i=i: torch_fused(*i, eps) for i in inputs],
         "torch_layer_norm": [lambda i=i: F.layer_norm(i[0], (hidden,), i[3], i[4], eps)
@@ -403,8 +362,8 @@ def bench(rows: int, hidden: int, eps: float, replays: int, sweep: bool):
     if not torch.equal(outs[0], inputs[0][0]):
         raise AssertionError("sm_copy copied wrong")
     times = time_side_by_side(candidates, replays)
-    compiled = rn.compiled_kernel(spec, _arch())
-    plan = spec.plan
+    compiled = rn.compiled_kernel(mine, _arch())
+    plan = spec.plan  # the heuristic's: the sweep marks it
     copy_gbps = 2 * rows * hidden * 2 / (times["copy"] * 1e-6) / 1e9
     sm_copy_gbps = 2 * rows * hidden * 2 / (times["sm_copy"] * 1e-6) / 1e9
     row = {
@@ -415,12 +374,14 @@ def bench(rows: int, hidden: int, eps: float, replays: int, sweep: bool):
         "rowwise_gbps": round(gbps(times["rowwise"]), 1),
         "torch_fused_gbps": round(gbps(times["torch_fused"]), 1),
         "torch_layer_norm_gbps": round(gbps(times["torch_layer_norm"]), 1),
-        "registers": compiled.registers[spec.kernel_name],
-        "spill_bytes": compiled.spill_bytes.get(spec.kernel_name, 0),
+        "registers": compiled.registers[mine.kernel_name],
+        "spill_bytes": compiled.spill_bytes.get(mine.kernel_name, 0),
+        "heuristic_gbps": round(gbps(times["heuristic"]), 1),
         "us": {k: round(v, 2) for k, v in times.items()},
-        "plan": {**dataclasses.asdict(plan), "describe": plan.describe(),
-                 "grid": rn.launch_grid(spec, rn._kernel(spec, inputs[0][0].device.index or 0),
-                                        inputs[0][0].device)},
+        "plan_source": source,
+        "plan": {**dataclasses.asdict(mine.plan), "describe": mine.plan.describe(),
+                 "grid": rn.launch_grid(mine, rn._kernel(mine, dev), inputs[0][0].device)},
+        "heuristic_plan": plan.describe(),
         "rowwise_plan": rowwise.plan.describe(),
         "input_sets": sets,
     }
@@ -428,6 +389,7 @@ def bench(rows: int, hidden: int, eps: float, replays: int, sweep: bool):
     row["sm_copy_over_copy"] = round(sm_copy_gbps / copy_gbps, 3)
     row["ours_over_sm_copy"] = round(row["ours_gbps"] / sm_copy_gbps, 3)
     row["rowwise_over_copy"] = round(row["rowwise_gbps"] / row["copy_gbps"], 3)
+    row["heuristic_over_copy"] = round(row["heuristic_gbps"] / row["copy_gbps"], 3)
     row["faster_than_torch"] = times["ours"] < min(times["torch_fused"], times["torch_layer_norm"])
     print(f"bench hidden={hidden}: " + json.dumps(row), flush=True)
     sweep_rows = []
@@ -501,8 +463,9 @@ def report(results, sweeps, args) -> None:
         "dtype": "float16",
         "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
         "method": "CUDA-graph replays of back-to-back launches (input sets rotated past L2), "
-                  "ours/rowwise/torch/copy/sm_copy side by side in carryover-balanced rounds, "
-                  "median; swept plans one after another",
+                  "ours/heuristic/rowwise/torch/copy/sm_copy side by side in carryover-balanced "
+                  "rounds, median; swept plans one after another"
+                  + ("; ours autotuned first (--tune)" if args.tune else ""),
         "results": results,
     }
     if sweeps:
@@ -511,15 +474,17 @@ def report(results, sweeps, args) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"wrote {path}")
-    print(f"{'hidden':>6} {'ours':>7} {'copy':>7} {'ours/copy':>9} {'sm_copy':>7} {'rowwise':>7} "
-          f"{'best/copy':>9} {'torch':>7} {'torch_ln':>8} {'regs':>4} {'spill':>5}  plan (GB/s)")
+    print(f"{'hidden':>6} {'ours':>7} {'copy':>7} {'ours/copy':>9} {'heur/copy':>9} {'sm_copy':>7} "
+          f"{'rowwise':>7} {'best/copy':>9} {'torch':>7} {'torch_ln':>8} {'regs':>4} {'spill':>5}"
+          "  plan (GB/s)")
     for r in results:
         if "error" in r:
             print(f"{r['hidden']:>6} ERROR {r['error']}")
             continue
         best = r.get("best", {})
         print(f"{r['hidden']:>6} {r['ours_gbps']:>7.0f} {r['copy_gbps']:>7.0f} "
-              f"{r['ours_over_copy']:>9.3f} {r['sm_copy_gbps']:>7.0f} {r['rowwise_gbps']:>7.0f} "
+              f"{r['ours_over_copy']:>9.3f} {r['heuristic_over_copy']:>9.3f} "
+              f"{r['sm_copy_gbps']:>7.0f} {r['rowwise_gbps']:>7.0f} "
               f"{best.get('over_copy', float('nan')):>9.3f} {r['torch_fused_gbps']:>7.0f} "
               f"{r['torch_layer_norm_gbps']:>8.0f} {r['registers']:>4} {r['spill_bytes']:>5}  "
               f"{r['plan']['describe']}" + (f"  (best: {best['describe']})" if best else ""))

@@ -1131,6 +1131,80 @@ class NormalizationSpec:
         )
 
 
+# The fields of NormalizationSpec that pin its plan (the rest say what it computes).
+PLAN_FIELDS = ("threads_per_row", "batch", "rows_per_block", "param_cache", "prefetch",
+               "x_staged", "stages", "one_pass", "l2_hint", "packed", "x_bulk",
+               "shared_param_bytes")
+
+
+def spec_with_plan(spec: NormalizationSpec, plan: LaunchPlan) -> NormalizationSpec:
+    """``spec`` with every plan field pinned to ``plan`` (a plan of the same row)."""
+    return dataclasses.replace(
+        spec, threads_per_row=plan.threads_per_row, batch=plan.batch,
+        rows_per_block=plan.rows_per_block, param_cache=plan.param_cache,
+        prefetch=plan.prefetch if plan.persistent else None, x_staged=plan.x_staged or None,
+        stages=plan.stages if plan.x_staged else None, one_pass=plan.one_pass or None,
+        l2_hint=plan.l2_hint or None, packed=plan.packed or None, x_bulk=plan.x_bulk or None,
+        shared_param_bytes=plan.shared_param_bytes or None)
+
+
+def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]:
+    """The plans the autotuner (`runtime.normalization.tune`) times for ``spec``, the
+    heuristic's pick first, then:
+
+    - its twins: every persistent plan of the same row geometry (threads, batch, rows a
+      block) and the same home for the 1-D tensors (registers when the pick is the
+      row-wise kernel), which differ in the ring of x (in registers; one or two rows
+      ahead), the packed row and the bulk copy; and the pick with x's L2 evict-first
+      hint. Timed side by side these beat the pick by 1-3% at 1024, 1600, 2048 and
+      4096 (benchmarks/results/norm_plan_probe_nvidia-h200.json);
+    - for the next ``geometries`` row geometries in the heuristic's order, its pick
+      with the tensors in each home (registers, shared memory, L2): at 12288 the
+      fastest plan side by side is t384 with the tensors in shared memory, where the
+      heuristic takes t512 with them in registers;
+    - the row-wise kernel.
+
+    Never the one-pass reduction (1.16-2.7x its twin, `PlannerRules`).
+    """
+    chosen = spec.plan
+    dtypes = spec.parameter_dtypes()
+    value_bytes = DTYPE_BYTES[spec.input_dtype]
+    sizes = tuple(DTYPE_BYTES[d] for d in dtypes[1:-1])
+    plans = [p for p in persistent_candidates(spec.hidden, chosen.vector_width, value_bytes,
+                                              sum(sizes), "bfloat16" in dtypes, sizes)
+             if not p.one_pass]
+
+    def geometry(p: LaunchPlan):
+        return (p.threads_per_row, p.batch, p.rows_per_block)
+
+    out = [chosen]
+    out += [p for p in plans if geometry(p) == geometry(chosen)
+            and p.param_cache == (chosen.param_cache if chosen.persistent else "registers")]
+    if chosen.x_staged and not chosen.l2_hint:
+        out.append(dataclasses.replace(chosen, l2_hint="evict_first"))
+    rest = [p for p in plans if geometry(p) != geometry(chosen)]
+    for _ in range(geometries):
+        if not rest:
+            break
+        g = geometry(choose_persistent(rest, spec.hidden, value_bytes))
+        same = [p for p in rest if geometry(p) == g]
+        for cache in CACHE_ORDER:
+            home = [p for p in same if p.param_cache == cache]
+            if home:
+                out.append(choose_persistent(home, spec.hidden, value_bytes))
+        rest = [p for p in rest if geometry(p) != g]
+    rowwise = spec_with_plan(spec, chosen) if not chosen.persistent else dataclasses.replace(
+        spec, param_cache="none", threads_per_row=None, batch=None, rows_per_block=None,
+        prefetch=None, x_staged=None, stages=None, one_pass=None, l2_hint=None, packed=None,
+        x_bulk=None, shared_param_bytes=None)
+    out.append(rowwise.plan)
+    unique: list[LaunchPlan] = []
+    for p in out:
+        if p not in unique:
+            unique.append(p)
+    return unique
+
+
 @functools.lru_cache(maxsize=4096)
 def _plan_of(spec: NormalizationSpec) -> LaunchPlan:
     # specs are frozen and hashable: each plan is worked out once per process

@@ -187,3 +187,57 @@ def test_bench_side_by_side_times_each_candidate():
     us = time_side_by_side(calls, replays=4)
     assert set(us) == {"copy", "twice"}
     assert 0 < us["copy"] < us["twice"]  # two copies take longer than one
+
+
+def test_autotune_checks_times_stores_and_calls_use_the_winner(tmp_path, capsys):
+    """tune() checks every candidate against float64, times the finalists and the
+    heuristic's pick again side by side, stores the winner; layer_norm_fused then runs
+    it (for any row count), and its output still matches float64."""
+    from hostir.options import options, set_options
+    from lowering.kernels.normalization import tune_plans
+
+    saved = options()
+    set_options(dataclasses.replace(saved, cache_dir=tmp_path, dumps=frozenset({"autotune"})))
+    rn.clear_caches()
+    try:
+        spec = NormalizationSpec.reference_fusion(2048, 1600)
+        best = rn.tune(spec, first_reps=2, finalists=2, final_reps=2)
+        assert best.plan in tune_plans(spec)
+        assert rn.stored_winner(spec) == best
+        table = capsys.readouterr().out
+        assert "timed again side by side" in table and "(heuristic)" in table
+        assert table.count("final round") >= 2
+        x, b0, b1, w, b2 = _inputs(301, 1600, torch.float16, 7)
+        call = rn._spec("fused", 301, 1600, 1e-5, "float16", rn._alignment(x, b0, b1, w, b2, None), 0)
+        assert call.plan == best.plan
+        y = rn.layer_norm_fused(x, b0, b1, w, b2, 1e-5)
+        ref = rn.reference(call, {"x": x, "b0": b0, "b1": b1, "weight": w, "bias": b2})
+        assert _rel(y, ref) < 1e-2
+    finally:
+        set_options(saved)
+        rn.clear_caches()
+
+
+def test_autotune_never_picks_a_wrong_kernel(tmp_path, monkeypatch):
+    """A candidate whose output is wrong is marked so and cannot win, even if fastest."""
+    from hostir.options import options, set_options
+
+    saved = options()
+    set_options(dataclasses.replace(saved, cache_dir=tmp_path))
+    spec = NormalizationSpec.reference_fusion(1024, 2048)
+    real = rn.normalize
+    heuristic = spec.plan
+
+    def broken(s, tensors, out=None):  # every plan but the heuristic's writes zeros
+        if s.plan != heuristic:
+            out.zero_()
+            return out
+        return real(s, tensors, out)
+
+    monkeypatch.setattr(rn, "normalize", broken)
+    try:
+        best = rn.tune(spec, first_reps=1, finalists=2, final_reps=1, store=False)
+        assert best.plan == heuristic
+        assert rn.stored_winner(spec) is None  # store=False
+    finally:
+        set_options(saved)

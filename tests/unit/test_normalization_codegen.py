@@ -571,3 +571,88 @@ def test_ceiling_probes_kernels_compile_without_spills(probe, monkeypatch):
     assert set(names) <= set(ck.registers)
     assert all(ck.spill_bytes.get(n, 0) == 0 for n in names)
     sys.modules.pop(probe, None)
+
+
+# ------------------------------------------------------------------ autotuning candidates
+
+@pytest.mark.parametrize("hidden", [768, 1024, 1600, 4096, 5140, 12288, 16384, 20480])
+@pytest.mark.parametrize("make", ["reference_fusion", "layer_norm", "rms_norm"])
+def test_tune_plans_start_with_the_heuristic_and_stay_valid(hidden, make):
+    """The tuner's candidates: the heuristic's pick first, no repeats, never one-pass,
+    the row-wise kernel among them, and every one a plan the spec accepts pinned."""
+    from lowering.kernels.normalization import spec_with_plan, tune_plans
+
+    spec = getattr(NormalizationSpec, make)(8192, hidden)
+    plans = tune_plans(spec)
+    assert plans[0] == spec.plan
+    assert len(plans) == len(set(plans)) <= 40
+    assert not any(p.one_pass for p in plans)
+    assert any(not p.persistent for p in plans)
+    for p in plans:
+        assert spec_with_plan(spec, p).plan == p
+
+
+def test_tune_plans_hold_the_heuristics_twins():
+    """At 1600 the twins of the pick (ring depth, packed row, bulk copy, L2 hint) are
+    candidates: side by side its packed twin was 2.5% faster (norm_plan_probe)."""
+    from lowering.kernels.normalization import tune_plans
+
+    spec = NormalizationSpec.reference_fusion(8192, 1600)
+    pick = spec.plan
+    plans = tune_plans(spec)
+    names = [p.describe() for p in plans]  # twins differ in their register estimates too
+    for twin in (dict(packed=True), dict(stages=1), dict(x_bulk=True), dict(l2_hint="evict_first")):
+        assert dataclasses.replace(pick, **twin).describe() in names, twin
+    # other geometries too, each with the tensors in more than one home
+    others = {(p.threads_per_row, p.param_cache) for p in plans
+              if p.persistent and p.threads_per_row != pick.threads_per_row}
+    assert len({t for t, _ in others}) == 2 and len(others) >= 4
+
+
+def test_spec_with_plan_pins_every_plan_field():
+    from lowering.kernels.normalization import PLAN_FIELDS, spec_with_plan
+
+    spec = NormalizationSpec.reference_fusion(8192, 4096)
+    pinned = spec_with_plan(spec, spec.plan)
+    assert pinned.plan == spec.plan
+    assert all(getattr(spec, f) is None for f in PLAN_FIELDS)
+    assert pinned.threads_per_row == spec.plan.threads_per_row
+    assert dataclasses.replace(pinned, **{f: None for f in PLAN_FIELDS}) == spec
+
+
+def test_stored_normalization_winner_round_trip(tmp_path, monkeypatch):
+    """What the tuner stores comes back for the same problem at any row count, on the
+    same device only, and not for a spec with a plan pinned."""
+    torch = pytest.importorskip("torch")
+    from hostir.options import options, set_options
+    from lowering.kernels.normalization import spec_with_plan, tune_plans
+    from runtime import autotune
+    from runtime import normalization as rn
+
+    saved = options()
+    set_options(dataclasses.replace(saved, cache_dir=tmp_path))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Test GPU")
+    try:
+        spec = NormalizationSpec.reference_fusion(8192, 1600)
+        assert rn.stored_winner(spec) is None and rn.choose(spec, 0) is spec
+        winner = spec_with_plan(spec, tune_plans(spec)[3])
+        from lowering.kernels.normalization import PLAN_FIELDS
+        autotune.store_entry(rn._tune_key(spec), {"plan": {f: getattr(winner, f) for f in PLAN_FIELDS}})
+        assert rn.stored_winner(spec) == winner
+        other_rows = dataclasses.replace(spec, rows=77)
+        assert rn.stored_winner(other_rows) == dataclasses.replace(winner, rows=77)
+        assert rn.choose(other_rows, 0).plan == winner.plan
+        assert rn.choose(other_rows, -1) is other_rows  # not a CUDA tensor: untouched
+        pinned = spec_with_plan(spec, spec.plan)
+        assert rn.choose(pinned, 0) is pinned
+        assert rn.stored_winner(NormalizationSpec.reference_fusion(8192, 1536)) is None
+        aligned = dataclasses.replace(spec, alignment=256)  # the same plans as at 16
+        assert rn.stored_winner(aligned).plan == winner.plan
+        assert rn.stored_winner(dataclasses.replace(spec, alignment=8)) is None
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Other GPU")
+        assert rn.stored_winner(spec) is None
+        # a stored plan that no longer validates is no winner: tune again
+        autotune.store_entry(rn._tune_key(spec), {"plan": {"threads_per_row": 33}})
+        assert rn.stored_winner(spec) is None
+    finally:
+        set_options(saved)
