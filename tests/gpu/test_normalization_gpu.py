@@ -241,3 +241,20 @@ def test_autotune_never_picks_a_wrong_kernel(tmp_path, monkeypatch):
         assert rn.stored_winner(spec) is None  # store=False
     finally:
         set_options(saved)
+
+
+def test_autotune_keeps_the_heuristic_within_the_margin(tmp_path):
+    """A plan must beat the heuristic's by the margin to replace it: with a margin of
+    100% no plan can, and the heuristic's plan is what tune returns and stores."""
+    from hostir.options import options, set_options
+
+    saved = options()
+    set_options(dataclasses.replace(saved, cache_dir=tmp_path))
+    try:
+        spec = NormalizationSpec.reference_fusion(1024, 4096)
+        best = rn.tune(spec, first_reps=1, finalists=2, final_reps=1, margin=1.0)
+        assert best.plan == spec.plan
+        assert rn.stored_winner(spec).plan == spec.plan
+    finally:
+        set_options(saved)
+        rn.clear_caches()
