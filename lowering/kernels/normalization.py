@@ -1155,9 +1155,12 @@ def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]
     - its twins: every persistent plan of the same row geometry (threads, batch, rows a
       block) and the same home for the 1-D tensors (registers when the pick is the
       row-wise kernel), which differ in the ring of x (in registers; one or two rows
-      ahead), the packed row and the bulk copy; and the pick with x's L2 evict-first
-      hint. Timed side by side these beat the pick by 1-3% at 1024, 1600, 2048 and
-      4096 (benchmarks/results/norm_plan_probe_nvidia-h200.json);
+      ahead), the packed row and the bulk copy. Timed side by side these beat the pick
+      by 1-3% at 1024, 1600, 2048 and 4096 (benchmarks/results/
+      norm_plan_probe_nvidia-h200.json). Not the L2 hints on x: at 5140 the
+      evict-first twin won the tuner's round by 1.1% and lost the bench's by 1.4%, in
+      two runs each (raw/layer_norm_tune_1a2ff58.log, layer_norm_tune_6981e1d.log), a
+      difference that follows where the buffers were allocated, not the plan;
     - for the next ``geometries`` row geometries in the heuristic's order, its pick
       with the tensors in each home (registers, shared memory, L2): at 12288 the
       fastest plan side by side is t384 with the tensors in shared memory, where the
@@ -1180,8 +1183,6 @@ def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]
     out = [chosen]
     out += [p for p in plans if geometry(p) == geometry(chosen)
             and p.param_cache == (chosen.param_cache if chosen.persistent else "registers")]
-    if chosen.x_staged and not chosen.l2_hint:
-        out.append(dataclasses.replace(chosen, l2_hint="evict_first"))
     rest = [p for p in plans if geometry(p) != geometry(chosen)]
     for _ in range(geometries):
         if not rest:
