@@ -161,14 +161,15 @@ class LaunchPlan:
       tensor once, before the row loop, and keeps it packed (two 16-bit values a 32-bit
       register), so the row loop reads only x and writes only y.
     - ``"shared"``: the same loop, with the 1-D tensors staged once per block in shared
-      memory: for rows whose slices do not fit the registers beside the row (16384 at
-      fp16; see `choose_persistent`), and with the prefetch in registers, where the
-      registers they free buy occupancy (a pinned plan: the planner stages x instead).
+      memory: for rows whose slices do not fit the registers beside the row, with x
+      prefetched into registers where a ring of x would not fit beside the tensors
+      (20480 at fp16: 160 KiB of tensors; see `choose_persistent`).
     - ``"global"``: the same loop, the 1-D tensors re-read every row through the
       read-only data path (``__ldg``: L1, then L2), neither registers nor shared memory
-      held for them: for the longest rows, whose tensors (8 bytes a column in the
-      reference fusion: 160 KiB at 20480) would take the shared memory a deeper
-      prefetch of x needs (``stages``); L2 serves them at many times DRAM bandwidth.
+      held for them, leaving the shared memory to a ring of x (``stages``); L2 serves
+      them at many times DRAM bandwidth. Taken where no prefetch fits beside the
+      tensors in shared memory (none of the bench sizes: 20480 took it, 0.853 of copy
+      bandwidth, until its shared plan fitted, 0.904).
 
     ``prefetch`` (persistent kernels): the next row's x is loaded before the current row
     is reduced, so DRAM stays busy through the reductions and the stores. Into packed
@@ -396,7 +397,7 @@ def persistent_register_estimate(values_per_thread: int, vector_width: int, valu
                                  cached_param_bytes: int, prefetch: bool,
                                  shared: bool = False, x_staged: bool = False,
                                  bf16: bool = False, one_pass: bool = False,
-                                 packed: bool = False) -> int:
+                                 packed: bool = False, one_warp: bool = False) -> int:
     """Registers of one thread of the persistent kernel, fitted to ptxas (sm_90) over the
     candidate plans of the benchmark sizes: the fp32 row slice (one a value), the cached
     1-D tensors (``cached_param_bytes`` per column, packed: 16-bit values two to a
@@ -406,7 +407,8 @@ def persistent_register_estimate(values_per_thread: int, vector_width: int, valu
     same loads, from another space. ``one_pass`` keeps a (count, mean, M2) triple and
     its shuffled partner live through the reduction: a few registers more. ``packed``
     (with ``x_staged``): the row slice two 16-bit values a register instead of one fp32
-    value each."""
+    value each. ``one_warp``: the row on one warp (its reduction all shuffles), where
+    ptxas keeps more of the staged tensors live beside a prefetch in registers."""
     v = values_per_thread
     extra = 4 if one_pass else 0
     packed_x = -(-v * value_bytes // 4)
@@ -414,9 +416,20 @@ def persistent_register_estimate(values_per_thread: int, vector_width: int, valu
     # an address a slot when vectors are narrow (16-byte ones share them); with 8-byte
     # vectors the prefetch's addresses stay live across the row too
     narrow = (v // vector_width) * (2 if vector_width < 4 else int(prefetch and vector_width == 4))
-    # staged tensors: ptxas issues the shared-memory loads early, packed, (with the
-    # prefetch, for the whole row slice)
-    staged = 0 if not shared else (3 * v // 2 if prefetch and not x_staged else v // 2)
+    # staged tensors: ptxas issues the shared-memory loads early, packed. With the
+    # prefetch in registers and the row on several warps it keeps few of them live: the
+    # least -maxrregcount without spills (the reference fusion, fp16 and bf16, every
+    # such candidate of the bench sizes) is 72-88 at 32 values a thread, 64 at 24, 48 at
+    # 16, 40-48 at 8. The term was 3v/2 there, which kept 20480's t640 b4 plan (95
+    # registers as shipped) out of the candidates, the fastest plan there side by side
+    # (benchmarks/results/norm_shared_prefetch_probe_nvidia-h200.json). One-warp rows
+    # still need it: 96 at 24 values (768), 120 at 32 (1024).
+    if not shared:
+        staged = 0
+    elif prefetch and not x_staged:
+        staged = 3 * v // 2 if one_warp else v // 4
+    else:
+        staged = v // 2
     if x_staged:  # the next row waits in shared memory: only its buffer's addresses
         # packed: two values a register; with vectors under 16 bytes ptxas also keeps an
         # address a slot (5140, v4: 28 bytes of spills at the cap without them)
@@ -473,7 +486,7 @@ def persistent_candidates(hidden: int, vector_width: int, value_bytes: int,
                     est = persistent_register_estimate(
                         b * vector_width, vector_width, value_bytes,
                         param_bytes if cache == "registers" else 0, prefetch, cache != "registers",
-                        x_staged, bf16, one_pass, packed)
+                        x_staged, bf16, one_pass, packed, t == WARP)
                     plan = LaunchPlan(vector_width, t, b, r, est, cache, prefetch, param_bytes,
                                       x_staged, value_bytes, stages, one_pass, "", packed)
                     if est + 8 > _register_budget(t * r):  # the margin of min_blocks_per_sm
@@ -557,7 +570,11 @@ class PlannerRules:
     - ``global_params``: read the 1-D tensors through L1/L2 every row (``"global"``)
       rather than staging them in shared memory, where staging them leaves no room
       for the prefetch of x (no shared-cache plan with the prefetch fits). Fitted: on
-      (20480: 1.000x, where the shared tensors without the prefetch were 1.198x).
+      (20480: 1.000x, where the shared tensors without the prefetch were 1.198x). Since
+      the refitted register estimate (see `persistent_register_estimate`) the shared
+      tensors with x prefetched into registers fit at 20480, so no bench size reads
+      its tensors through L2 any more: that plan ran 0.904 of copy bandwidth side by
+      side with ``global+s4``'s 0.853 (norm_shared_prefetch_probe_nvidia-h200.json).
     - (Tried and reverted, 3b6da53: packing the row slice wherever it lets an SM hold
       one more block, with the deep ring below 80 KiB. Fitted on the 0344c81 and
       ffa45e6 sweeps it promised 1600 and 4096 a few percent, but the bench run after it
@@ -579,7 +596,8 @@ class PlannerRules:
     - ``split_params``: where the tensors go through L2, stage the leading ones in shared
       memory up to half of their bytes a column (``shared_param_bytes``: the largest
       prefix within half), the rest staying in L2 with the L1 left beside the ring to
-      cache them. Only 20480 has such plans (tensors through L2 there). Its t640 b4
+      cache them. Only 20480 had such plans (tensors through L2 there, until the
+      shared tensors with the prefetch in registers fitted: `global_params`). Its t640 b4
       prefetch plan with two of the four tensors staged (``+s4``) against none, in
       three runs: 0.845 against 0.810 of copy bandwidth (the 8b82399 sweep), 0.849
       against 0.821 (0344c81), 0.851 against 0.823 (side by side,
@@ -657,7 +675,9 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
        registers are free for them (4096 t128 b4 with the ring: registers 1.000x,
        shared 1.023x). Shared memory where they do not fit the registers (16384: t512
        x 32 values x 8 bytes a column is 128 registers on top of the row), L2 where
-       staging them leaves no room for the ring (20480: 160 KiB of tensors).
+       staging them leaves no room for a prefetch (none at the bench sizes since the
+      refitted register estimate; 20480's 160 KiB of tensors sit in shared memory
+      beside a prefetch of x into registers).
     7. More bytes of x in flight an SM (`bytes_in_flight` in 4 KiB steps, from the
        blocks the register estimate lets an SM hold): the plans that pass rule 1 still
        differ by up to a third in what they keep queued at DRAM, and the one that keeps
@@ -869,7 +889,7 @@ def plan_launch(
             estimate = persistent_register_estimate(
                 b * vector_width, vector_width, value_bytes,
                 param_bytes if cache == "registers" else 0, pre, cache != "registers", staged_x,
-                bf16, single, pack)
+                bf16, single, pack, t == WARP)
         margin = 8 if cache != "none" else 0  # the persistent kernel keeps min_blocks_per_sm's
         if estimate + margin > _register_budget(t * r):
             raise LoweringError(
