@@ -657,3 +657,33 @@ def test_stored_normalization_winner_round_trip(tmp_path, monkeypatch):
         assert rn.stored_winner(spec) is None
     finally:
         set_options(saved)
+
+
+def test_pinned_vector_width_narrows_and_round_trips():
+    """``vector_width`` pins a narrower vector than the widest (1280: 8-byte vectors, 320
+    of them on t64 b5, no padding); wider than the rows allow, or not a power of two, is
+    refused; the host IR's kernel parameters carry it."""
+    from lowering.kernels.normalization import padding, spec_from_params, spec_params
+
+    wide = NormalizationSpec.reference_fusion(8192, 1280)
+    narrow = NormalizationSpec.reference_fusion(8192, 1280, vector_width=4)
+    assert wide.plan.vector_width == 8 and narrow.plan.vector_width == 4
+    assert padding(narrow.plan, 1280) < padding(wide.plan, 1280)
+    assert spec_from_params(spec_params(narrow)) == narrow
+    _check_compiled(narrow, _compile(narrow, "sm_90"))
+    for bad in (16, 3, 0):
+        with pytest.raises(LoweringError, match="vector_width"):
+            NormalizationSpec.reference_fusion(8192, 1280, vector_width=bad)
+    with pytest.raises(LoweringError, match="vector_width"):  # 5140 allows 4 at most
+        NormalizationSpec.reference_fusion(8192, 5140, vector_width=8)
+
+
+def test_tune_plans_hold_the_narrower_vectors():
+    from lowering.kernels.normalization import tune_plans
+
+    plans = tune_plans(NormalizationSpec.reference_fusion(8192, 1600))
+    widths = {p.vector_width for p in plans}
+    assert widths == {8, 4}
+    assert "persistent/registers t64 b7 v4 r2 prefetch/smem2 packed" in [p.describe() for p in plans]
+    # 8-byte vectors at least: 5140's rows take 8-byte ones already, no narrower family
+    assert {p.vector_width for p in tune_plans(NormalizationSpec.reference_fusion(8192, 5140))} == {4}
