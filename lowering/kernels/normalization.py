@@ -1190,9 +1190,10 @@ def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]
       two runs each (raw/layer_norm_tune_1a2ff58.log, layer_norm_tune_6981e1d.log), a
       difference that follows where the buffers were allocated, not the plan;
     - for the next ``geometries`` row geometries in the heuristic's order, its pick
-      with the tensors in each home (registers, shared memory, L2): at 12288 the
-      fastest plan side by side is t384 with the tensors in shared memory, where the
-      heuristic takes t512 with them in registers;
+      with the tensors in each home (registers, shared memory, L2), and that pick's
+      bulk-copy and packed twins: at 12288 the fastest plan side by side was t384 with
+      the tensors in shared memory and x by bulk copies (0.903 of copy), where the
+      heuristic takes t512 with them in registers (0.885; norm_plan_probe);
     - the row-wise kernel;
     - with vectors half as wide (8 bytes at least), the heuristic's pick and its twins:
       more vectors a thread, less padding (1280: none on t64 b5 against 17% on t64 b3).
@@ -1226,7 +1227,11 @@ def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]
         for cache in CACHE_ORDER:
             home = [p for p in same if p.param_cache == cache]
             if home:
-                out.append(choose_persistent(home, spec.hidden, value_bytes))
+                pick = choose_persistent(home, spec.hidden, value_bytes)
+                # and its bulk-copy and packed twins at its ring depth
+                out += [pick, *(p for p in home if p.stages == pick.stages
+                                and p.prefetch == pick.prefetch and p.x_staged == pick.x_staged
+                                and (p.x_bulk, p.packed) != (pick.x_bulk, pick.packed))]
         rest = [p for p in rest if geometry(p) != g]
     rowwise = spec_with_plan(spec, chosen) if not chosen.persistent else dataclasses.replace(
         spec, param_cache="none", threads_per_row=None, batch=None, rows_per_block=None,
