@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import sys
-import time
 
 import numpy as np
 import torch
@@ -154,38 +153,9 @@ ROWTMA(128, 4)
 ROWTMA(640, 4)
 
 // The row copy with plain loads and stores (no streaming hints).
-template <int T, int B>
-__device__ __forceinline__ void rowplain_t(const uint4* __restrict__ x, uint4* __restrict__ y,
-                                           int rows, int V) {
-  uint4 cur[B], nxt[B];
-  const int lane = threadIdx.x;
-  int row = blockIdx.x;
-#pragma unroll
-  for (int i = 0; i < B; ++i) {
-    const int v = i * T + lane;
-    cur[i] = make_uint4(0, 0, 0, 0);
-    if (row < rows && v < V) cur[i] = x[(size_t)row * V + v];
-  }
-#pragma unroll 1
-  for (; row < rows; row += gridDim.x) {
-    const int next = row + gridDim.x;
-#pragma unroll
-    for (int i = 0; i < B; ++i) {
-      const int v = i * T + lane;
-      nxt[i] = make_uint4(0, 0, 0, 0);
-      if (next < rows && v < V) nxt[i] = x[(size_t)next * V + v];
-    }
-#pragma unroll
-    for (int i = 0; i < B; ++i) {
-      const int v = i * T + lane;
-      if (v < V) y[(size_t)row * V + v] = cur[i];
-      cur[i] = nxt[i];
-    }
-  }
-}
 #define ROWPLAIN(T, B) \
 extern "C" __global__ void __launch_bounds__(T) rowplain_##T##_##B(const uint4* x, uint4* y, int rows, int V) \
-  { rowplain_t<T, B>(x, y, rows, V); }
+  { rowcopy_t<T, B, false, false>(x, y, rows, V); }
 ROWPLAIN(64, 4)
 ROWPLAIN(128, 4)
 ROWPLAIN(640, 4)
@@ -270,12 +240,8 @@ def main() -> None:
         res.append(row)
         del cands, xs, ys, pairs
         torch.cuda.empty_cache()
-    with open(a.out, "w") as fh:
-        json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
-                   "commit": os.environ.get("HOSTIR_COMMIT", "unknown"), "rows": a.rows,
-                   "method": "CUDA-graph replays (48 launches, input sets rotated past L2), "
-                             f"{a.reps}+ carryover-balanced rounds, median",
-                   "results": res}, fh, indent=1)
+    from probe_common import write_results
+    write_results(a.out, a.rows, a.reps, res)
 
 
 if __name__ == "__main__":

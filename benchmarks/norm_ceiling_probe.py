@@ -55,7 +55,10 @@ __device__ __forceinline__ float block_sum(float v, float* part, int nwarps) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-template <int T, int B, bool BAR>
+// CS: streaming loads and stores (__ldcs/__stcs), else plain ones
+template <bool CS> __device__ __forceinline__ uint4 ld(const uint4* p) { return CS ? __ldcs(p) : *p; }
+template <bool CS> __device__ __forceinline__ void st(uint4* p, uint4 v) { if (CS) __stcs(p, v); else *p = v; }
+template <int T, int B, bool BAR, bool CS = true>
 __device__ __forceinline__ void rowcopy_t(const uint4* __restrict__ x, uint4* __restrict__ y,
                                           int rows, int V) {
   __shared__ float part[2][32];
@@ -66,7 +69,7 @@ __device__ __forceinline__ void rowcopy_t(const uint4* __restrict__ x, uint4* __
   for (int i = 0; i < B; ++i) {
     const int v = i * T + lane;
     cur[i] = make_uint4(0, 0, 0, 0);
-    if (row < rows && v < V) cur[i] = __ldcs(x + (size_t)row * V + v);
+    if (row < rows && v < V) cur[i] = ld<CS>(x + (size_t)row * V + v);
   }
 #pragma unroll 1
   for (; row < rows; row += gridDim.x) {
@@ -75,7 +78,7 @@ __device__ __forceinline__ void rowcopy_t(const uint4* __restrict__ x, uint4* __
     for (int i = 0; i < B; ++i) {
       const int v = i * T + lane;
       nxt[i] = make_uint4(0, 0, 0, 0);
-      if (next < rows && v < V) nxt[i] = __ldcs(x + (size_t)next * V + v);
+      if (next < rows && v < V) nxt[i] = ld<CS>(x + (size_t)next * V + v);
     }
     unsigned flip = 0;
     if (BAR) {
@@ -92,7 +95,7 @@ __device__ __forceinline__ void rowcopy_t(const uint4* __restrict__ x, uint4* __
       const int v = i * T + lane;
       uint4 o = cur[i];
       o.x ^= flip;
-      if (v < V) __stcs(y + (size_t)row * V + v, o);
+      if (v < V) st<CS>(y + (size_t)row * V + v, o);
       cur[i] = nxt[i];
     }
   }

@@ -16,17 +16,14 @@ against float64, and times it beside the plan as the planner builds it:
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
 import re
 import sys
-import time
-
-import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def least_cap(spec, arch: str = "sm_90") -> int | None:
@@ -62,76 +59,36 @@ def denser(spec, cap: int):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--hidden", default="1280,1536,1600,2048,2560,4096,5140")
-    ap.add_argument("--rows", type=int, default=8192)
+    from probe_common import parser, time_plans, write_results
+
+    ap = parser("1280,1536,1600,2048,2560,4096,5140", __doc__)
     ap.add_argument("--plans", type=int, default=8)
-    ap.add_argument("--reps", type=int, default=12)
-    ap.add_argument("--out", required=True)
     a = ap.parse_args()
-    from hostir.jobs.layer_norm import (ROTATE_BYTES, TOLERANCE, make_inputs, relative_error,
-                                        time_side_by_side)
     from lowering.kernels.normalization import NormalizationSpec, spec_with_plan, tune_plans
-    from runtime import normalization as rn
 
     res = []
     for hidden in (int(h) for h in a.hidden.split(",")):
         base = NormalizationSpec.reference_fusion(a.rows, hidden, 1e-5)
-        plans = [p for p in tune_plans(base) if p.persistent][:a.plans]
-        # every spec timed is built first, then the plan cache is left alone
         specs, info = {}, {}
-        for p in plans:
+        for p in [p for p in tune_plans(base) if p.persistent][:a.plans]:
             s = spec_with_plan(base, p)
             label = p.describe()
             specs[label] = s
-            info[label] = {"blocks": p.min_blocks_per_sm, "estimate": p.register_estimate}
             cap = least_cap(s)
-            info[label]["least_cap"] = cap
+            info[label] = {"blocks": p.min_blocks_per_sm, "estimate": p.register_estimate,
+                           "least_cap": cap}
             if cap is None or cap > p.register_estimate + 8:
                 continue
             d = denser(s, cap)
-            if d.plan.min_blocks_per_sm <= p.min_blocks_per_sm:
-                continue
-            ck = rn.compiled_kernel(d)
-            dl = f"{label} x{d.plan.min_blocks_per_sm}"
-            info[dl] = {"blocks": d.plan.min_blocks_per_sm, "estimate": d.plan.register_estimate,
-                        "registers": ck.registers[d.kernel_name],
-                        "spill_bytes": ck.spill_bytes.get(d.kernel_name, 0)}
-            if info[dl]["spill_bytes"] == 0:
+            if d.plan.min_blocks_per_sm > p.min_blocks_per_sm:
+                dl = f"{label} x{d.plan.min_blocks_per_sm}"
                 specs[dl] = d
-        sets = max(2, -(-ROTATE_BYTES // base.bytes_moved()))
-        ins = [make_inputs(a.rows, hidden) for _ in range(sets)]
-        outs = [torch.empty_like(i[0]) for i in ins]
-        named = lambda i: {"x": i[0], "b0": i[1], "b1": i[2], "weight": i[3], "bias": i[4]}  # noqa: E731
-        ref = rn.reference(base, named(ins[0]))
-        cands = {"copy": [lambda i=i, o=o: o.copy_(i[0]) for i, o in zip(ins, outs)]}
-        for label, s in specs.items():
-            y = rn.normalize(s, named(ins[0]), torch.full_like(outs[0], float("nan")))
-            err = relative_error(y, ref)
-            if not err < TOLERANCE:
-                raise AssertionError(f"{label} at {hidden}: relative error {err:.2e}")
-            info[label]["rel_err"] = err
-            info[label]["grid"] = rn.launch_grid(s, rn._kernel(s, 0), ins[0][0].device)
-            cands[label] = [lambda i=i, o=o, s=s: rn.normalize(s, named(i), o)
-                            for i, o in zip(ins, outs)]
-        del ref, y
-        us = time_side_by_side(cands, a.reps)
-        copy_gbps = 4 * a.rows * hidden / (us["copy"] * 1e-6) / 1e9
-        for label in specs:
-            info[label]["us"] = round(us[label], 2)
-            info[label]["over_copy"] = round(
-                base.bytes_moved() / (us[label] * 1e-6) / 1e9 / copy_gbps, 3)
+                info[dl] = {"blocks": d.plan.min_blocks_per_sm, "estimate": d.plan.register_estimate}
+        info, copy_us = time_plans(a.rows, hidden, specs, a.reps, info)
         print(hidden, json.dumps({k: (v.get("over_copy"), v.get("grid")) for k, v in info.items()}),
               flush=True)
-        res.append({"hidden": hidden, "copy_us": round(us["copy"], 2), "plans": info})
-        del cands, ins, outs
-        torch.cuda.empty_cache()
-    with open(a.out, "w") as fh:
-        json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
-                   "commit": os.environ.get("HOSTIR_COMMIT", "unknown"), "rows": a.rows,
-                   "method": "CUDA-graph replays (48 launches, input sets rotated past L2), "
-                             f"{a.reps}+ carryover-balanced rounds with copy_, median",
-                   "results": res}, fh, indent=1)
+        res.append({"hidden": hidden, "copy_us": round(copy_us, 2), "plans": info})
+    write_results(a.out, a.rows, a.reps, res)
 
 
 if __name__ == "__main__":

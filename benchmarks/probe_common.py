@@ -1,0 +1,81 @@
+"""What the normalization plan probes share: time a set of specs of one hidden size side
+by side with copy_, each checked first, and write the results file.
+
+    from probe_common import parser, time_plans, write_results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+
+def parser(hidden: str, doc: str | None = None) -> argparse.ArgumentParser:
+    """--hidden (comma-separated, default ``hidden``), --rows, --reps, --out."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hidden", default=hidden)
+    ap.add_argument("--rows", type=int, default=8192)
+    ap.add_argument("--reps", type=int, default=12, help="side-by-side rounds")
+    ap.add_argument("--out", required=True)
+    return ap
+
+
+def time_plans(rows: int, hidden: int, specs: dict, reps: int, info: dict | None = None):
+    """Time ``specs`` (label -> NormalizationSpec of the reference fusion at ``rows`` x
+    ``hidden``) side by side with ``copy_`` in carryover-balanced rounds of CUDA-graph
+    replays, on input sets rotated past L2. Each spec is compiled first (registers and
+    spills recorded; one that spills is not timed) and checked against float64 on rows
+    with a large mean (NaN-poisoned output; an error over the tolerance raises).
+    Returns (label -> {describe, registers, spill_bytes, rel_err, grid, us, over_copy},
+    copy_ microseconds); ``info`` (label -> dict) is merged in."""
+    from hostir.jobs.layer_norm import (ROTATE_BYTES, TOLERANCE, make_inputs, relative_error,
+                                        time_side_by_side)
+    from runtime import normalization as rn
+
+    info = {k: dict(v) for k, v in (info or {}).items()}
+    first = next(iter(specs.values()))
+    sets = max(2, -(-ROTATE_BYTES // first.bytes_moved()))
+    ins = [make_inputs(rows, hidden) for _ in range(sets)]
+    outs = [torch.empty_like(i[0]) for i in ins]
+    named = lambda i: {"x": i[0], "b0": i[1], "b1": i[2], "weight": i[3], "bias": i[4]}  # noqa: E731
+    ref = rn.reference(first, named(ins[0]))
+    cands = {"copy": [lambda i=i, o=o: o.copy_(i[0]) for i, o in zip(ins, outs)]}
+    for label, s in specs.items():
+        ck = rn.compiled_kernel(s)
+        row = info.setdefault(label, {})
+        row.update(describe=s.plan.describe(), registers=ck.registers[s.kernel_name],
+                   spill_bytes=ck.spill_bytes.get(s.kernel_name, 0))
+        if row["spill_bytes"]:
+            continue
+        y = rn.normalize(s, named(ins[0]), torch.full_like(outs[0], float("nan")))
+        row["rel_err"] = relative_error(y, ref)
+        if not row["rel_err"] < TOLERANCE:
+            raise AssertionError(f"{label} at {hidden}: relative error {row['rel_err']:.2e}")
+        row["grid"] = rn.launch_grid(s, rn._kernel(s, ins[0][0].get_device()), ins[0][0].device)
+        cands[label] = [lambda i=i, o=o, s=s: rn.normalize(s, named(i), o)
+                        for i, o in zip(ins, outs)]
+    del ref
+    us = time_side_by_side(cands, reps)
+    copy_gbps = 4 * rows * hidden / (us["copy"] * 1e-6) / 1e9
+    for label in specs:
+        if label in us:
+            info[label]["us"] = round(us[label], 2)
+            info[label]["over_copy"] = round(
+                first.bytes_moved() / (us[label] * 1e-6) / 1e9 / copy_gbps, 3)
+    del cands, ins, outs
+    torch.cuda.empty_cache()
+    return info, us["copy"]
+
+
+def write_results(path: str, rows: int, reps: int, results: list, **extra) -> None:
+    """The probe's results file: device, date, commit (HOSTIR_COMMIT), rows, method."""
+    with open(path, "w") as fh:
+        json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
+                   "commit": os.environ.get("HOSTIR_COMMIT", "unknown"), "rows": rows, **extra,
+                   "method": "CUDA-graph replays (48 launches, input sets rotated past L2), "
+                             f"{reps}+ carryover-balanced rounds with copy_, median",
+                   "results": results}, fh, indent=1)
