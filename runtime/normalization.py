@@ -167,6 +167,47 @@ def tune_inputs(spec: NormalizationSpec, device, sets: int = 1, generator=None):
     return out
 
 
+def _compile_one(job):
+    """Worker of `precompile`: fills the disk cache ``directory`` (a process of its own:
+    NVRTC holds the GIL). Returns an error text, or None."""
+    spec, arch, directory = job
+    try:
+        from pathlib import Path
+
+        from runtime import jit
+
+        jit.KernelCache(Path(directory)).get(render_normalization(spec), [spec.kernel_name], arch)
+    except Exception as e:  # noqa: BLE001 -- reported; the caller compiles what is missing
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def precompile(specs, arch: str) -> list:
+    """Compile ``specs``' kernels for ``arch`` up front, in parallel worker processes,
+    into the disk kernel cache (a few hundred kernels take ~0.3 s each one after
+    another: the bench's sweep; the tuner's 15-30 candidates). Returns the error texts
+    (None for a kernel that compiled); if the pool cannot start, nothing is compiled
+    here and each kernel compiles on first use."""
+    import concurrent.futures
+    import multiprocessing
+    import os
+    import sys
+
+    from runtime import jit
+
+    if options().disable("kernel_cache") or not specs:
+        return []  # nowhere to leave them for this process
+    directory = str(jit.kernel_cache().directory)  # this process's, which workers share
+    workers = max(1, min(16, (os.cpu_count() or 2) - 1, len(specs)))
+    try:
+        with concurrent.futures.ProcessPoolExecutor(
+                workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+            return list(ex.map(_compile_one, [(s, arch, directory) for s in specs], chunksize=4))
+    except Exception as e:  # noqa: BLE001
+        print(f"precompile failed ({e}); compiling one by one", file=sys.stderr)
+        return []
+
+
 ROTATE_BYTES = 256 << 20  # input sets a timing cycles through: > 4x the 60 MB L2 of an H200
 
 
@@ -199,6 +240,9 @@ def tune(spec: NormalizationSpec, *, device=None, first_reps: int = 3, finalists
     dev = torch.device("cuda", index)
     specs = [spec_with_plan(spec, p) for p in tune_plans(spec)]
     heuristic = specs[0]
+    from runtime import jit
+
+    precompile(specs, jit.device_arch(index))  # in parallel; each is checked below anyway
     sets = tune_inputs(spec, dev, max(2, -(-ROTATE_BYTES // spec.bytes_moved())))
     outs = [torch.empty(spec.rows, spec.hidden, device=dev,
                         dtype=TORCH_DTYPES[spec.output_dtype]) for _ in sets]

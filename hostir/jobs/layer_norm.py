@@ -144,6 +144,8 @@ def main(args) -> int:
                 specs += sweep_specs(base)
             if args.tune:
                 specs += [spec_with_plan(base, p) for p in tune_plans(base)]
+        from runtime.normalization import precompile
+
         precompile(specs, _arch())
     ok, results, sweeps = True, [], []
     for hidden in args.hidden:
@@ -289,36 +291,6 @@ def sweep_specs(spec):
     # the L2 hints on the cp.async of x: on the planner's two first plans only
     plans += hint_variants(persistent, spec.hidden, value_bytes)
     return [spec_with_plan(spec, p) for p in plans]
-
-
-def _compile_one(spec_and_arch):
-    """Worker of `precompile`: fills the disk cache (a process of its own: NVRTC holds
-    the GIL). Returns an error text, or None."""
-    spec, arch = spec_and_arch
-    try:
-        from lowering.kernels.normalization import render_normalization
-        from runtime import jit
-
-        jit.kernel_cache().get(render_normalization(spec), [spec.kernel_name], arch)
-    except Exception as e:  # noqa: BLE001 -- recorded per plan by the sweep itself
-        return f"{type(e).__name__}: {e}"
-    return None
-
-
-def precompile(specs, arch: str) -> None:
-    """Compile every kernel of the run up front, in parallel, into the disk cache: the
-    sweep compiles a few hundred kernels, ~0.3 s each one after another."""
-    import concurrent.futures
-    import multiprocessing
-    import os
-
-    workers = max(1, min(16, (os.cpu_count() or 2) - 1))
-    try:
-        with concurrent.futures.ProcessPoolExecutor(
-                workers, mp_context=multiprocessing.get_context("spawn")) as ex:
-            list(ex.map(_compile_one, [(s, arch) for s in specs], chunksize=4))
-    except Exception as e:  # noqa: BLE001 -- the sweep compiles what is missing itself
-        print(f"precompile failed ({e}); compiling one by one", file=sys.stderr)
 
 
 def bench(rows: int, hidden: int, eps: float, replays: int, sweep: bool, tune: bool = False):

@@ -687,3 +687,28 @@ def test_tune_plans_hold_the_narrower_vectors():
     assert "persistent/registers t64 b7 v4 r2 prefetch/smem2 packed" in [p.describe() for p in plans]
     # 8-byte vectors at least: 5140's rows take 8-byte ones already, no narrower family
     assert {p.vector_width for p in tune_plans(NormalizationSpec.reference_fusion(8192, 5140))} == {4}
+
+
+def test_precompile_fills_the_disk_cache_in_parallel(tmp_path):
+    """The tuner's and the bench's candidates compile in worker processes into the disk
+    cache, which a later get() in this process then reads instead of compiling."""
+    pytest.importorskip("cupy")
+    from hostir.options import options, set_options
+    from lowering.kernels.normalization import spec_with_plan, tune_plans
+    from runtime import jit
+    from runtime.normalization import precompile
+
+    saved = options()
+    set_options(dataclasses.replace(saved, cache_dir=tmp_path))  # the workers get it passed
+    try:
+        spec = NormalizationSpec.reference_fusion(8192, 1600)
+        specs = [spec_with_plan(spec, p) for p in tune_plans(spec)[:3]]
+        assert precompile(specs, "sm_90") == [None, None, None]
+        files = list(tmp_path.rglob("*"))
+        assert sum(f.is_file() for f in files) >= 3
+        cache = jit.KernelCache(tmp_path / "kernels")
+        for s in specs:  # in the cache: read, not compiled again
+            key = jit.cache_key(render_normalization(s), [s.kernel_name], "sm_90")
+            assert cache._read(key) is not None
+    finally:
+        set_options(saved)
