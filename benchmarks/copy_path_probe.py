@@ -22,7 +22,6 @@ replays (input sets rotated past the L2, as in the bench):
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -180,11 +179,9 @@ def source() -> str:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--hidden", default="1600,4096,20480")
-    ap.add_argument("--rows", type=int, default=8192)
-    ap.add_argument("--reps", type=int, default=12)
-    ap.add_argument("--out", required=True)
+    from probe_common import parser, write_results
+
+    ap = parser("1600,4096,20480", __doc__)
     a = ap.parse_args()
     from hostir.jobs.layer_norm import ROTATE_BYTES, sm_copy, time_side_by_side
     from runtime import jit
@@ -240,7 +237,6 @@ def main() -> None:
         res.append(row)
         del cands, xs, ys, pairs
         torch.cuda.empty_cache()
-    from probe_common import write_results
     write_results(a.out, a.rows, a.reps, res)
 
 

@@ -19,16 +19,15 @@ CUDA-graph replays (input sets rotated past the L2, as in the layer_norm bench):
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-import time
 
 import numpy as np
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 def _copy_sources() -> str:
     """The bench's SM copy (``hostir_sm_copy``, reported as ``vcopy``) and its twin with
@@ -118,11 +117,9 @@ NAMES = ["hostir_sm_copy", "vcopy_cs"] + [f"rowcopy{b}_{t}_{n}" for t, n, _ in R
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--hidden", default="1600,4096,12288,20480")
-    ap.add_argument("--rows", type=int, default=8192)
-    ap.add_argument("--reps", type=int, default=12)
-    ap.add_argument("--out", required=True)
+    from probe_common import parser, write_results
+
+    ap = parser("1600,4096,12288,20480", __doc__)
     ap.add_argument("--profile", action="store_true",
                     help="launch each candidate twice eagerly, untimed, for Nsight Compute")
     a = ap.parse_args()
@@ -201,12 +198,9 @@ def main() -> None:
         torch.cuda.empty_cache()
     if a.profile:
         return
-    with open(a.out, "w") as fh:
-        json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
-                   "commit": os.environ.get("HOSTIR_COMMIT", "unknown"), "rows": a.rows,
-                   "method": "CUDA-graph replays (48 launches, input sets rotated past L2), "
-                             f"{a.reps}+ carryover-balanced rounds, median",
-                   "results": res}, fh, indent=1)
+    write_results(a.out, a.rows, a.reps, res, method=(
+        "CUDA-graph replays (48 launches, input sets rotated past L2), "
+        f"{a.reps}+ carryover-balanced rounds, median"))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ against float64, and times it beside the plan as the planner builds it:
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 import sys
@@ -44,22 +43,16 @@ def denser(spec, cap: int):
     """``spec`` (plan pinned) with its plan's register estimate set to ``cap`` - 8, so
     that it promises the blocks an SM that ``cap`` registers allow; built with its
     rows=1 twin under the override (each plan is cached as built)."""
-    import lowering.kernels.normalization as nm
+    from probe_common import built, register_estimate
 
-    real = nm.persistent_register_estimate
-    nm.persistent_register_estimate = lambda *a, **k: cap - 8
-    try:
-        # a spec no other of the run equals (alignment 32: the same plans and code as 16,
-        # another name), so the plan cached for it under the override is its own
-        s = dataclasses.replace(spec, alignment=2 * max(16, spec.alignment))
-        dataclasses.replace(s, rows=1).plan  # noqa: B018
-        return s
-    finally:
-        nm.persistent_register_estimate = real
+    # a spec no other of the run equals (alignment 32: the same plans and code as 16,
+    # another name), so the plan cached for it under the override is its own
+    with register_estimate(cap - 8):
+        return built(dataclasses.replace(spec, alignment=2 * max(16, spec.alignment)))
 
 
 def main() -> None:
-    from probe_common import parser, time_plans, write_results
+    from probe_common import parser, report_size, time_plans, write_results
 
     ap = parser("1280,1536,1600,2048,2560,4096,5140", __doc__)
     ap.add_argument("--plans", type=int, default=8)
@@ -85,9 +78,7 @@ def main() -> None:
                 specs[dl] = d
                 info[dl] = {"blocks": d.plan.min_blocks_per_sm, "estimate": d.plan.register_estimate}
         info, copy_us = time_plans(a.rows, hidden, specs, a.reps, info)
-        print(hidden, json.dumps({k: (v.get("over_copy"), v.get("grid")) for k, v in info.items()}),
-              flush=True)
-        res.append({"hidden": hidden, "copy_us": round(copy_us, 2), "plans": info})
+        res.append(report_size(hidden, info, copy_us, "grid"))
     write_results(a.out, a.rows, a.reps, res)
 
 

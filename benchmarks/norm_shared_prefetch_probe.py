@@ -17,8 +17,6 @@ CUDA-graph replays, input sets rotated past L2):
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import sys
 
@@ -30,31 +28,23 @@ def forced_specs(rows: int, hidden: int, estimate: int = 80):
     """The shared-tensor, register-prefetch plan of every row geometry, built with the
     register estimate set to ``estimate`` (each spec's plan is cached as built)."""
     import lowering.kernels.normalization as nm
+    from probe_common import built, register_estimate
 
-    real = nm.persistent_register_estimate
-    nm.persistent_register_estimate = lambda *a, **k: estimate
     out = []
-    try:
-        width = nm.NormalizationSpec.reference_fusion(rows, hidden).plan.vector_width
+    width = nm.NormalizationSpec.reference_fusion(rows, hidden).plan.vector_width
+    with register_estimate(estimate):
         for b, t, r in nm._row_geometries(hidden, width):
             try:
-                s = nm.NormalizationSpec.reference_fusion(
+                out.append(built(nm.NormalizationSpec.reference_fusion(
                     rows, hidden, 1e-5, threads_per_row=t, batch=b, rows_per_block=r,
-                    param_cache="shared", prefetch=True, x_staged=False)
-                # built (and cached) under the override, with the rows=1 twin that the
-                # kernel's name and cache key are made from
-                s.plan  # noqa: B018
-                dataclasses.replace(s, rows=1).plan  # noqa: B018
-                out.append(s)
+                    param_cache="shared", prefetch=True, x_staged=False)))
             except Exception as e:  # noqa: BLE001 -- a geometry that does not fit: skipped
                 print(f"{hidden} t{t} b{b}: {e}", file=sys.stderr)
-    finally:
-        nm.persistent_register_estimate = real
     return out
 
 
 def main() -> None:
-    from probe_common import parser, time_plans, write_results
+    from probe_common import parser, report_size, time_plans, write_results
 
     ap = parser("12288,16384,20480", __doc__)
     a = ap.parse_args()
@@ -67,9 +57,7 @@ def main() -> None:
         info, copy_us = time_plans(a.rows, hidden, specs, a.reps)
         for label, s in specs.items():
             info[label]["shared_bytes"] = s.plan.dynamic_shared_bytes
-        print(hidden, json.dumps({k: (v.get("over_copy"), v.get("registers")) for k, v in info.items()}),
-              flush=True)
-        res.append({"hidden": hidden, "copy_us": round(copy_us, 2), "plans": info})
+        res.append(report_size(hidden, info, copy_us, "registers"))
     write_results(a.out, a.rows, a.reps, res)
 
 

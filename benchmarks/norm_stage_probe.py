@@ -18,16 +18,14 @@ into registers, or in registers beside a packed row slice, over 512-1024 threads
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import json
 import os
 import sys
-import time
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 SIZES = "768,1024,1280,1536,1600,2048,2560,4096,5140,12288,16384,20480"
 DEPTHS = (1, 2, 3, 4, 6, 8)
@@ -100,11 +98,9 @@ def long_row_variants(spec):
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--hidden", default=SIZES)
-    ap.add_argument("--rows", type=int, default=8192)
-    ap.add_argument("--reps", type=int, default=6)
-    ap.add_argument("--out", required=True)
+    from probe_common import parser, write_results
+
+    ap = parser(SIZES, __doc__, reps=6)
     ap.add_argument("--mode", choices=("stages", "long"), default="stages")
     a = ap.parse_args()
     import lowering.kernels.normalization as nm
@@ -163,12 +159,9 @@ def main() -> None:
         res.append(row)
         del cands, ins, outs
         torch.cuda.empty_cache()
-    with open(a.out, "w") as fh:
-        json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
-                   "commit": os.environ.get("HOSTIR_COMMIT", "unknown"), "rows": a.rows,
-                   "method": "CUDA-graph replays (48 launches, input sets rotated past L2), "
-                             f"{a.reps}+ carryover-balanced rounds with the copy, median",
-                   "results": res}, fh, indent=1)
+    write_results(a.out, a.rows, a.reps, res, method=(
+        "CUDA-graph replays (48 launches, input sets rotated past L2), "
+        f"{a.reps}+ carryover-balanced rounds with the copy, median"))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ float64 first:
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 
@@ -24,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def main() -> None:
-    from probe_common import parser, time_plans, write_results
+    from probe_common import parser, report_size, time_plans, write_results
 
     ap = parser("1280,1536,1600,2560,4096", __doc__)
     ap.add_argument("--plans", type=int, default=14)
@@ -40,9 +39,7 @@ def main() -> None:
             specs[p.describe()] = spec_with_plan(narrow, p)
         info, copy_us = time_plans(a.rows, hidden, specs, a.reps, {
             k: {"padding": round(padding(s.plan, hidden), 3)} for k, s in specs.items()})
-        print(hidden, json.dumps({k: (v.get("over_copy"), v["padding"]) for k, v in info.items()}),
-              flush=True)
-        res.append({"hidden": hidden, "copy_us": round(copy_us, 2), "plans": info})
+        res.append(report_size(hidden, info, copy_us, "padding"))
     write_results(a.out, a.rows, a.reps, res)
 
 

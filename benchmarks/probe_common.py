@@ -1,12 +1,15 @@
-"""What the normalization plan probes share: time a set of specs of one hidden size side
-by side with copy_, each checked first, and write the results file.
+"""What the normalization probes share: their arguments, a set of specs of one hidden
+size timed side by side with copy_ (each checked first), plans built under a register
+estimate of the probe's choosing, and the results file.
 
-    from probe_common import parser, time_plans, write_results
+    from probe_common import parser, report_size, time_plans, write_results
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import os
 import time
@@ -14,12 +17,12 @@ import time
 import torch
 
 
-def parser(hidden: str, doc: str | None = None) -> argparse.ArgumentParser:
+def parser(hidden: str, doc: str | None = None, reps: int = 12) -> argparse.ArgumentParser:
     """--hidden (comma-separated, default ``hidden``), --rows, --reps, --out."""
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hidden", default=hidden)
     ap.add_argument("--rows", type=int, default=8192)
-    ap.add_argument("--reps", type=int, default=12, help="side-by-side rounds")
+    ap.add_argument("--reps", type=int, default=reps, help="side-by-side rounds")
     ap.add_argument("--out", required=True)
     return ap
 
@@ -71,11 +74,43 @@ def time_plans(rows: int, hidden: int, specs: dict, reps: int, info: dict | None
     return info, us["copy"]
 
 
-def write_results(path: str, rows: int, reps: int, results: list, **extra) -> None:
-    """The probe's results file: device, date, commit (HOSTIR_COMMIT), rows, method."""
+def report_size(hidden: int, info: dict, copy_us: float, shown: str) -> dict:
+    """Print one size's plans (over copy, and the field ``shown``); its results row."""
+    print(hidden, json.dumps({k: (v.get("over_copy"), v.get(shown)) for k, v in info.items()}),
+          flush=True)
+    return {"hidden": hidden, "copy_us": round(copy_us, 2), "plans": info}
+
+
+@contextlib.contextmanager
+def register_estimate(estimate: int):
+    """Inside, every persistent plan built takes ``estimate`` registers as its estimate
+    (`persistent_register_estimate`), whatever its shape: the plans the estimate keeps
+    out, or a higher block promise. Build the probe's specs inside with `built`."""
+    import lowering.kernels.normalization as nm
+
+    real = nm.persistent_register_estimate
+    nm.persistent_register_estimate = lambda *a, **k: estimate
+    try:
+        yield
+    finally:
+        nm.persistent_register_estimate = real
+
+
+def built(spec):
+    """``spec``, its plan and its rows=1 twin's (what the kernel's name and cache key are
+    made from) built now, so that both stay cached as built (`register_estimate`)."""
+    spec.plan  # noqa: B018
+    dataclasses.replace(spec, rows=1).plan  # noqa: B018
+    return spec
+
+
+def write_results(path: str, rows: int, reps: int, results: list, method: str | None = None,
+                  **extra) -> None:
+    """The probe's results file: device, date, commit (HOSTIR_COMMIT), rows, method (by
+    default: graph replays in carryover-balanced rounds with copy_)."""
+    method = method or ("CUDA-graph replays (48 launches, input sets rotated past L2), "
+                        f"{reps}+ carryover-balanced rounds with copy_, median")
     with open(path, "w") as fh:
         json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
                    "commit": os.environ.get("HOSTIR_COMMIT", "unknown"), "rows": rows, **extra,
-                   "method": "CUDA-graph replays (48 launches, input sets rotated past L2), "
-                             f"{reps}+ carryover-balanced rounds with copy_, median",
-                   "results": results}, fh, indent=1)
+                   "method": method, "results": results}, fh, indent=1)
