@@ -185,9 +185,11 @@ def _compile_one(job):
 def precompile(specs, arch: str) -> list:
     """Compile ``specs``' kernels for ``arch`` up front, in parallel worker processes,
     into the disk kernel cache (a few hundred kernels take ~0.3 s each one after
-    another: the bench's sweep; the tuner's 15-30 candidates). Returns the error texts
-    (None for a kernel that compiled); if the pool cannot start, nothing is compiled
-    here and each kernel compiles on first use."""
+    another: the bench's sweep; the tuner's 15-30 candidates). Kernels already on disk
+    are skipped, and no pool starts when none is missing (the bench precompiles the
+    tuner's candidates with the rest, then `tune` asks again). Returns the error texts
+    (None for a kernel that compiled or was there); if the pool cannot start, nothing
+    is compiled here and each kernel compiles on first use."""
     import concurrent.futures
     import multiprocessing
     import os
@@ -197,12 +199,21 @@ def precompile(specs, arch: str) -> list:
 
     if options().disable("kernel_cache") or not specs:
         return []  # nowhere to leave them for this process
-    directory = str(jit.kernel_cache().directory)  # this process's, which workers share
-    workers = max(1, min(16, (os.cpu_count() or 2) - 1, len(specs)))
+    cache = jit.kernel_cache()
+    missing = [k for k, s in enumerate(specs) if not cache.path(jit.cache_key(
+        render_normalization(s), [s.kernel_name], arch)).exists()]
+    errors = [None] * len(specs)
+    if not missing:
+        return errors
+    directory = str(cache.directory)  # this process's, which workers share
+    workers = max(1, min(16, (os.cpu_count() or 2) - 1, len(missing)))
     try:
         with concurrent.futures.ProcessPoolExecutor(
                 workers, mp_context=multiprocessing.get_context("spawn")) as ex:
-            return list(ex.map(_compile_one, [(s, arch, directory) for s in specs], chunksize=4))
+            jobs = [(specs[k], arch, directory) for k in missing]
+            for k, err in zip(missing, ex.map(_compile_one, jobs, chunksize=4)):
+                errors[k] = err
+        return errors
     except Exception as e:  # noqa: BLE001
         print(f"precompile failed ({e}); compiling one by one", file=sys.stderr)
         return []
@@ -250,15 +261,15 @@ def tune(spec: NormalizationSpec, *, device=None, first_reps: int = 3, finalists
     ref_norm = torch.linalg.vector_norm(ref)
     rows, calls = [], {}
     with torch.cuda.device(index):
-        for k, s in enumerate(specs):
+        for s in specs:
             try:
                 y = normalize(s, sets[0], torch.full_like(outs[0], float("nan")))
                 err = float(torch.linalg.vector_norm(y.double() - ref) / ref_norm)
                 if not err < 1e-2:  # nan compares False too
                     rows.append((s, float("inf"), f"wrong (relative error {err:.2e})"))
                     continue
-                calls[k] = [functools.partial(normalize, s, t, o) for t, o in zip(sets, outs)]
-                graph = autotune.graph_of(calls[k])
+                calls[s] = [functools.partial(normalize, s, t, o) for t, o in zip(sets, outs)]
+                graph = autotune.graph_of(calls[s])
                 us = statistics.median([autotune.time_replay(*graph) for _ in range(first_reps)])
                 rows.append((s, us, "first round"))
             except Exception as e:  # noqa: BLE001 -- a candidate that fails just loses
@@ -273,7 +284,7 @@ def tune(spec: NormalizationSpec, *, device=None, first_reps: int = 3, finalists
         final += [r for r in ranked[max(1, finalists):] if r[0] is heuristic]
         if len(final) > 1:
             timed = autotune.graph_side_by_side(
-                {i: calls[specs.index(r[0])] for i, r in enumerate(final)}, final_reps)
+                {i: calls[r[0]] for i, r in enumerate(final)}, final_reps)
             final = sorted(((r[0], timed[i], f"final round; first round {r[1]:.2f} us")
                             for i, r in enumerate(final)), key=lambda r: r[1])
             rows = final + [r for r in rows if not any(r[0] is f[0] for f in final)]

@@ -1233,11 +1233,10 @@ def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]
                                 and p.prefetch == pick.prefetch and p.x_staged == pick.x_staged
                                 and (p.x_bulk, p.packed) != (pick.x_bulk, pick.packed))]
         rest = [p for p in rest if geometry(p) != g]
-    rowwise = spec_with_plan(spec, chosen) if not chosen.persistent else dataclasses.replace(
-        spec, param_cache="none", threads_per_row=None, batch=None, rows_per_block=None,
-        prefetch=None, x_staged=None, stages=None, one_pass=None, l2_hint=None, packed=None,
-        x_bulk=None, shared_param_bytes=None)
-    out.append(rowwise.plan)
+    # the row-wise kernel at the spec's vectors (a pinned width stays)
+    unpinned = {f: None for f in PLAN_FIELDS if f != "vector_width"}
+    out.append(chosen if not chosen.persistent
+               else dataclasses.replace(spec, **{**unpinned, "param_cache": "none"}).plan)
     half = chosen.vector_width // 2
     if half * value_bytes >= 8:
         narrow = dataclasses.replace(spec, vector_width=half)

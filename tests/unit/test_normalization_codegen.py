@@ -689,7 +689,7 @@ def test_tune_plans_hold_the_narrower_vectors():
     assert {p.vector_width for p in tune_plans(NormalizationSpec.reference_fusion(8192, 5140))} == {4}
 
 
-def test_precompile_fills_the_disk_cache_in_parallel(tmp_path):
+def test_precompile_fills_the_disk_cache_in_parallel(tmp_path, monkeypatch):
     """The tuner's and the bench's candidates compile in worker processes into the disk
     cache, which a later get() in this process then reads instead of compiling."""
     pytest.importorskip("cupy")
@@ -710,5 +710,9 @@ def test_precompile_fills_the_disk_cache_in_parallel(tmp_path):
         for s in specs:  # in the cache: read, not compiled again
             key = jit.cache_key(render_normalization(s), [s.kernel_name], "sm_90")
             assert cache._read(key) is not None
+        # all on disk: no pool (starting one would fail here), the same answer
+        import concurrent.futures
+        monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", None)
+        assert precompile(specs, "sm_90") == [None, None, None]
     finally:
         set_options(saved)
