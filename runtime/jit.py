@@ -24,6 +24,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import hashlib
 import json
@@ -323,6 +324,81 @@ class Kernel:
                                   f"smem={smem_bytes} stream={stream_handle:#x}")
         self.function(grid, block, args, shared_mem=smem_bytes,
                       stream=_external_stream(stream_handle))
+
+    def launch_dependent(self, grid: tuple[int, int, int], block: tuple[int, int, int],
+                         args: tuple, smem_bytes: int, stream_handle: int) -> None:
+        """`launch_raw` as a programmatic dependent launch (`launch_ex`): for kernels that
+        execute ``griddepcontrol.wait`` before they touch global memory."""
+        if smem_bytes > self._smem_set:
+            self.ensure_smem(smem_bytes)
+        if options().dump("launch_params"):
+            dump("launch_params", f"launch {self.name} grid={grid} block={block} "
+                                  f"smem={smem_bytes} stream={stream_handle:#x} dependent")
+        launch_ex(self.function.ptr, grid, block, args, smem_bytes, stream_handle,
+                  programmatic=True)
+
+
+# --------------------------------------------------------------------------- cuLaunchKernelEx
+#
+# CuPy launches through cuLaunchKernel, which takes no launch attributes. A programmatic
+# dependent launch (PDL, sm_90+) needs CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+# so `launch_ex` calls the driver's cuLaunchKernelEx through ctypes (the driver library
+# CuPy itself loaded). With the attribute, the launch may begin once every block of the
+# kernel before it on the stream has executed ``griddepcontrol.launch_dependents`` (or
+# exited): its blocks take SMs as the earlier kernel's blocks leave them and wait in
+# ``griddepcontrol.wait`` until that kernel has completed and its writes are visible. The
+# launch latency between the two then overlaps the earlier kernel's last rows. Stream
+# capture records it as a programmatic edge of the graph.
+
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # cuda.h, CUlaunchAttributeID
+
+
+class _LaunchAttribute(ctypes.Structure):
+    # CUlaunchAttribute: the id, padding to 8 bytes, a 64-byte union of values
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint),
+                ("gridDimZ", ctypes.c_uint), ("blockDimX", ctypes.c_uint),
+                ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+_CTYPES = {"uint64": ctypes.c_uint64, "int64": ctypes.c_int64, "int32": ctypes.c_int32,
+           "uint32": ctypes.c_uint32, "float32": ctypes.c_float, "float64": ctypes.c_double}
+_DRIVER = []
+
+
+def _cu_launch_kernel_ex():
+    if not _DRIVER:
+        lib = ctypes.CDLL("libcuda.so.1")
+        fn = lib.cuLaunchKernelEx
+        fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
+                       ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+        fn.restype = ctypes.c_int
+        _DRIVER.append(fn)
+    return _DRIVER[0]
+
+
+def launch_ex(function_ptr: int, grid: tuple[int, int, int], block: tuple[int, int, int],
+              args: tuple, smem_bytes: int, stream_handle: int, programmatic: bool) -> None:
+    """cuLaunchKernelEx of a loaded CUfunction (``Kernel.function.ptr``) with numpy
+    scalar ``args`` (their dtypes give the widths), optionally as a programmatic
+    dependent launch. A driver error raises RuntimeError."""
+    values = [_CTYPES[str(a.dtype)](a.item()) for a in args]
+    params = (ctypes.c_void_p * max(1, len(values)))(
+        *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
+    attr = _LaunchAttribute()
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value[0] = 1
+    config = _LaunchConfig(*grid, *block, smem_bytes, ctypes.c_void_p(stream_handle),
+                           ctypes.pointer(attr), 1 if programmatic else 0)
+    err = _cu_launch_kernel_ex()(ctypes.byref(config), ctypes.c_void_p(function_ptr),
+                                 params, None)
+    if err:
+        raise RuntimeError(f"cuLaunchKernelEx failed: CUresult {err}")
 
 
 def on_device(device_index: int):
