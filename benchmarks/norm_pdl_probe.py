@@ -8,11 +8,16 @@ ramps it up; the copy engine's copy has its own gap. This probe measures:
 - the per-launch time of an empty kernel in such a graph, plain and as a programmatic
   dependent launch (the floor of the gap);
 - for each size: the plan given (by default the tuned plans of the committed bench file),
-  plain; the same kernel with ``griddepcontrol.launch_dependents`` and
-  ``griddepcontrol.wait`` at its top, launched plain (what the instructions cost) and as
-  a programmatic dependent launch (`runtime.jit.launch_ex`); copy_ and the SM copy, all
-  side by side, at 8192 rows and at ``--long-rows`` (the same per-launch cost over 4x the
-  bytes shows as the difference between the two ratios).
+  launched plain (``plain``) and as a programmatic dependent launch (``pdl_launch``,
+  `runtime.jit.launch_ex`); copy_ and the SM copy, all side by side, at 8192 rows and at
+  ``--long-rows`` (the same per-launch cost over 4x the bytes shows as the difference
+  between the two ratios). Every generated kernel begins with
+  ``griddepcontrol.launch_dependents`` and ``griddepcontrol.wait``
+  (``dependent_launch_entry``); ``--strip-entry`` also times the kernel without them,
+  launched plain (``no_entry``: what the two instructions cost).
+
+At 6b44bd1 the kernels had no entry yet and the probe inserted it (``pdl_plain`` was
+the inserted kernel launched plain): norm_pdl_probe_nvidia-h200.json.
 
 Every variant is checked against float64 first (NaN-poisoned output).
 
@@ -29,8 +34,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-PDL_TOP = ('  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");\n'
-           '  asm volatile("griddepcontrol.wait;" ::: "memory");\n')
+ENTRY = "  dependent_launch_entry();\n"
 EMPTY = r"""
 extern "C" __global__ void hostir_empty(int* p) { if (p[0] == 12345) p[1] = 1; }
 extern "C" __global__ void hostir_empty_pdl(int* p) {
@@ -41,10 +45,11 @@ extern "C" __global__ void hostir_empty_pdl(int* p) {
 """
 
 
-def with_pdl(source: str, name: str) -> str:
-    """The kernel ``name`` of ``source`` with `PDL_TOP` as its first statements."""
-    at = source.index("{\n", source.index(name + "("))
-    return source[:at + 2] + PDL_TOP + source[at + 2:]
+def without_entry(source: str) -> str:
+    """``source`` with its kernel's call of ``dependent_launch_entry`` removed."""
+    if source.count(ENTRY) != 1:
+        raise ValueError("expected one dependent_launch_entry() call in the kernel")
+    return source.replace(ENTRY, "")
 
 
 def tuned_plans(path: str) -> dict:
@@ -73,6 +78,8 @@ def main() -> None:
                     help="bench results whose 'plan' per size is timed")
     ap.add_argument("--long-rows", type=int, default=32768)
     ap.add_argument("--long-hidden", default="1280,1600,5140,20480")
+    ap.add_argument("--strip-entry", action="store_true",
+                    help="also time the kernel without its griddepcontrol entry")
     a = ap.parse_args()
     dev = torch.cuda.current_device()
     arch = jit.device_arch(dev)
@@ -98,8 +105,12 @@ def main() -> None:
         spec = spec_with_plan(base, plans[hidden]) if hidden in plans else base
         name = spec.kernel_name
         kernels = {"plain": rn._kernel(spec, dev)}
-        ck = jit.kernel_cache().get(with_pdl(render_normalization(spec), name), [name], arch)
-        kernels["pdl"] = jit.load(ck, dev)[name]
+        ck = rn.compiled_kernel(spec, arch)
+        kinds = ("plain", "pdl_launch")
+        if a.strip_entry:
+            stripped = jit.kernel_cache().get(without_entry(render_normalization(spec)), [name], arch)
+            kernels["no_entry"] = jit.load(stripped, dev)[name]
+            kinds += ("no_entry",)
         grid = (rn.launch_grid(spec, kernels["plain"], torch.device("cuda", dev)), 1, 1)
         block, smem = (spec.plan.block_threads, 1, 1), spec.plan.dynamic_shared_bytes
         sets = max(2, -(-ROTATE_BYTES // spec.bytes_moved()))
@@ -111,8 +122,9 @@ def main() -> None:
 
         def call(kind, i, o):
             if kind == "pdl_launch":
-                return lambda: kernels["pdl"].launch_dependent(grid, block, args(i, o), smem, stream())
-            k = kernels["pdl" if kind == "pdl_plain" else "plain"]
+                return lambda: kernels["plain"].launch_dependent(grid, block, args(i, o), smem,
+                                                                 stream())
+            k = kernels[kind]
             return lambda: k.launch_raw(grid, block, args(i, o), smem, stream())
 
         named = {"x": ins[0][0], "b0": ins[0][1], "b1": ins[0][2], "weight": ins[0][3],
@@ -120,7 +132,7 @@ def main() -> None:
         ref = rn.reference(spec, named)
         row = {"hidden": hidden, "rows": rows, "plan": spec.plan.describe(), "grid": grid[0],
                "registers": ck.registers[name], "spill_bytes": ck.spill_bytes.get(name, 0)}
-        for kind in ("plain", "pdl_plain", "pdl_launch"):
+        for kind in kinds:
             outs[0].fill_(float("nan"))
             call(kind, ins[0], outs[0])()
             torch.cuda.synchronize()
@@ -128,15 +140,14 @@ def main() -> None:
             if not row[f"rel_err_{kind}"] < TOLERANCE:
                 raise AssertionError(f"{kind} at {hidden}: {row[f'rel_err_{kind}']:.2e}")
         del ref
-        cands = {kind: [call(kind, i, o) for i, o in zip(ins, outs)]
-                 for kind in ("plain", "pdl_plain", "pdl_launch")}
+        cands = {kind: [call(kind, i, o) for i, o in zip(ins, outs)] for kind in kinds}
         cands["copy"] = [lambda i=i, o=o: o.copy_(i[0]) for i, o in zip(ins, outs)]
         cands["sm_copy"] = [lambda i=i, o=o: sm_copy(i[0], o) for i, o in zip(ins, outs)]
         us = time_side_by_side(cands, a.reps)
         copy_gbps = 4 * rows * hidden / (us["copy"] * 1e-6) / 1e9
         row["us"] = {k: round(v, 2) for k, v in us.items()}
         row["over_copy"] = {k: round(spec.bytes_moved() / (us[k] * 1e-6) / 1e9 / copy_gbps, 3)
-                            for k in ("plain", "pdl_plain", "pdl_launch")}
+                            for k in kinds}
         row["sm_copy_over_copy"] = round(us["copy"] / us["sm_copy"], 3)
         print(json.dumps(row), flush=True)
         results.append(row)

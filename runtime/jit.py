@@ -368,18 +368,40 @@ class _LaunchConfig(ctypes.Structure):
 
 _CTYPES = {"uint64": ctypes.c_uint64, "int64": ctypes.c_int64, "int32": ctypes.c_int32,
            "uint32": ctypes.c_uint32, "float32": ctypes.c_float, "float64": ctypes.c_double}
-_DRIVER = []
+_ARG_LAYOUTS: dict[tuple[type, ...], tuple] = {}
+_DRIVER: list = []
 
 
-def _cu_launch_kernel_ex():
+def _arg_layout(args: tuple):
+    """(struct type, field offsets, void* array type) for arguments of these dtypes: the
+    arguments go into one ctypes struct a launch and the kernel's parameter array points
+    into it (a few microseconds a launch; a ctypes object an argument took ~35)."""
+    key = tuple(map(type, args))
+    layout = _ARG_LAYOUTS.get(key)
+    if layout is None:
+        try:
+            fields = [(f"a{i}", _CTYPES[str(a.dtype)]) for i, a in enumerate(args)]
+        except (KeyError, AttributeError):
+            raise TypeError(f"launch_ex: arguments {[type(a).__name__ for a in args]}: pass "
+                            f"numpy scalars of {sorted(_CTYPES)}") from None
+        struct = type("KernelArgs", (ctypes.Structure,), {"_fields_": fields})
+        offsets = tuple(getattr(struct, name).offset for name, _ in fields)
+        layout = _ARG_LAYOUTS[key] = (struct, offsets, ctypes.c_void_p * max(1, len(key)))
+    return layout
+
+
+def _driver():
+    """(cuLaunchKernelEx, the programmatic-serialization attribute), loaded once."""
     if not _DRIVER:
-        lib = ctypes.CDLL("libcuda.so.1")
-        fn = lib.cuLaunchKernelEx
+        fn = ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
         fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p,
                        ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
         fn.restype = ctypes.c_int
-        _DRIVER.append(fn)
-    return _DRIVER[0]
+        attr = _LaunchAttribute()
+        attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value[0] = 1  # programmaticStreamSerializationAllowed
+        _DRIVER.extend([fn, attr])
+    return _DRIVER[0], _DRIVER[1]
 
 
 def launch_ex(function_ptr: int, grid: tuple[int, int, int], block: tuple[int, int, int],
@@ -387,16 +409,14 @@ def launch_ex(function_ptr: int, grid: tuple[int, int, int], block: tuple[int, i
     """cuLaunchKernelEx of a loaded CUfunction (``Kernel.function.ptr``) with numpy
     scalar ``args`` (their dtypes give the widths), optionally as a programmatic
     dependent launch. A driver error raises RuntimeError."""
-    values = [_CTYPES[str(a.dtype)](a.item()) for a in args]
-    params = (ctypes.c_void_p * max(1, len(values)))(
-        *[ctypes.cast(ctypes.pointer(v), ctypes.c_void_p) for v in values])
-    attr = _LaunchAttribute()
-    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-    attr.value[0] = 1
-    config = _LaunchConfig(*grid, *block, smem_bytes, ctypes.c_void_p(stream_handle),
-                           ctypes.pointer(attr), 1 if programmatic else 0)
-    err = _cu_launch_kernel_ex()(ctypes.byref(config), ctypes.c_void_p(function_ptr),
-                                 params, None)
+    launch, attr = _driver()
+    struct, offsets, array = _arg_layout(args)
+    values = struct(*args)
+    base = ctypes.addressof(values)
+    params = array(*[base + o for o in offsets])
+    config = _LaunchConfig(*grid, *block, smem_bytes, stream_handle,
+                           ctypes.pointer(attr) if programmatic else None, int(programmatic))
+    err = launch(ctypes.byref(config), function_ptr, params, None)
     if err:
         raise RuntimeError(f"cuLaunchKernelEx failed: CUresult {err}")
 

@@ -25,10 +25,11 @@ from hostir.printer import format_statement
 
 def _normalization(defn: ir.KernelDef, device: torch.device):
     from lowering.kernels.normalization import spec_from_params
-    from runtime.normalization import _kernel, launch_grid
+    from runtime.normalization import _kernel, dependent_launch, launch_grid
 
     spec = spec_from_params(defn.params)
     kernel = _kernel(spec, device.index or 0)
+    dependent = dependent_launch(device.index or 0)
 
     def launch(tensors, grid, block, smem, scalars, stream):
         for name, t in zip(spec.parameter_names(), tensors):
@@ -43,7 +44,10 @@ def _normalization(defn: ir.KernelDef, device: torch.device):
             # correct (the kernel loops over rows); this device's SMs and the blocks of
             # the compiled kernel each holds fill it exactly
             grid = (launch_grid(spec, kernel, device, scalars[0]), 1, 1)
-        kernel.launch(grid, block, args, smem, stream)
+        if dependent:  # see runtime.normalization.dependent_launch
+            kernel.launch_dependent(tuple(grid), tuple(block), args, smem, stream.cuda_stream)
+        else:
+            kernel.launch(grid, block, args, smem, stream)
 
     return launch
 

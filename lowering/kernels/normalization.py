@@ -1317,6 +1317,17 @@ __device__ __forceinline__ unsigned int pair_add_bf16(unsigned int a, unsigned i
   __device__ __forceinline__ void add2_##T(unsigned int& a, const unsigned int& b) {{ a = pair_add_##T(a, b); }}
 HOSTIR_ADD2(fp16)
 HOSTIR_ADD2(bf16)
+// Programmatic dependent launch (sm_90+, runtime.normalization launches with it): let
+// the next kernel on the stream launch now, so that its launch overlaps this one's last
+// rows, then wait until the kernel before this one has completed and its writes are
+// visible, before any global memory is touched. Without the launch attribute both are
+// no-ops. Measured: benchmarks/results/norm_pdl_probe_nvidia-h200.json.
+__device__ __forceinline__ void dependent_launch_entry() {{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}}
 """,
     # Sum over the threads of one row. With several warps a row: each warp's lane 0
     # writes its partial, one barrier, then every warp sums all partials itself, which
@@ -1339,6 +1350,7 @@ __device__ __forceinline__ float row_sum(float v, float* partials) {{
     "kernel_open": """\
 extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
 {name}({params}, const int rows) {{
+  dependent_launch_entry();
   constexpr int kVec = {vec}, kBatch = {batch}, kThreadsPerRow = {threads_per_row};
   constexpr int kRowsPerBlock = {rows_per_block}, kHidden = {hidden};
   constexpr int kVectors = {vectors};      // vectors in a row
@@ -1604,6 +1616,7 @@ class PersistentRenderer(NormalizationRenderer):
         out.append(f"""\
 extern "C" __global__ void __launch_bounds__({p.block_threads}, {p.min_blocks_per_sm})
 {s.kernel_name}({", ".join(params)}, const int rows) {{
+  dependent_launch_entry();
   constexpr int kVec = {p.vector_width}, kBatch = {p.batch}, kThreadsPerRow = {p.threads_per_row};
   constexpr int kRowsPerBlock = {p.rows_per_block}, kHidden = {s.hidden};
   constexpr int kVectors = {vectors};      // vectors in a row

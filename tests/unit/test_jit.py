@@ -116,3 +116,63 @@ def test_eight_processes_at_once_all_succeed_and_leave_one_entry(tmp_path):
     entries = list(tmp_path.iterdir())
     assert len(entries) == 1, entries  # one valid entry, no temp files
     assert jit._decode(entries[0].read_bytes()) is not None
+
+
+# --------------------------------------------------------------------------- launch_ex
+
+
+def test_launch_ex_structs_have_cuda_h_layout():
+    # cuda.h (64-bit): CUlaunchAttribute = id, pad to 8, a 64-byte union; CUlaunchConfig =
+    # seven unsigned ints, then hStream at 32, attrs, numAttrs: 56 bytes
+    import ctypes
+
+    assert ctypes.sizeof(jit._LaunchAttribute) == 72
+    assert jit._LaunchAttribute.value.offset == 8
+    assert ctypes.sizeof(jit._LaunchConfig) == 56
+    assert jit._LaunchConfig.hStream.offset == 32
+    assert jit._LaunchConfig.attrs.offset == 40
+    assert jit._LaunchConfig.numAttrs.offset == 48
+
+
+def test_launch_ex_marshals_arguments_and_the_attribute(monkeypatch):
+    import ctypes
+
+    import numpy as np
+
+    seen = {}
+
+    def fake_launch(config_ref, function, params, extra):
+        config = ctypes.cast(config_ref, ctypes.POINTER(jit._LaunchConfig)).contents
+        seen["config"] = (config.gridDimX, config.gridDimY, config.gridDimZ, config.blockDimX,
+                          config.blockDimY, config.blockDimZ, config.sharedMemBytes,
+                          config.hStream, config.numAttrs)
+        if config.numAttrs:
+            attr = config.attrs[0]
+            seen["attr"] = (attr.id, attr.value[0])
+        seen["function"] = function
+        seen["args"] = (ctypes.c_uint64.from_address(params[0]).value,
+                        ctypes.c_int32.from_address(params[1]).value,
+                        ctypes.c_uint64.from_address(params[2]).value,
+                        ctypes.c_float.from_address(params[3]).value)
+        return seen.get("result", 0)
+
+    attr = jit._LaunchAttribute()
+    attr.id = jit.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value[0] = 1
+    monkeypatch.setattr(jit, "_DRIVER", [fake_launch, attr])
+    args = (np.uint64(0xDEAD0000BEEF), np.int32(-7), np.uint64(2**63 + 5), np.float32(0.5))
+    jit.launch_ex(0x1234, (528, 2, 1), (128, 1, 1), args, 49152, 0xABC, programmatic=True)
+    assert seen["config"] == (528, 2, 1, 128, 1, 1, 49152, 0xABC, 1)
+    assert seen["attr"] == (6, 1)
+    assert seen["function"] == 0x1234
+    assert seen["args"] == (0xDEAD0000BEEF, -7, 2**63 + 5, 0.5)
+
+    seen.clear()
+    jit.launch_ex(0x1234, (1, 1, 1), (32, 1, 1), args, 0, 0xABC, programmatic=False)
+    assert seen["config"][-1] == 0 and "attr" not in seen
+
+    seen["result"] = 1  # CUDA_ERROR_INVALID_VALUE
+    with pytest.raises(RuntimeError, match="CUresult 1"):
+        jit.launch_ex(0x1234, (1, 1, 1), (32, 1, 1), args, 0, 0xABC, programmatic=True)
+    with pytest.raises(TypeError, match="numpy scalars"):
+        jit.launch_ex(0x1234, (1, 1, 1), (32, 1, 1), (5,), 0, 0xABC, programmatic=True)

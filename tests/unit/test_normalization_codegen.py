@@ -716,3 +716,34 @@ def test_precompile_fills_the_disk_cache_in_parallel(tmp_path, monkeypatch):
         assert precompile(specs, "sm_90") == [None, None, None]
     finally:
         set_options(saved)
+
+
+def test_every_kernel_enters_through_the_dependent_launch_wait():
+    # the first statement of every generated kernel is the griddepcontrol pair (sm_90+),
+    # so a programmatic dependent launch touches no memory before its predecessor is done
+    from lowering.kernels.normalization import (
+        NormalizationSpec, render_normalization, spec_with_plan, tune_plans)
+
+    base = NormalizationSpec.reference_fusion(8192, 1600, 1e-5)
+    specs = [base, dataclasses.replace(base, param_cache="none"),
+             NormalizationSpec.rms_norm(8192, 20480, 1e-6)]
+    specs += [spec_with_plan(base, p) for p in tune_plans(base)]
+    for spec in specs:
+        src = render_normalization(spec)
+        body = src[src.index("{", src.index(spec.kernel_name + "(")) + 1:]
+        assert body.lstrip().startswith("dependent_launch_entry();"), spec.plan.describe()
+        helper = src[src.index("void dependent_launch_entry()"):]
+        helper = helper[:helper.index("\n}\n")]
+        assert "__CUDA_ARCH__ >= 900" in helper
+        assert helper.index("griddepcontrol.launch_dependents") < helper.index("griddepcontrol.wait")
+
+
+def test_dependent_launch_entry_compiles_before_hopper_too():
+    pytest.importorskip("cupy")
+    from lowering.kernels.normalization import NormalizationSpec, render_normalization
+    from runtime import jit
+
+    spec = NormalizationSpec.reference_fusion(8192, 1600, 1e-5)
+    for arch in ("sm_80", "sm_90"):
+        ck = jit.compile(render_normalization(spec), [spec.kernel_name], arch)
+        assert ck.spill_bytes.get(spec.kernel_name, 0) == 0
