@@ -176,3 +176,56 @@ def test_launch_ex_marshals_arguments_and_the_attribute(monkeypatch):
         jit.launch_ex(0x1234, (1, 1, 1), (32, 1, 1), args, 0, 0xABC, programmatic=True)
     with pytest.raises(TypeError, match="numpy scalars"):
         jit.launch_ex(0x1234, (1, 1, 1), (32, 1, 1), (5,), 0, 0xABC, programmatic=True)
+
+
+SRC_K = 'extern "C" __global__ void k(float* x) { x[0] = 1.f; }'
+
+
+def test_nvrtc_runs_uncached_so_ptxas_always_reports(monkeypatch):
+    # NVRTC >= 12.9 serves repeated compiles from a cache of its own without running
+    # ptxas: no registers or spills in the log. compile() asks it not to.
+    from cupy.cuda import nvrtc
+
+    seen = []
+    real = nvrtc.compileProgram
+    monkeypatch.setattr(nvrtc, "compileProgram", lambda prog, opts: (seen.append(list(opts)),
+                                                                     real(prog, opts))[1])
+    for _ in range(2):  # the second compile of the same source still reports
+        ck = jit.compile(SRC_K, ["k"])
+        assert ck.registers["k"] > 0 and "Used" in ck.log
+    assert all(("--no-cache" in o) == (jit.nvrtc_version() >= jit.NVRTC_NO_CACHE) for o in seen)
+
+
+def test_a_compile_without_ptxas_report_is_retried_then_refused(monkeypatch):
+    real = jit._compile_once
+    calls = []
+
+    def silent_first(*a):
+        ck = real(*a)
+        calls.append(1)
+        if len(calls) == 1:
+            return jit.CompiledKernel(ck.cubin, ck.names, ck.lowered, {}, {}, {}, "", ck.arch)
+        return ck
+
+    monkeypatch.setattr(jit, "_compile_once", silent_first)
+    assert jit.compile(SRC_K, ["k"]).registers["k"] > 0 and len(calls) == 2
+
+    def always_silent(*a):
+        ck = real(*a)
+        return jit.CompiledKernel(ck.cubin, ck.names, ck.lowered, {}, {}, {}, "", ck.arch)
+
+    monkeypatch.setattr(jit, "_compile_once", always_silent)
+    with pytest.raises(CompilationError, match="no ptxas report"):
+        jit.compile(SRC_K, ["k"])
+
+
+def test_a_cached_entry_without_ptxas_report_is_rebuilt(tmp_path):
+    cache = jit.KernelCache(tmp_path)
+    ck = jit.compile(SRC_K, ["k"])
+    key = jit.cache_key(SRC_K, ["k"], ck.arch)
+    silent = jit.CompiledKernel(ck.cubin, ck.names, ck.lowered, {}, {}, {}, "", ck.arch)
+    jit.write_atomically(cache.path(key), jit._encode(silent))
+    got = cache.get(SRC_K, ["k"], ck.arch)
+    assert got.registers["k"] > 0
+    assert cache.stats.rebuilt_corrupt == 1 and cache.stats.compiles == 1
+    assert jit._decode(cache.path(key).read_bytes()).registers["k"] > 0
