@@ -204,11 +204,6 @@ class LaunchPlan:
     make up this many bytes a column, staged in shared memory after all; only the rest
     is read through L2 every row (20480 at fp16: two of the four tensors, 80 KiB, fit
     beside a ring of x two rows deep, 80 KiB; the L2 traffic of the tensors halves).
-    With ``param_cache="registers"`` (and x staged) the first tensors go to shared memory
-    and only the rest stay in registers: the registers of a thread drop by the staged
-    tensors' slices, which lets an SM hold one more block where registers limit the
-    blocks (5140: t192 b7 two blocks an SM with all four in registers). A tuner candidate
-    (`tune_plans`), never the heuristic's pick.
 
     ``x_bulk`` (``x_staged``, rows a multiple of 16 bytes, 16-byte vectors): each row of x
     lands in its shared buffer by one bulk copy (``cp.async.bulk``, the TMA engine's 1-D
@@ -241,7 +236,7 @@ class LaunchPlan:
     l2_hint: str = ""  # x_staged: an L2 hint on the cp.async of x (L2_HINTS)
     packed: bool = False  # x_staged: the row slice held as 16-bit values (see above)
     x_bulk: bool = False  # x_staged: each row by one bulk copy (see above)
-    shared_param_bytes: int = 0  # "global"/"registers": the leading tensors' bytes in shared
+    shared_param_bytes: int = 0  # "global": the leading tensors' bytes staged in shared
 
     @property
     def persistent(self) -> bool:
@@ -402,8 +397,7 @@ def persistent_register_estimate(values_per_thread: int, vector_width: int, valu
                                  cached_param_bytes: int, prefetch: bool,
                                  shared: bool = False, x_staged: bool = False,
                                  bf16: bool = False, one_pass: bool = False,
-                                 packed: bool = False, one_warp: bool = False,
-                                 staged_param_bytes: int = 0) -> int:
+                                 packed: bool = False, one_warp: bool = False) -> int:
     """Registers of one thread of the persistent kernel, fitted to ptxas (sm_90) over the
     candidate plans of the benchmark sizes: the fp32 row slice (one a value), the cached
     1-D tensors (``cached_param_bytes`` per column, packed: 16-bit values two to a
@@ -414,13 +408,8 @@ def persistent_register_estimate(values_per_thread: int, vector_width: int, valu
     its shuffled partner live through the reduction: a few registers more. ``packed``
     (with ``x_staged``): the row slice two 16-bit values a register instead of one fp32
     value each. ``one_warp``: the row on one warp (its reduction all shuffles), where
-    ptxas keeps more of the staged tensors live beside a prefetch in registers.
-    ``staged_param_bytes`` (tensors in registers): the leading tensors' bytes a column
-    staged in shared memory instead (``LaunchPlan.shared_param_bytes``): those leave
-    ``cached_param_bytes`` and cost a flat `SPLIT_REGISTERS` (their base addresses and
-    the slot index; ptxas streams their values from shared memory)."""
+    ptxas keeps more of the staged tensors live beside a prefetch in registers."""
     v = values_per_thread
-    split = SPLIT_REGISTERS if staged_param_bytes and not shared else 0
     extra = 4 if one_pass else 0
     packed_x = -(-v * value_bytes // 4)
     cached = -(-v * cached_param_bytes // 4)
@@ -445,20 +434,14 @@ def persistent_register_estimate(values_per_thread: int, vector_width: int, valu
         # packed: two values a register; with vectors under 16 bytes ptxas also keeps an
         # address a slot (5140, v4: 28 bytes of spills at the cap without them)
         row = packed_x + (v // vector_width if vector_width < 8 else 0) if packed else v
-        return row + cached + staged + split + 4 + extra + PERSISTENT_OVERHEAD
+        return row + cached + staged + 4 + extra + PERSISTENT_OVERHEAD
     # bf16 converts by integer shifts that ptxas schedules early: with cached tensors and
     # the prefetch live too, half a register more a value (seen as spills without it)
     wide = v // 2 if bf16 and cached and prefetch else 0
-    return (v + cached + (packed_x if prefetch else 0) + narrow + staged + split + wide + extra
-            + PERSISTENT_OVERHEAD)
+    return v + cached + (packed_x if prefetch else 0) + narrow + staged + wide + extra + PERSISTENT_OVERHEAD
 
 
 PERSISTENT_OVERHEAD = 30
-# Registers of the tensors in registers with the leading ones in shared memory, on top of
-# the rest: the least a fit over every such candidate of the bench sizes (fp16 and bf16,
-# ptxas sm_90) that keeps the estimate + 8 above what ptxas uses (tests/unit/
-# test_normalization_codegen.py checks it).
-SPLIT_REGISTERS = 14
 
 
 def persistent_candidates(hidden: int, vector_width: int, value_bytes: int,
@@ -517,20 +500,6 @@ def persistent_candidates(hidden: int, vector_width: int, value_bytes: int,
                         for staged in itertools.accumulate(param_sizes[:-1]):
                             split = dataclasses.replace(plan, shared_param_bytes=staged)
                             if split.dynamic_shared_bytes + split.shared_bytes <= SHARED_PER_BLOCK:
-                                plans.append(split)
-                    if cache == "registers" and x_staged and not one_pass:
-                        # the leading tensors in shared memory, the rest in registers: fewer
-                        # registers, so more blocks an SM where the registers limit them
-                        for staged in itertools.accumulate(param_sizes[:-1]):
-                            split = dataclasses.replace(
-                                plan, shared_param_bytes=staged,
-                                register_estimate=persistent_register_estimate(
-                                    b * vector_width, vector_width, value_bytes,
-                                    param_bytes - staged, prefetch, False, x_staged, bf16,
-                                    one_pass, packed, t == WARP, staged))
-                            if (split.min_blocks_per_sm > plan.min_blocks_per_sm
-                                    and split.dynamic_shared_bytes + split.shared_bytes
-                                    <= SHARED_PER_BLOCK):
                                 plans.append(split)
     return plans
 
@@ -772,8 +741,6 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
                                and bulk_ok(hidden, p.vector_width, value_bytes))
         if p.param_cache == "global":
             broken += p.shared_param_bytes != (half_staged if rules.split_params else 0)
-        elif p.param_cache == "registers":
-            broken += p.shared_param_bytes != 0  # the tuner's (`tune_plans`), no rule's
         return broken
 
     plans = [p for p in plans if breaks_rules(p) == min(map(breaks_rules, plans))]
@@ -916,24 +883,13 @@ def plan_launch(
                                 "from its 1-D tensors in every pass: cache them in registers "
                                 "or shared memory, not global")
         pack = bool(packed) and staged_x
-        split = shared_param_bytes or 0
-        if split and (cache not in ("global", "registers")
-                      or split not in itertools.accumulate(param_sizes[:-1])):
-            raise LoweringError(
-                f"normalization plan: shared_param_bytes={split} stages the leading 1-D tensors "
-                f"of param_cache global or registers in shared memory: expected a sum of the "
-                f"first tensors' bytes {list(itertools.accumulate(param_sizes[:-1]))}")
-        if split and cache == "registers" and not staged_x:
-            raise LoweringError("normalization plan: shared_param_bytes with param_cache "
-                                "registers needs x staged (x_staged)")
         if cache == "none":
             estimate = register_estimate(b * vector_width, vector_width, value_bytes)
         else:
             estimate = persistent_register_estimate(
                 b * vector_width, vector_width, value_bytes,
-                param_bytes - split if cache == "registers" else 0, pre, cache != "registers",
-                staged_x, bf16, single, pack, t == WARP,
-                split if cache == "registers" else 0)
+                param_bytes if cache == "registers" else 0, pre, cache != "registers", staged_x,
+                bf16, single, pack, t == WARP)
         margin = 8 if cache != "none" else 0  # the persistent kernel keeps min_blocks_per_sm's
         if estimate + margin > _register_budget(t * r):
             raise LoweringError(
@@ -943,6 +899,12 @@ def plan_launch(
             )
         if x_bulk and not staged_x:
             raise LoweringError("normalization plan: x_bulk needs x staged (x_staged)")
+        split = shared_param_bytes or 0
+        if split and (cache != "global" or split not in itertools.accumulate(param_sizes[:-1])):
+            raise LoweringError(
+                f"normalization plan: shared_param_bytes={split} stages the leading 1-D tensors "
+                f"of param_cache global: expected a sum of the first tensors' bytes "
+                f"{list(itertools.accumulate(param_sizes[:-1]))}")
         plan = LaunchPlan(vector_width, t, b, r, estimate, cache, pre,
                           param_bytes if cache != "none" else 0, staged_x, value_bytes,
                           depth, single, "", pack, bool(x_bulk), split)
@@ -1238,10 +1200,6 @@ def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]
       Side by side these were 2-4.6% faster than the heuristic's 16-byte plan at 1280,
       1536, 1600, 2560 and 4096 (norm_vector_probe_nvidia-h200.json).
 
-    The twins of a pick with the tensors in registers include, at its own ring and
-    packing, the plans that stage the leading tensors in shared memory instead
-    (``shared_param_bytes``) where that lets an SM hold one more block.
-
     Never the one-pass reduction (1.16-2.7x its twin, `PlannerRules`).
     """
     chosen = spec.plan
@@ -1257,12 +1215,7 @@ def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]
 
     def twins(pick: LaunchPlan, family: list[LaunchPlan]) -> list[LaunchPlan]:
         home = pick.param_cache if pick.persistent else "registers"
-        ring = (pick.prefetch, pick.x_staged, pick.stages, pick.packed)
-        # the leading tensors in shared memory (``shared_param_bytes`` with the rest in
-        # registers): only at the pick's own ring and packing, each split that adds a block
-        return [p for p in family if geometry(p) == geometry(pick) and p.param_cache == home
-                and (not p.shared_param_bytes or home != "registers"
-                     or (p.prefetch, p.x_staged, p.stages, p.packed) == ring)]
+        return [p for p in family if geometry(p) == geometry(pick) and p.param_cache == home]
 
     out = [chosen, *twins(chosen, plans)]
     rest = [p for p in plans if geometry(p) != geometry(chosen)]
@@ -1736,14 +1689,12 @@ extern "C" __global__ void __launch_bounds__({p.block_threads}, {p.min_blocks_pe
     const bool row_ok = row < rows;
     const size_t row_base = (size_t)row * kHidden;
 """)
-        staged = self._staged_names()
-        held = [n for n in self.tensors if n not in staged] if p.param_cache == "registers" else []
-        if held:
+        if p.param_cache == "registers" and self.tensors:
             out.append("#pragma unroll\n    for (int i = 0; i < kBatch; ++i) {\n")
-            for name in held:
+            for name in self.tensors:
                 out.append(f"      opaque(c_{name}[i].raw);\n")
             out.append("    }\n")
-        if self.tensors and len(held) < len(self.tensors):
+        elif self.tensors:
             out.append("    int slot = lane;\n    opaque(slot);\n")
         if not p.prefetch:
             out.append("    load_row(xr, in_x, row, rows, lane);\n")
@@ -1992,7 +1943,7 @@ __device__ __forceinline__ void bulk_wait(unsigned long long* bar, unsigned pari
     def _param(self, name: str, i: str = "i") -> str:
         """Expression of vector slot ``i`` of a cached 1-D tensor (``"global"``: read
         here, through L1/L2; the predicate ``ok`` of the slot is in scope)."""
-        if self.plan.param_cache == "registers" and name not in self._staged_names():
+        if self.plan.param_cache == "registers":
             return f"c_{name}[{i}]"
         if self.plan.param_cache == "global" and name not in self._staged_names():
             t = CUDA_TYPES[self.tensors[name]]
@@ -2001,12 +1952,11 @@ __device__ __forceinline__ void bulk_wait(unsigned long long* bar, unsigned pari
 
     def _staged_names(self) -> list[str]:
         """The 1-D tensors staged in shared memory: all of them (``"shared"``), or with
-        ``"global"`` or ``"registers"`` the leading ones that make up
-        ``shared_param_bytes`` a column."""
+        ``"global"`` the leading ones that make up ``shared_param_bytes`` a column."""
         p = self.plan
         if p.param_cache == "shared":
             return list(self.tensors)
-        if p.param_cache not in ("global", "registers") or not p.shared_param_bytes:
+        if p.param_cache != "global" or not p.shared_param_bytes:
             return []
         names, total = [], 0
         for name, d in self.tensors.items():
@@ -2031,9 +1981,8 @@ __device__ __forceinline__ void bulk_wait(unsigned long long* bar, unsigned pari
         if not self.tensors or (p.param_cache == "global" and not staged_names):
             return
         if p.param_cache == "registers":
-            held = {n: d for n, d in self.tensors.items() if n not in staged_names}
             out.append("  // Each thread's slice of the 1-D tensors, loaded once; 16-bit values stay packed.\n")
-            for name, d in held.items():
+            for name, d in self.tensors.items():
                 out.append(f"  Vec<{CUDA_TYPES[d]}, kVec> c_{name}[kBatch];\n")
             out.append("""\
 #pragma unroll
@@ -2041,13 +1990,12 @@ __device__ __forceinline__ void bulk_wait(unsigned long long* bar, unsigned pari
     const int vec = i * kThreadsPerRow + lane;
     const bool ok = i < kFullBatches || vec < kVectors;
 """)
-            for name, d in held.items():
+            for name, d in self.tensors.items():
                 t = CUDA_TYPES[d]
                 out.append(f"    c_{name}[i].raw = {{}};\n")
                 out.append(f"    if (ok) c_{name}[i].raw = (reinterpret_cast<const Vec<{t}, kVec>*>(in_{name}) + vec)->raw;\n")
             out.append("  }\n")
-            if not staged_names:
-                return
+            return
         # shared: every slot of a row (padded ones hold 0), staged once by the whole block
         out.append("  // The 1-D tensors staged once per block; each row reads them from shared memory.\n")
         offset = 0
