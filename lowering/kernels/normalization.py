@@ -1200,7 +1200,12 @@ def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]
       Side by side these were 2-4.6% faster than the heuristic's 16-byte plan at 1280,
       1536, 1600, 2560 and 4096 (norm_vector_probe_nvidia-h200.json).
 
-    Never the one-pass reduction (1.16-2.7x its twin, `PlannerRules`).
+    Never the one-pass reduction (1.16-2.7x its twin, `PlannerRules`). Nor, with the
+    tensors in registers, the leading ones staged in shared memory instead to hold one
+    more block an SM (tried at ce6180d, tuned side by side at 1280-5140: every such twin
+    slower than its all-registers plan; 5140, t192 b7 with two or three of the four
+    tensors staged, three blocks an SM: 52.3-53.0 us against 46.2 us with two blocks;
+    raw/layer_norm_tune_hybrid_ce6180d.log).
     """
     chosen = spec.plan
     dtypes = spec.parameter_dtypes()
