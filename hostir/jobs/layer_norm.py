@@ -15,7 +15,9 @@ else the heuristic's; on sm_90+ each launch a programmatic dependent launch, see
 (the same math in eager ops), torch's ``layer_norm`` alone, the device-to-device copy
 (``copy_``: cudaMemcpyAsync, the copy engine, the issue's baseline) and a plain copy kernel
 on the SMs (``sm_copy``: what a kernel that only copies reaches; not a baseline, a ceiling
-for reading the ratios), all side by side in carryover-balanced rounds;
+for reading the ratios), all side by side in carryover-balanced rounds, but torch's two
+columns, which get rounds of their own with copy_ again (in the same rounds the eager
+fusion's long replays slowed a neighbouring column of ours by up to 4%);
 then (the sweep, on by default) every candidate plan of both kernels, each checked
 against float64 before it is timed; a plan that fails is recorded with its error and
 the rest go on. Each size reports the chosen plan and the fastest swept one ("best").
@@ -327,11 +329,18 @@ def bench(rows: int, hidden: int, eps: float, replays: int, sweep: bool, tune: b
         # ours launched plainly: what the programmatic dependent launch adds back to back
         "ours_plain_launch": ours(mine, dependent=False),
         "rowwise": ours(rowwise),
+        "copy": [lambda i=i, o=o: o.copy_(i[0]) for i, o in zip(inputs, outs)],
+        "sm_copy": [lambda i=i, o=o: sm_copy(i[0], o) for i, o in zip(inputs, outs)],
+    }
+    # torch's columns are timed in rounds of their own, with copy_ again: in the same
+    # rounds as ours, the eager fusion (16x ours' time, 140 ms a replay at 20480) slowed
+    # one of two columns running the same kernel by 4% (benchmarks/results/
+    # bench_carryover_probe_nvidia-h200.json); copy_, on the copy engine, did not move
+    torch_candidates = {
         "torch_fused": [lambda i=i: torch_fused(*i, eps) for i in inputs],
         "torch_layer_norm": [lambda i=i: F.layer_norm(i[0], (hidden,), i[3], i[4], eps)
                              for i in inputs],
-        "copy": [lambda i=i, o=o: o.copy_(i[0]) for i, o in zip(inputs, outs)],
-        "sm_copy": [lambda i=i, o=o: sm_copy(i[0], o) for i, o in zip(inputs, outs)],
+        "copy": candidates["copy"],
     }
     outs[0].zero_()
     sm_copy(inputs[0][0], outs[0])
@@ -339,6 +348,10 @@ def bench(rows: int, hidden: int, eps: float, replays: int, sweep: bool, tune: b
     if not torch.equal(outs[0], inputs[0][0]):
         raise AssertionError("sm_copy copied wrong")
     times = time_side_by_side(candidates, replays)
+    torch_times = time_side_by_side(torch_candidates, replays)
+    times.update(torch_fused=torch_times["torch_fused"],
+                 torch_layer_norm=torch_times["torch_layer_norm"])
+    times["copy_in_torch_rounds"] = torch_times["copy"]
     compiled = rn.compiled_kernel(mine, _arch())
     plan = spec.plan  # the heuristic's: the sweep marks it
     copy_gbps = 2 * rows * hidden * 2 / (times["copy"] * 1e-6) / 1e9
@@ -443,8 +456,10 @@ def report(results, sweeps, args) -> None:
         "dtype": "float16",
         "sm_count": torch.cuda.get_device_properties(0).multi_processor_count,
         "method": "CUDA-graph replays of back-to-back launches (input sets rotated past L2), "
-                  "ours/heuristic/rowwise/torch/copy/sm_copy side by side in carryover-balanced "
-                  "rounds, median; swept plans one after another"
+                  "ours/heuristic/ours_plain_launch/rowwise/copy/sm_copy side by side in "
+                  "carryover-balanced rounds, then torch_fused/torch_layer_norm/copy in rounds "
+                  "of their own (us.copy_in_torch_rounds), median; bandwidths over the first "
+                  "rounds' copy; swept plans one after another"
                   + ("; ours autotuned first (--tune)" if args.tune else ""),
         "results": results,
     }
