@@ -1194,7 +1194,11 @@ def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]
       bulk-copy and packed twins: at 12288 the fastest plan side by side was t384 with
       the tensors in shared memory and x by bulk copies (0.903 of copy), where the
       heuristic takes t512 with them in registers (0.885; norm_plan_probe);
-    - the row-wise kernel;
+    - the row-wise kernel, its heuristic's plan and every other row geometry of it
+      (`candidate_plans`): with dependent launches (`runtime.normalization.
+      dependent_launch`) the row-wise kernel won the tuner's rounds at 2048 and 4096
+      (t128, raw/layer_norm_tune_run1_a77468d.log), where only its heuristic's plan was
+      a candidate (and with vectors half as wide, below, too);
     - with vectors half as wide (8 bytes at least), the heuristic's pick and its twins:
       more vectors a thread, less padding (1280: none on t64 b5 against 17% on t64 b3).
       Side by side these were 2-4.6% faster than the heuristic's 16-byte plan at 1280,
@@ -1238,10 +1242,13 @@ def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]
                                 and p.prefetch == pick.prefetch and p.x_staged == pick.x_staged
                                 and (p.x_bulk, p.packed) != (pick.x_bulk, pick.packed))]
         rest = [p for p in rest if geometry(p) != g]
-    # the row-wise kernel at the spec's vectors (a pinned width stays)
+    # the row-wise kernel at the spec's vectors (a pinned width stays): its heuristic's
+    # plan, then its other row geometries
     unpinned = {f: None for f in PLAN_FIELDS if f != "vector_width"}
     out.append(chosen if not chosen.persistent
                else dataclasses.replace(spec, **{**unpinned, "param_cache": "none"}).plan)
+    out += [dataclasses.replace(p, param_cache="none")
+            for p in candidate_plans(spec.hidden, chosen.vector_width, value_bytes)]
     half = chosen.vector_width // 2
     if half * value_bytes >= 8:
         narrow = dataclasses.replace(spec, vector_width=half)
@@ -1254,6 +1261,8 @@ def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]
                 p for p in persistent_candidates(spec.hidden, half, value_bytes, sum(sizes),
                                                  "bfloat16" in dtypes, sizes)
                 if not p.one_pass])]
+            out += [dataclasses.replace(p, param_cache="none")
+                    for p in candidate_plans(spec.hidden, half, value_bytes)]
     unique: list[LaunchPlan] = []
     for p in out:
         if p not in unique:
