@@ -351,8 +351,10 @@ def normalize(spec: NormalizationSpec, tensors: Mapping[str, torch.Tensor], out=
     """Run ``spec``'s kernel; ``tensors`` maps `spec.parameter_names()` (but ``y``) to tensors.
 
     ``out`` (optional) receives the result and is returned; else a new tensor is.
-    ``dependent``: launch as a programmatic dependent launch or not; by default as
-    `dependent_launch` says for the device (the bench times both).
+    ``dependent``: None (default) launches as `dependent_launch` says for the device;
+    False launches plainly (the bench times both); True as a programmatic dependent
+    launch even under ``HOSTIR_DISABLE=dependent_launch``, on sm_90+ only (plainly
+    before).
     """
     x = tensors.get("x")
     if x is None:
@@ -374,8 +376,12 @@ def normalize(spec: NormalizationSpec, tensors: Mapping[str, torch.Tensor], out=
         np.uint64(out.data_ptr()), p.rows)
     handle = jit.current_stream_handle(dev)
     with jit.on_device(dev):
-        launch = p.launch if dependent is None else (
-            p.kernel.launch_dependent if dependent else p.kernel.launch_raw)
+        if dependent is None:
+            launch = p.launch
+        elif dependent and torch.cuda.get_device_capability(dev)[0] >= 9:
+            launch = p.kernel.launch_dependent
+        else:
+            launch = p.kernel.launch_raw
         launch(p.grid, p.block, args, p.smem, handle)
     return out
 
