@@ -28,7 +28,7 @@ SCHEDULES = ("pipelined", "ring")
 
 
 def lower(fusion: Fusion, world_size: int, number_of_streams: int = 2, rank: int = 0,
-          schedule: str = "pipelined") -> ir.Program:
+          schedule: str = "pipelined", normalization_plan=None) -> ir.Program:
     """Lower ``fusion`` for ``world_size`` ranks onto ``number_of_streams`` worker streams.
 
     ``schedule``: ``pipelined`` runs each stage's collective (one Allgather before, or one
@@ -39,6 +39,11 @@ def lower(fusion: Fusion, world_size: int, number_of_streams: int = 2, rank: int
     sums travel round the ranks and this rank's own rows are multiplied last
     (``ring_reduce_scatter``, whose input A is re-typed to address each owner's rows: pass
     ``a.view(program.inputs[0].local_shape)``).
+
+    ``normalization_plan`` (normalization fusions): the plan chooser of
+    `lower_normalization`, e.g. ``functools.partial(runtime.normalization.choose,
+    device_index=0)`` for the autotuner's stored winner on device 0; by default the
+    heuristic's plan.
     """
     if schedule not in SCHEDULES:
         from hostir.errors import LoweringError
@@ -54,7 +59,7 @@ def lower(fusion: Fusion, world_size: int, number_of_streams: int = 2, rank: int
             "(layer_norm / rms_norm with pointwise add and cast)")
     if isinstance(fusion, Fusion) and is_normalization(fusion):
         # One device, one generated kernel on the current stream: no streams to assign.
-        program = lower_normalization(fusion)
+        program = lower_normalization(fusion, normalization_plan)
         verify(program)
         dump("lowering", f"// after pass lower_normalization\n{print_program(program)}", rank)
         return program

@@ -25,11 +25,13 @@ The program:
 
 from __future__ import annotations
 
+import dataclasses
+
 from hostir import ir
 from hostir.errors import LoweringError
 from lowering.fusion import Fusion
 from lowering.kernels.normalization import (
-    AddBroadcast, Cast, LayerNorm, NormalizationSpec, RmsNorm, spec_params,
+    PLAN_FIELDS, AddBroadcast, Cast, LayerNorm, NormalizationSpec, RmsNorm, spec_params,
 )
 
 NORM_OPS = ("layer_norm", "rms_norm")
@@ -63,7 +65,12 @@ def _pointwise(op, fusion: Fusion, hidden: int, tensors: dict):
                         "expected add or cast")
 
 
-def lower_normalization(fusion: Fusion) -> ir.Program:
+def lower_normalization(fusion: Fusion, plan=None) -> ir.Program:
+    """``plan`` (optional): called with the fusion's `NormalizationSpec` (the heuristic's
+    plan), returns the spec to generate, e.g. with the autotuner's stored winner for a
+    device pinned: ``functools.partial(runtime.normalization.choose, device_index=0)``.
+    The pinned plan goes into the program's kernel table, so the printed program names
+    the plan that runs. It must keep the problem (everything but the plan fields)."""
     if not isinstance(fusion, Fusion):
         raise LoweringError(f"expected a Fusion, got {type(fusion).__name__}")
     if len(fusion.outputs) != 1:
@@ -115,6 +122,15 @@ def lower_normalization(fusion: Fusion) -> ir.Program:
         epilogue.pop()
     spec = NormalizationSpec(rows, hidden, norm, x.dtype, out_dtype, tuple(prologue),
                              tuple(epilogue))
+    if plan is not None:
+        chosen = plan(spec)
+        unpinned = {f: None for f in PLAN_FIELDS}
+        if (not isinstance(chosen, NormalizationSpec)
+                or dataclasses.replace(chosen, **unpinned) != spec):
+            raise LoweringError(
+                f"normalization plan chooser: expected {spec.kernel_name}'s spec with plan "
+                f"fields ({', '.join(PLAN_FIELDS)}) pinned at most, got {chosen!r}")
+        spec = chosen
     ins = tuple(ir.Tensor(t.name, tuple(t.shape), t.dtype) for t in fusion.inputs)
     by_name = {t.name: t for t in ins}
     y = ir.Tensor(current.name, (rows, hidden), out_dtype)

@@ -50,6 +50,47 @@ def test_normalization_program_matches_float64(rows, hidden, dtype):
     assert torch.isfinite(y).all() and err < 1e-2, err
 
 
+def test_normalization_program_runs_the_stored_winner(tmp_path):
+    """A program lowered with ``normalization_plan=choose`` on this device names and runs
+    the plan the autotuner stored (here stored by hand: a twin of the heuristic's pick)."""
+    pytest.importorskip("cupy")
+    import dataclasses
+    import functools
+
+    from hostir.options import options, set_options
+    from lowering.kernels.normalization import PLAN_FIELDS, spec_from_params, tune_plans
+    from runtime import autotune
+    from runtime import normalization as rn
+    from runtime.device import CudaBackend
+    from runtime.interpreter import Interpreter
+
+    saved = options()
+    set_options(dataclasses.replace(saved, cache_dir=tmp_path))
+    rn.clear_caches()
+    try:
+        rows, hidden, dev = 1000, 1600, torch.cuda.current_device()
+        heuristic = spec_from_params(lower(_reference_fusion(rows, hidden, "float16"), 1)
+                                     .kernels[0].params)
+        twin = next(p for p in tune_plans(heuristic) if p != heuristic.plan and p.persistent)
+        autotune.store_entry(rn._tune_key(heuristic, dev), {
+            "plan": {f: getattr(rn.spec_with_plan(heuristic, twin), f) for f in PLAN_FIELDS},
+            "describe": twin.describe()})
+        p = lower(_reference_fusion(rows, hidden, "float16"), 1,
+                  normalization_plan=functools.partial(rn.choose, device_index=dev))
+        assert spec_from_params(p.kernels[0].params).plan == twin
+        run = Interpreter(p, CudaBackend())
+        x = (torch.randn(rows, hidden, device="cuda") * 3 + 5).half()
+        b0, b1, w, b2 = (torch.randn(hidden, device="cuda").half() for _ in range(4))
+        run.prepare(x, b0, b1, w, b2)
+        (y,) = run(x, b0, b1, w, b2)
+        ref = rn.reference(heuristic, {"x": x, "b0": b0, "b1": b1, "weight": w, "bias": b2})
+        err = float((y.double() - ref).norm() / ref.norm())
+        assert torch.isfinite(y).all() and err < 1e-2, err
+    finally:
+        set_options(saved)
+        rn.clear_caches()
+
+
 @pytest.mark.parametrize("mode", ["codegen", "auto"])
 def test_pipelined_program_on_the_generated_matmul(mode):
     pytest.importorskip("cupy")

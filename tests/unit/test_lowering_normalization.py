@@ -167,3 +167,43 @@ def test_pinned_plan_round_trips_through_the_kernels_header():
     q = parse(text)
     assert spec_from_params(q.kernels[0].params) == pinned
     assert print_program(q) == text
+
+
+def test_a_plan_chooser_pins_the_plan_the_program_prints_and_runs():
+    # e.g. functools.partial(runtime.normalization.choose, device_index=0): the autotuner's
+    # stored winner; here a tuner candidate that is not the heuristic's pick
+    from lowering.kernels.normalization import spec_with_plan, tune_plans
+
+    seen = []
+
+    def chooser(spec):
+        seen.append(spec)
+        other = next(p for p in tune_plans(spec) if p != spec.plan and p.persistent)
+        return spec_with_plan(spec, other)
+
+    p = lower(reference_fusion(8192, 1600), 1, normalization_plan=chooser)
+    (base,) = seen
+    assert not any(getattr(base, f) is not None for f in ("threads_per_row", "batch"))
+    spec = spec_from_params(p.kernels[0].params)
+    assert spec.plan != base.plan and spec == chooser(base)
+    launch = p.body[1]
+    assert launch.kernel == spec.kernel_name
+    assert launch.grid == (spec.plan.grid(8192), 1, 1)
+    assert launch.block == (spec.plan.block_threads, 1, 1)
+    assert launch.smem == spec.plan.dynamic_shared_bytes
+    text = print_program(p)
+    assert f"threads_per_row={spec.plan.threads_per_row}" in text
+    assert print_program(parse(text)) == text
+    assert spec_from_params(parse(text).kernels[0].params) == spec
+    # without a chooser: the heuristic's plan, nothing pinned
+    assert spec_from_params(lower(reference_fusion(8192, 1600), 1).kernels[0].params) == base
+
+
+@pytest.mark.parametrize("bad", [
+    lambda s: s.__class__(s.rows, s.hidden + 8, s.norm, s.input_dtype, s.output_dtype,
+                          s.prologue, s.epilogue),
+    lambda s: None,
+])
+def test_a_plan_chooser_may_not_change_the_problem(bad):
+    with pytest.raises(LoweringError, match="plan chooser"):
+        lower(reference_fusion(64, 1600), 1, normalization_plan=bad)
