@@ -83,7 +83,8 @@ def test_normalization_program_runs_the_stored_winner(tmp_path):
         b0, b1, w, b2 = (torch.randn(hidden, device="cuda").half() for _ in range(4))
         run.prepare(x, b0, b1, w, b2)
         (y,) = run(x, b0, b1, w, b2)
-        ref = rn.reference(heuristic, {"x": x, "b0": b0, "b1": b1, "weight": w, "bias": b2})
+        ref = rn.reference(heuristic, dict(zip(heuristic.parameter_names()[:-1],
+                                               (x, b0, b1, w, b2))))
         err = float((y.double() - ref).norm() / ref.norm())
         assert torch.isfinite(y).all() and err < 1e-2, err
     finally:
