@@ -243,7 +243,8 @@ def tune(spec: NormalizationSpec, *, device=None, first_reps: int = 3, finalists
     pick are timed again side by side in carryover-balanced rounds
     (`runtime.autotune.graph_side_by_side`), and the fastest median there wins, so the
     winner is never slower than the heuristic in the same round; it must beat the
-    heuristic there by ``margin`` (`TUNE_MARGIN`), else the heuristic's plan stays.
+    heuristic there by ``margin`` (`TUNE_MARGIN`), else the heuristic's plan stays. A
+    candidate whose kernel spills (`spill_report`) is never run.
     HOSTIR_DUMP=autotune prints the table."""
     import statistics
 
@@ -265,6 +266,10 @@ def tune(spec: NormalizationSpec, *, device=None, first_reps: int = 3, finalists
     with torch.cuda.device(index):
         for s in specs:
             try:
+                spills = spill_report(s, jit.device_arch(index))
+                if spills:  # no spills, at any size: a candidate that spills never runs
+                    rows.append((s, float("inf"), f"spills ({spills})"))
+                    continue
                 y = normalize(s, sets[0], torch.full_like(outs[0], float("nan")))
                 err = float(torch.linalg.vector_norm(y.double() - ref) / ref_norm)
                 if not err < 1e-2:  # nan compares False too
@@ -445,6 +450,16 @@ def _kernel(spec: NormalizationSpec, device_index: int):
                                           jit.device_arch(device_index))
         kernel = _KERNELS[key] = jit.load(compiled, device_index)[spec.kernel_name]
     return kernel
+
+
+def spill_report(spec: NormalizationSpec, arch: str = "sm_90") -> str:
+    """'' when ``spec``'s kernel compiles for ``arch`` with no spills and no local memory;
+    else what ptxas reported (a pinned block promise, ``blocks_per_sm``, may cap the
+    registers below what the kernel needs)."""
+    ck = compiled_kernel(spec, arch)
+    sym = ck.lowered[spec.kernel_name]
+    spill, local = ck.spill_bytes.get(sym, 0), ck.local_bytes.get(sym, 0)
+    return f"{spill} B spills, {local} B local memory" if spill or local else ""
 
 
 def compiled_kernel(spec: NormalizationSpec, arch: str = "sm_90"):

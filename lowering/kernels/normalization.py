@@ -237,6 +237,7 @@ class LaunchPlan:
     packed: bool = False  # x_staged: the row slice held as 16-bit values (see above)
     x_bulk: bool = False  # x_staged: each row by one bulk copy (see above)
     shared_param_bytes: int = 0  # "global": the leading tensors' bytes staged in shared
+    blocks_per_sm: int = 0  # the block promise to ptxas; 0: from the register estimate
 
     @property
     def persistent(self) -> bool:
@@ -255,7 +256,15 @@ class LaunchPlan:
         is 65536 / (blocks x threads), at least our estimate plus a margin of 8 (the
         estimate is a fit, not a bound), so nothing spills. Shared memory for the
         1-D tensors limits the blocks too.
+
+        ``blocks_per_sm`` pins the promise instead (a tuner candidate, `tune_plans`:
+        ptxas then caps the registers at 65536 / (blocks x threads), and the tuner drops
+        the plan if that spills). The estimate is a fit with a margin: the row-wise
+        kernel at 4096 (t128 b4), estimated at 96 registers and promised 4 blocks,
+        compiles without spills down to 56 registers, 9 blocks an SM.
         """
+        if self.blocks_per_sm:
+            return self.blocks_per_sm
         need = _round_up(self.register_estimate + 8, 8)
         by_registers = REGISTERS_PER_SM // (self.block_threads * need)
         blocks = max(1, min(2048 // self.block_threads, by_registers, 32))
@@ -319,7 +328,8 @@ class LaunchPlan:
                 + (" 1pass" if self.one_pass else "")
                 + (" packed" if self.packed else "")
                 + (" bulk" if self.x_bulk else "")
-                + (f" {self.l2_hint}" if self.l2_hint else ""))
+                + (f" {self.l2_hint}" if self.l2_hint else "")
+                + (f" x{self.blocks_per_sm}" if self.blocks_per_sm else ""))
 
 
 def vector_width_for(hidden: int, dtype_bytes: tuple[int, ...], alignment: int) -> int:
@@ -800,6 +810,7 @@ def plan_launch(
     x_bulk: bool | None = None,
     shared_param_bytes: int | None = None,
     param_sizes: tuple[int, ...] = (),
+    blocks_per_sm: int | None = None,
 ) -> LaunchPlan:
     """Pick the kernel (row-wise or persistent), threads per row, the persistent batch
     and rows per block for ``hidden``.
@@ -825,6 +836,22 @@ def plan_launch(
     double the registers (the nvFuser spill at 16384); the prefetch holds the next
     row's x packed, half the registers of its fp32 values. The overrides pin a plan.
     """
+    if blocks_per_sm is not None:
+        # the block promise pinned (`LaunchPlan.blocks_per_sm`) on the plan otherwise chosen
+        best = plan_launch(hidden, vector_width, value_bytes, threads_per_row, batch,
+                           rows_per_block, param_cache, prefetch, param_bytes, x_staged, bf16,
+                           stages, one_pass, l2_hint, packed, x_bulk, shared_param_bytes,
+                           param_sizes)
+        smem = best.dynamic_shared_bytes + best.shared_bytes
+        if (not isinstance(blocks_per_sm, int) or isinstance(blocks_per_sm, bool)
+                or not 1 <= blocks_per_sm <= 32
+                or blocks_per_sm * best.block_threads > 2048
+                or (smem and blocks_per_sm * (smem + 1024) > SHARED_PER_SM)):
+            raise LoweringError(
+                f"normalization plan: blocks_per_sm {blocks_per_sm!r}: expected 1..32 blocks of "
+                f"{best.block_threads} threads and {smem} bytes of shared memory that one SM "
+                f"holds (2048 threads, {SHARED_PER_SM} bytes)")
+        return dataclasses.replace(best, blocks_per_sm=blocks_per_sm)
     if param_cache is not None and param_cache not in PARAM_CACHES:
         raise LoweringError(f"normalization plan: param_cache {param_cache!r}: expected one of "
                             f"{list(PARAM_CACHES)}")
@@ -1001,7 +1028,7 @@ class NormalizationSpec:
     prologue, ``weight`` and ``bias`` of the norm (when present), one per `AddBroadcast`
     of the epilogue, the output ``y``, and ``rows`` (int32). `parameter_names` lists
     the tensors. ``alignment`` is the byte alignment every base pointer is known to
-    have (torch allocations: 256; a slice: less). The last thirteen fields override the
+    have (torch allocations: 256; a slice: less). The last fourteen fields override the
     heuristic plan (benchmark sweeps, tests): ``param_cache="none"`` is the row-wise
     kernel, ``"registers"``/``"shared"`` the persistent one (see `LaunchPlan`).
     """
@@ -1027,6 +1054,7 @@ class NormalizationSpec:
     x_bulk: bool | None = None
     shared_param_bytes: int | None = None
     vector_width: int | None = None
+    blocks_per_sm: int | None = None
 
     def __post_init__(self):
         for what, n in (("rows", self.rows), ("hidden", self.hidden)):
@@ -1121,6 +1149,7 @@ class NormalizationSpec:
             x_bulk=self.x_bulk,
             shared_param_bytes=self.shared_param_bytes,
             param_sizes=tuple(DTYPE_BYTES[d] for d in dtypes[1:-1]),
+            blocks_per_sm=self.blocks_per_sm,
         )
 
     @property
@@ -1162,7 +1191,7 @@ class NormalizationSpec:
 # The fields of NormalizationSpec that pin its plan (the rest say what it computes).
 PLAN_FIELDS = ("threads_per_row", "batch", "rows_per_block", "param_cache", "prefetch",
                "x_staged", "stages", "one_pass", "l2_hint", "packed", "x_bulk",
-               "shared_param_bytes", "vector_width")
+               "shared_param_bytes", "vector_width", "blocks_per_sm")
 
 
 def spec_with_plan(spec: NormalizationSpec, plan: LaunchPlan) -> NormalizationSpec:
@@ -1173,7 +1202,8 @@ def spec_with_plan(spec: NormalizationSpec, plan: LaunchPlan) -> NormalizationSp
         prefetch=plan.prefetch if plan.persistent else None, x_staged=plan.x_staged or None,
         stages=plan.stages if plan.x_staged else None, one_pass=plan.one_pass or None,
         l2_hint=plan.l2_hint or None, packed=plan.packed or None, x_bulk=plan.x_bulk or None,
-        shared_param_bytes=plan.shared_param_bytes or None, vector_width=plan.vector_width)
+        shared_param_bytes=plan.shared_param_bytes or None, vector_width=plan.vector_width,
+        blocks_per_sm=plan.blocks_per_sm or None)
 
 
 def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]:
@@ -1250,24 +1280,44 @@ def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]
     out += [dataclasses.replace(p, param_cache="none")
             for p in candidate_plans(spec.hidden, chosen.vector_width, value_bytes)]
     half = chosen.vector_width // 2
+    narrow_pick = None
     if half * value_bytes >= 8:
         narrow = dataclasses.replace(spec, vector_width=half)
         try:
-            pick = narrow.plan
+            narrow_pick = narrow.plan
         except LoweringError:
-            pick = None
-        if pick is not None:
-            out += [pick, *twins(pick, [
+            narrow_pick = None
+        if narrow_pick is not None:
+            out += [narrow_pick, *twins(narrow_pick, [
                 p for p in persistent_candidates(spec.hidden, half, value_bytes, sum(sizes),
                                                  "bfloat16" in dtypes, sizes)
                 if not p.one_pass])]
             out += [dataclasses.replace(p, param_cache="none")
                     for p in candidate_plans(spec.hidden, half, value_bytes)]
+    # a higher block promise (`LaunchPlan.blocks_per_sm`) on the heuristic's pick, the
+    # half-width one and the row-wise geometries: the register estimate leaves a margin,
+    # and where ptxas fits the kernel in fewer registers an SM holds more blocks (the
+    # tuner drops the twins that spill)
+    promised = [chosen] + ([narrow_pick] if narrow_pick is not None else [])
+    promised += [p for p in out if not p.persistent and p.vector_width == chosen.vector_width]
+    for p in promised:
+        for extra in range(1, PROMISE_STEPS + 1):
+            blocks = p.min_blocks_per_sm + extra
+            smem = p.dynamic_shared_bytes + p.shared_bytes
+            if (blocks > 32 or blocks * p.block_threads > 2048
+                    or (smem and blocks * (smem + 1024) > SHARED_PER_SM)):
+                break
+            out.append(dataclasses.replace(p, blocks_per_sm=blocks))
     unique: list[LaunchPlan] = []
     for p in out:
         if p not in unique:
             unique.append(p)
     return unique
+
+
+# How many more blocks an SM than its estimate gives `tune_plans` promises a plan: the
+# row-wise kernel at 4096 (t128 b4) fits 9 blocks without spills where it promises 4.
+PROMISE_STEPS = 5
 
 
 @functools.lru_cache(maxsize=4096)
@@ -2195,6 +2245,6 @@ def spec_from_params(params) -> NormalizationSpec:
             p["alignment"], p.get("threads_per_row"), p.get("batch"), p.get("rows_per_block"),
             p.get("param_cache"), p.get("prefetch"), p.get("x_staged"), p.get("stages"),
             p.get("one_pass"), p.get("l2_hint"), p.get("packed"), p.get("x_bulk"),
-            p.get("shared_param_bytes"), p.get("vector_width"))
+            p.get("shared_param_bytes"), p.get("vector_width"), p.get("blocks_per_sm"))
     except KeyError as e:
         raise LoweringError(f"normalization kernel: parameter {e.args[0]!r} is missing") from None
