@@ -444,6 +444,12 @@ def _driver():
     return _DRIVER[0], _DRIVER[1]
 
 
+def launch_ex_available() -> None:
+    """Load cuLaunchKernelEx now; OSError or AttributeError where the driver has none
+    (before CUDA 11.8): callers then launch plainly."""
+    _driver()
+
+
 def launch_ex(function_ptr: int, grid: tuple[int, int, int], block: tuple[int, int, int],
               args: tuple, smem_bytes: int, stream_handle: int, programmatic: bool) -> None:
     """cuLaunchKernelEx of a loaded CUfunction (``Kernel.function.ptr``) with numpy

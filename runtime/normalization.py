@@ -345,9 +345,17 @@ def dependent_launch(device_index: int) -> bool:
     up (benchmarks/results/norm_pdl_probe_nvidia-h200.json)."""
     on = _DEPENDENT.get(device_index)
     if on is None:
-        on = _DEPENDENT[device_index] = (
-            torch.cuda.get_device_capability(device_index)[0] >= 9
-            and not options().disable("dependent_launch"))
+        on = (torch.cuda.get_device_capability(device_index)[0] >= 9
+              and not options().disable("dependent_launch"))
+        if on:
+            from runtime import jit
+
+            try:
+                jit.launch_ex_available()
+            except (OSError, AttributeError) as e:  # a driver without cuLaunchKernelEx
+                dump("launch_params", f"dependent launches off: {e}")
+                on = False
+        _DEPENDENT[device_index] = on
     return on
 
 

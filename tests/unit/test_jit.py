@@ -229,3 +229,19 @@ def test_a_cached_entry_without_ptxas_report_is_rebuilt(tmp_path):
     assert got.registers["k"] > 0
     assert cache.stats.rebuilt_corrupt == 1 and cache.stats.compiles == 1
     assert jit._decode(cache.path(key).read_bytes()).registers["k"] > 0
+
+
+def test_dependent_launches_fall_back_where_the_driver_has_no_launch_ex(monkeypatch):
+    torch = pytest.importorskip("torch")
+    from runtime import normalization as rn
+
+    def missing():
+        raise AttributeError("libcuda.so.1: undefined symbol: cuLaunchKernelEx")
+
+    monkeypatch.setattr(jit, "_driver", missing)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))
+    rn.clear_caches()
+    try:
+        assert rn.dependent_launch(0) is False
+    finally:
+        rn.clear_caches()
