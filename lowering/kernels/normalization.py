@@ -262,6 +262,14 @@ class LaunchPlan:
         the plan if that spills). The estimate is a fit with a margin: the row-wise
         kernel at 4096 (t128 b4), estimated at 96 registers and promised 4 blocks,
         compiles without spills down to 56 registers, 9 blocks an SM.
+
+        The count divides the SM's 65536 registers; ptxas allots them per sub-partition
+        (four of 16384, a warp in one), so where a block's warps do not split evenly the
+        cap it derives is lower: three blocks of 192 threads (18 warps, 5 on some
+        partitions) get 96 registers, not 112. Some picks promise past their estimate so
+        (plain layer_norm at 2560 and 5140: 92-96 registers as compiled, no spills; the
+        unit tests compile every variant and check), and so do some tuner candidates,
+        which are dropped where they spill (`runtime.normalization.spill_report`).
         """
         if self.blocks_per_sm:
             return self.blocks_per_sm
