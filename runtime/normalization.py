@@ -256,7 +256,8 @@ def tune(spec: NormalizationSpec, *, device=None, first_reps: int = 3, finalists
     heuristic = specs[0]
     from runtime import jit
 
-    precompile(specs, jit.device_arch(index))  # in parallel; each is checked below anyway
+    arch = jit.device_arch(index)
+    precompile(specs, arch)  # in parallel; each is checked below anyway
     sets = tune_inputs(spec, dev, max(2, -(-ROTATE_BYTES // spec.bytes_moved())))
     outs = [torch.empty(spec.rows, spec.hidden, device=dev,
                         dtype=TORCH_DTYPES[spec.output_dtype]) for _ in sets]
@@ -266,7 +267,7 @@ def tune(spec: NormalizationSpec, *, device=None, first_reps: int = 3, finalists
     with torch.cuda.device(index):
         for s in specs:
             try:
-                spills = spill_report(s, jit.device_arch(index))
+                spills = spill_report(s, arch)
                 if spills:  # no spills, at any size: a candidate that spills never runs
                     rows.append((s, float("inf"), f"spills ({spills})"))
                     continue
