@@ -55,22 +55,20 @@ def geometry_specs(base) -> dict:
 
 
 def main() -> None:
-    from probe_common import parser, report_size, time_plans, write_results
+    from probe_common import parser, time_sizes
     from lowering.kernels.normalization import NormalizationSpec
     from runtime import jit
     from runtime.normalization import precompile
 
     a = parser("5140", __doc__).parse_args()
-    todo = {h: geometry_specs(NormalizationSpec.reference_fusion(a.rows, h, 1e-5))
-            for h in (int(x) for x in a.hidden.split(","))}
-    precompile([s for specs in todo.values() for s in specs.values()], jit.device_arch())
-    res = []
-    for hidden, specs in todo.items():
-        info = {k: {"blocks": s.plan.min_blocks_per_sm, "estimate": s.plan.register_estimate}
-                for k, s in specs.items()}
-        info, copy_us = time_plans(a.rows, hidden, specs, a.reps, info)
-        res.append(report_size(hidden, info, copy_us, "registers"))
-    write_results(a.out, a.rows, a.reps, res)
+
+    def build(hidden):
+        specs = geometry_specs(NormalizationSpec.reference_fusion(a.rows, hidden, 1e-5))
+        precompile(list(specs.values()), jit.device_arch())
+        return specs, {k: {"blocks": s.plan.min_blocks_per_sm,
+                           "estimate": s.plan.register_estimate} for k, s in specs.items()}
+
+    time_sizes(a, build, "registers")
 
 
 if __name__ == "__main__":

@@ -52,15 +52,14 @@ def denser(spec, cap: int):
 
 
 def main() -> None:
-    from probe_common import parser, report_size, time_plans, write_results
+    from probe_common import parser, time_sizes
 
     ap = parser("1280,1536,1600,2048,2560,4096,5140", __doc__)
     ap.add_argument("--plans", type=int, default=8)
     a = ap.parse_args()
     from lowering.kernels.normalization import NormalizationSpec, spec_with_plan, tune_plans
 
-    res = []
-    for hidden in (int(h) for h in a.hidden.split(",")):
+    def build(hidden):
         base = NormalizationSpec.reference_fusion(a.rows, hidden, 1e-5)
         specs, info = {}, {}
         for p in [p for p in tune_plans(base) if p.persistent][:a.plans]:
@@ -77,9 +76,9 @@ def main() -> None:
                 dl = f"{label} x{d.plan.min_blocks_per_sm}"
                 specs[dl] = d
                 info[dl] = {"blocks": d.plan.min_blocks_per_sm, "estimate": d.plan.register_estimate}
-        info, copy_us = time_plans(a.rows, hidden, specs, a.reps, info)
-        res.append(report_size(hidden, info, copy_us, "grid"))
-    write_results(a.out, a.rows, a.reps, res)
+        return specs, info
+
+    time_sizes(a, build, "grid")
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ def promise_specs(base, steps: int) -> dict:
 
 
 def main() -> None:
-    from probe_common import parser, report_size, time_plans, write_results
+    from probe_common import parser, time_sizes
     from lowering.kernels.normalization import NormalizationSpec
     from runtime import jit
     from runtime.normalization import precompile, spill_report
@@ -57,22 +57,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     a = ap.parse_args()
     arch = jit.device_arch()
-    res = []
-    for hidden in (int(h) for h in a.hidden.split(",")):
-        base = NormalizationSpec.reference_fusion(a.rows, hidden, 1e-5)
-        specs = promise_specs(base, a.steps)
+
+    def build(hidden):
+        specs = promise_specs(NormalizationSpec.reference_fusion(a.rows, hidden, 1e-5), a.steps)
         precompile(list(specs.values()), arch)  # in parallel; the spill check reads them
         spilled = {k: spill_report(s, arch) for k, s in specs.items()}
         specs = {k: s for k, s in specs.items() if not spilled[k]}
         print(hidden, f"{len(specs)} plans without spills, {sum(map(bool, spilled.values()))} "
               "promise twins spill", flush=True)
-        info = {k: {"blocks": s.plan.min_blocks_per_sm} for k, s in specs.items()}
-        info, copy_us = time_plans(a.rows, hidden, specs, a.reps, info)
-        row = report_size(hidden, info, copy_us, "blocks")
-        best = min((v for v in info.values() if "us" in v), key=lambda v: v["us"])
-        print(hidden, "best", best, flush=True)
-        res.append(row)
-    write_results(a.out, a.rows, a.reps, res)
+        return specs, {k: {"blocks": s.plan.min_blocks_per_sm} for k, s in specs.items()}
+
+    for row in time_sizes(a, build, "blocks"):
+        best = min((v for v in row["plans"].values() if "us" in v), key=lambda v: v["us"])
+        print(row["hidden"], "best", best, flush=True)
 
 
 if __name__ == "__main__":

@@ -44,21 +44,18 @@ def forced_specs(rows: int, hidden: int, estimate: int = 80):
 
 
 def main() -> None:
-    from probe_common import parser, report_size, time_plans, write_results
+    from probe_common import parser, time_sizes
 
     ap = parser("12288,16384,20480", __doc__)
     a = ap.parse_args()
     from lowering.kernels.normalization import NormalizationSpec
 
-    res = []
-    for hidden in (int(h) for h in a.hidden.split(",")):
+    def build(hidden):
         specs = {"heuristic": NormalizationSpec.reference_fusion(a.rows, hidden, 1e-5)}
         specs.update((s.plan.describe(), s) for s in forced_specs(a.rows, hidden))
-        info, copy_us = time_plans(a.rows, hidden, specs, a.reps)
-        for label, s in specs.items():
-            info[label]["shared_bytes"] = s.plan.dynamic_shared_bytes
-        res.append(report_size(hidden, info, copy_us, "registers"))
-    write_results(a.out, a.rows, a.reps, res)
+        return specs, {k: {"shared_bytes": s.plan.dynamic_shared_bytes} for k, s in specs.items()}
+
+    time_sizes(a, build, "registers")
 
 
 if __name__ == "__main__":

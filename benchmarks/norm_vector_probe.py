@@ -23,24 +23,22 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def main() -> None:
-    from probe_common import parser, report_size, time_plans, write_results
+    from probe_common import parser, time_sizes
 
     ap = parser("1280,1536,1600,2560,4096", __doc__)
     ap.add_argument("--plans", type=int, default=14)
     a = ap.parse_args()
     from lowering.kernels.normalization import NormalizationSpec, padding, spec_with_plan, tune_plans
 
-    res = []
-    for hidden in (int(h) for h in a.hidden.split(",")):
+    def build(hidden):
         base = NormalizationSpec.reference_fusion(a.rows, hidden, 1e-5)
         narrow = NormalizationSpec.reference_fusion(a.rows, hidden, 1e-5, alignment=8)
         specs = {"heuristic v%d" % base.plan.vector_width: base}
         for p in tune_plans(narrow)[:a.plans]:
             specs[p.describe()] = spec_with_plan(narrow, p)
-        info, copy_us = time_plans(a.rows, hidden, specs, a.reps, {
-            k: {"padding": round(padding(s.plan, hidden), 3)} for k, s in specs.items()})
-        res.append(report_size(hidden, info, copy_us, "padding"))
-    write_results(a.out, a.rows, a.reps, res)
+        return specs, {k: {"padding": round(padding(s.plan, hidden), 3)} for k, s in specs.items()}
+
+    time_sizes(a, build, "padding")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """What the normalization probes share: their arguments, a set of specs of one hidden
-size timed side by side with copy_ (each checked first), plans built under a register
-estimate of the probe's choosing, and the results file.
+size timed side by side with copy_ (each checked first), the run over every size and its
+report, plans built under a register estimate of the probe's choosing, and the results
+file.
 
-    from probe_common import parser, report_size, time_plans, write_results
+    from probe_common import parser, time_sizes
 """
 
 from __future__ import annotations
@@ -72,6 +73,20 @@ def time_plans(rows: int, hidden: int, specs: dict, reps: int, info: dict | None
     del cands, ins, outs
     torch.cuda.empty_cache()
     return info, us["copy"]
+
+
+def time_sizes(a, build, shown: str, **extra) -> list:
+    """The probes' common run: for each size of ``a.hidden`` (comma-separated),
+    ``build(hidden)`` gives (label -> spec, label -> info), `time_plans` times them with
+    copy_, `report_size` prints the size (showing the field ``shown``); the results file
+    goes to ``a.out`` (`write_results`, ``extra`` added). Returns the results rows."""
+    res = []
+    for hidden in (int(h) for h in a.hidden.split(",")):
+        specs, info = build(hidden)
+        info, copy_us = time_plans(a.rows, hidden, specs, a.reps, info)
+        res.append(report_size(hidden, info, copy_us, shown))
+    write_results(a.out, a.rows, a.reps, res, **extra)
+    return res
 
 
 def report_size(hidden: int, info: dict, copy_us: float, shown: str) -> dict:
