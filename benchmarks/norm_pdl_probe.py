@@ -91,8 +91,8 @@ def main() -> None:
     stream = lambda: jit.current_stream_handle(dev)  # noqa: E731
     floor = time_side_by_side({
         "plain": [lambda: empty["hostir_empty"].launch_raw((132, 1, 1), (128, 1, 1), arg, 0, stream())],
-        "pdl": [lambda: empty["hostir_empty_pdl"].launch_dependent((132, 1, 1), (128, 1, 1), arg, 0,
-                                                                  stream())],
+        "pdl": [lambda: empty["hostir_empty_pdl"].launch_raw((132, 1, 1), (128, 1, 1), arg, 0,
+                                                            stream(), dependent=True)],
     }, a.reps)
     print("empty kernel, us a launch:", json.dumps(floor), flush=True)
 
@@ -122,8 +122,8 @@ def main() -> None:
 
         def call(kind, i, o):
             if kind == "pdl_launch":
-                return lambda: kernels["plain"].launch_dependent(grid, block, args(i, o), smem,
-                                                                 stream())
+                return lambda: kernels["plain"].launch_raw(grid, block, args(i, o), smem,
+                                                           stream(), dependent=True)
             k = kernels[kind]
             return lambda: k.launch_raw(grid, block, args(i, o), smem, stream())
 

@@ -340,7 +340,7 @@ class Kernel:
                                        self.function.ptr)
 
     def launch(self, grid: tuple[int, int, int], block: tuple[int, int, int],
-               args: tuple, smem_bytes: int = 0, stream=None) -> None:
+               args: tuple, smem_bytes: int = 0, stream=None, dependent: bool = False) -> None:
         """Launch on `stream` (a torch.cuda.Stream; the current one by default).
 
         `args`: numpy scalars of the kernel's parameter types (numpy.uint64 for pointers,
@@ -350,32 +350,28 @@ class Kernel:
 
         if stream is None:
             stream = torch.cuda.current_stream()
-        self.launch_raw(grid, block, args, smem_bytes, stream.cuda_stream)
+        self.launch_raw(grid, block, args, smem_bytes, stream.cuda_stream, dependent)
 
     def launch_raw(self, grid: tuple[int, int, int], block: tuple[int, int, int],
-                   args: tuple, smem_bytes: int, stream_handle: int) -> None:
+                   args: tuple, smem_bytes: int, stream_handle: int,
+                   dependent: bool = False) -> None:
         """`launch` on a stream given by its raw handle (`current_stream_handle`): the
-        per-call path of the generated matmul, which keeps the host's share small."""
+        per-call path of the generated matmul, which keeps the host's share small.
+        ``dependent``: a programmatic dependent launch (`launch_ex`), for kernels that
+        execute ``griddepcontrol.wait`` before they touch global memory."""
         if smem_bytes > self._smem_set:
             self.ensure_smem(smem_bytes)
         if options().dump("launch_params"):
             cluster = f" cluster={self.cluster}" if self.cluster > 1 else ""
             dump("launch_params", f"launch {self.name} grid={grid} block={block}{cluster} "
-                                  f"smem={smem_bytes} stream={stream_handle:#x}")
-        self.function(grid, block, args, shared_mem=smem_bytes,
-                      stream=_external_stream(stream_handle))
-
-    def launch_dependent(self, grid: tuple[int, int, int], block: tuple[int, int, int],
-                         args: tuple, smem_bytes: int, stream_handle: int) -> None:
-        """`launch_raw` as a programmatic dependent launch (`launch_ex`): for kernels that
-        execute ``griddepcontrol.wait`` before they touch global memory."""
-        if smem_bytes > self._smem_set:
-            self.ensure_smem(smem_bytes)
-        if options().dump("launch_params"):
-            dump("launch_params", f"launch {self.name} grid={grid} block={block} "
-                                  f"smem={smem_bytes} stream={stream_handle:#x} dependent")
-        launch_ex(self.function.ptr, grid, block, args, smem_bytes, stream_handle,
-                  programmatic=True)
+                                  f"smem={smem_bytes} stream={stream_handle:#x}"
+                                  + (" dependent" if dependent else ""))
+        if dependent:
+            launch_ex(self.function.ptr, grid, block, args, smem_bytes, stream_handle,
+                      programmatic=True)
+        else:
+            self.function(grid, block, args, shared_mem=smem_bytes,
+                          stream=_external_stream(stream_handle))
 
 
 # --------------------------------------------------------------------------- cuLaunchKernelEx

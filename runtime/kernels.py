@@ -44,10 +44,8 @@ def _normalization(defn: ir.KernelDef, device: torch.device):
             # correct (the kernel loops over rows); this device's SMs and the blocks of
             # the compiled kernel each holds fill it exactly
             grid = (launch_grid(spec, kernel, device, scalars[0]), 1, 1)
-        if dependent:  # see runtime.normalization.dependent_launch
-            kernel.launch_dependent(tuple(grid), tuple(block), args, smem, stream.cuda_stream)
-        else:
-            kernel.launch(grid, block, args, smem, stream)
+        # dependent: see runtime.normalization.dependent_launch
+        kernel.launch(tuple(grid), tuple(block), args, smem, stream, dependent)
 
     return launch
 

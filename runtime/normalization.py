@@ -91,7 +91,7 @@ class _Prepared:
     block: tuple
     smem: int
     rows: object  # numpy int32
-    launch: object  # kernel.launch_dependent where `dependent_launch` allows, else launch_raw
+    dependent: bool  # a programmatic dependent launch (`dependent_launch`)
 
 
 def clear_caches() -> None:
@@ -325,9 +325,8 @@ def _prepare(spec: NormalizationSpec, device_index: int) -> _Prepared:
     kernel = _kernel(spec, device_index)
     plan = spec.plan
     grid = launch_grid(spec, kernel, torch.device("cuda", device_index))
-    launch = kernel.launch_dependent if dependent_launch(device_index) else kernel.launch_raw
     return _Prepared(kernel, (grid, 1, 1), (plan.block_threads, 1, 1),
-                     plan.dynamic_shared_bytes, np.int32(spec.rows), launch)
+                     plan.dynamic_shared_bytes, np.int32(spec.rows), dependent_launch(device_index))
 
 
 _DEPENDENT: dict[int, bool] = {}
@@ -391,12 +390,10 @@ def normalize(spec: NormalizationSpec, tensors: Mapping[str, torch.Tensor], out=
     handle = jit.current_stream_handle(dev)
     with jit.on_device(dev):
         if dependent is None:
-            launch = p.launch
-        elif dependent and torch.cuda.get_device_capability(dev)[0] >= 9:
-            launch = p.kernel.launch_dependent
-        else:
-            launch = p.kernel.launch_raw
-        launch(p.grid, p.block, args, p.smem, handle)
+            dependent = p.dependent
+        elif dependent:
+            dependent = torch.cuda.get_device_capability(dev)[0] >= 9
+        p.kernel.launch_raw(p.grid, p.block, args, p.smem, handle, dependent)
     return out
 
 
