@@ -43,7 +43,7 @@ def geometry_specs(base) -> dict:
             blocks = p.min_blocks_per_sm
             need = nm.REGISTERS_PER_SM // ((blocks + 1) * p.block_threads) // 8 * 8
             est = need - 8
-            if est < 32 or (blocks + 1) * p.block_threads > 2048:
+            if est < 32 or not p.sm_holds(blocks + 1):
                 continue
             # alignment 32: the same plans and code as 16 under another name, so the plan
             # cached for the twin is built under the override (see norm_occupancy_probe)

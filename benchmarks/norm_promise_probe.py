@@ -38,8 +38,7 @@ def promise_specs(base, steps: int) -> dict:
         twins = [p]
         for extra in range(1, steps + 1):
             b = p.min_blocks_per_sm + extra
-            smem = p.dynamic_shared_bytes + p.shared_bytes
-            if b * p.block_threads > 2048 or (smem and b * (smem + 1024) > nm.SHARED_PER_SM):
+            if not p.sm_holds(b):
                 break
             twins.append(dataclasses.replace(p, blocks_per_sm=b))
         for q in twins:

@@ -49,6 +49,8 @@ from lowering.kernels import render
 
 WARP = 32
 MAX_THREADS_PER_BLOCK = 1024
+MAX_THREADS_PER_SM = 2048
+MAX_BLOCKS_PER_SM = 32
 REGISTERS_PER_SM = 65536
 MAX_REGISTERS_PER_THREAD = 255
 # fp32 values a thread may hold for its part of a row. 32 keeps the whole kernel near
@@ -275,11 +277,21 @@ class LaunchPlan:
             return self.blocks_per_sm
         need = _round_up(self.register_estimate + 8, 8)
         by_registers = REGISTERS_PER_SM // (self.block_threads * need)
-        blocks = max(1, min(2048 // self.block_threads, by_registers, 32))
+        blocks = max(1, min(MAX_THREADS_PER_SM // self.block_threads, by_registers,
+                            MAX_BLOCKS_PER_SM))
         smem = self.dynamic_shared_bytes + self.shared_bytes
         if smem:
             blocks = max(1, min(blocks, SHARED_PER_SM // (smem + 1024)))
         return blocks
+
+    def sm_holds(self, blocks: int) -> bool:
+        """Whether one SM holds ``blocks`` blocks of this plan, registers aside: at most
+        `MAX_BLOCKS_PER_SM` blocks and `MAX_THREADS_PER_SM` threads, and their shared
+        memory (1 KiB a block reserved) within `SHARED_PER_SM`."""
+        smem = self.dynamic_shared_bytes + self.shared_bytes
+        return (1 <= blocks <= MAX_BLOCKS_PER_SM
+                and blocks * self.block_threads <= MAX_THREADS_PER_SM
+                and (not smem or blocks * (smem + 1024) <= SHARED_PER_SM))
 
     @property
     def warps_per_row(self) -> int:
@@ -850,15 +862,13 @@ def plan_launch(
                            rows_per_block, param_cache, prefetch, param_bytes, x_staged, bf16,
                            stages, one_pass, l2_hint, packed, x_bulk, shared_param_bytes,
                            param_sizes)
-        smem = best.dynamic_shared_bytes + best.shared_bytes
         if (not isinstance(blocks_per_sm, int) or isinstance(blocks_per_sm, bool)
-                or not 1 <= blocks_per_sm <= 32
-                or blocks_per_sm * best.block_threads > 2048
-                or (smem and blocks_per_sm * (smem + 1024) > SHARED_PER_SM)):
+                or not best.sm_holds(blocks_per_sm)):
+            smem = best.dynamic_shared_bytes + best.shared_bytes
             raise LoweringError(
-                f"normalization plan: blocks_per_sm {blocks_per_sm!r}: expected 1..32 blocks of "
-                f"{best.block_threads} threads and {smem} bytes of shared memory that one SM "
-                f"holds (2048 threads, {SHARED_PER_SM} bytes)")
+                f"normalization plan: blocks_per_sm {blocks_per_sm!r}: expected 1..{MAX_BLOCKS_PER_SM} "
+                f"blocks of {best.block_threads} threads and {smem} bytes of shared memory that "
+                f"one SM holds ({MAX_THREADS_PER_SM} threads, {SHARED_PER_SM} bytes)")
         return dataclasses.replace(best, blocks_per_sm=blocks_per_sm)
     if param_cache is not None and param_cache not in PARAM_CACHES:
         raise LoweringError(f"normalization plan: param_cache {param_cache!r}: expected one of "
@@ -1311,9 +1321,7 @@ def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]
     for p in promised:
         for extra in range(1, PROMISE_STEPS + 1):
             blocks = p.min_blocks_per_sm + extra
-            smem = p.dynamic_shared_bytes + p.shared_bytes
-            if (blocks > 32 or blocks * p.block_threads > 2048
-                    or (smem and blocks * (smem + 1024) > SHARED_PER_SM)):
+            if not p.sm_holds(blocks):
                 break
             out.append(dataclasses.replace(p, blocks_per_sm=blocks))
     unique: list[LaunchPlan] = []
