@@ -26,9 +26,10 @@ def main() -> None:
     import torch.nn.functional as F
 
     from probe_common import parser, write_results
-    from hostir.jobs.layer_norm import ROTATE_BYTES, make_inputs, time_side_by_side, torch_fused
+    from hostir.jobs.layer_norm import ROTATE_BYTES, make_inputs, torch_fused
     from lowering.kernels.normalization import NormalizationSpec
     from runtime import normalization as rn
+    from runtime.autotune import graph_side_by_side
 
     a = parser("20480,5140", __doc__, reps=16).parse_args()
     res = []
@@ -48,7 +49,7 @@ def main() -> None:
         for name, cands in (("alone", base), ("with_torch_fused", {**base, "torch_fused": extra["torch_fused"]}),
                             ("with_torch_layer_norm", {**base, "torch_layer_norm": extra["torch_layer_norm"]}),
                             ("alone_again", base)):
-            us = time_side_by_side(cands, a.reps)
+            us = graph_side_by_side(cands, a.reps)
             over = {k: round(spec.bytes_moved() / (us[k] * 1e-6) / (4 * a.rows * hidden / (us["copy"] * 1e-6)), 3)
                     for k in ("a", "b")}
             row[name] = {"us": {k: round(v, 2) for k, v in us.items()}, "over_copy": over}

@@ -183,7 +183,8 @@ def main() -> None:
 
     ap = parser("1600,4096,20480", __doc__)
     a = ap.parse_args()
-    from hostir.jobs.layer_norm import ROTATE_BYTES, sm_copy, time_side_by_side
+    from hostir.jobs.layer_norm import ROTATE_BYTES, sm_copy
+    from runtime.autotune import graph_side_by_side
     from runtime import jit
 
     dev = torch.cuda.current_device()
@@ -226,7 +227,7 @@ def main() -> None:
             calls[0]()
             torch.cuda.synchronize()
             assert torch.equal(ys[0], xs[0]), f"{name} copied wrong at {hidden}"
-        us = time_side_by_side(cands, a.reps)
+        us = graph_side_by_side(cands, a.reps)
         row = {"hidden": hidden, "bytes_each_way": nbytes,
                "us": {kk: round(v, 2) for kk, v in us.items()},
                "gbps": {kk: round(2 * nbytes / (v * 1e-6) / 1e9, 1) for kk, v in us.items()},

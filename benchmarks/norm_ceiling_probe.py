@@ -123,7 +123,8 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true",
                     help="launch each candidate twice eagerly, untimed, for Nsight Compute")
     a = ap.parse_args()
-    from hostir.jobs.layer_norm import ROTATE_BYTES, make_inputs, time_side_by_side
+    from hostir.jobs.layer_norm import ROTATE_BYTES, make_inputs
+    from runtime.autotune import graph_side_by_side
     from lowering.kernels.normalization import NormalizationSpec
     from runtime import jit
     from runtime import normalization as rn
@@ -181,7 +182,7 @@ def main() -> None:
                     torch.cuda.synchronize()
             del cands, ins, outs
             continue
-        us = time_side_by_side(cands, a.reps)
+        us = graph_side_by_side(cands, a.reps)
         nbytes = 4 * a.rows * hidden
         row["us"] = {kk: round(v, 2) for kk, v in us.items()}
         row["gbps"] = {kk: round((2 if kk.endswith("_2x") else 1) * nbytes / (v * 1e-6) / 1e9, 1)

@@ -67,11 +67,12 @@ def main() -> None:
 
     from probe_common import parser, write_results
     from hostir.jobs.layer_norm import (ROTATE_BYTES, TOLERANCE, make_inputs, relative_error,
-                                        sm_copy, time_side_by_side)
+                                        sm_copy)
     from lowering.kernels.normalization import (NormalizationSpec, render_normalization,
                                                 spec_with_plan)
     from runtime import jit
     from runtime import normalization as rn
+    from runtime.autotune import graph_side_by_side
 
     ap = parser("768,1024,1280,1536,1600,2048,2560,4096,5140,12288,16384,20480", __doc__)
     ap.add_argument("--plans", default="benchmarks/results/layer_norm_nvidia-h200.json",
@@ -89,7 +90,7 @@ def main() -> None:
     buf = torch.zeros(4, dtype=torch.int32, device="cuda")
     arg = (np.uint64(buf.data_ptr()),)
     stream = lambda: jit.current_stream_handle(dev)  # noqa: E731
-    floor = time_side_by_side({
+    floor = graph_side_by_side({
         "plain": [lambda: empty["hostir_empty"].launch_raw((132, 1, 1), (128, 1, 1), arg, 0, stream())],
         "pdl": [lambda: empty["hostir_empty_pdl"].launch_raw((132, 1, 1), (128, 1, 1), arg, 0,
                                                             stream(), dependent=True)],
@@ -143,7 +144,7 @@ def main() -> None:
         cands = {kind: [call(kind, i, o) for i, o in zip(ins, outs)] for kind in kinds}
         cands["copy"] = [lambda i=i, o=o: o.copy_(i[0]) for i, o in zip(ins, outs)]
         cands["sm_copy"] = [lambda i=i, o=o: sm_copy(i[0], o) for i, o in zip(ins, outs)]
-        us = time_side_by_side(cands, a.reps)
+        us = graph_side_by_side(cands, a.reps)
         copy_gbps = 4 * rows * hidden / (us["copy"] * 1e-6) / 1e9
         row["us"] = {k: round(v, 2) for k, v in us.items()}
         row["over_copy"] = {k: round(spec.bytes_moved() / (us[k] * 1e-6) / 1e9 / copy_gbps, 3)

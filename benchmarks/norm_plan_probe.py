@@ -3,7 +3,7 @@
 The plan sweep (``hostir.run layer_norm --bench --sweep``) times each plan after the
 other, and the planner's rules (`lowering.kernels.normalization.RULES`) were fitted to
 such a sweep (0344c81). Timed one after another, the same kernel read up to 7% apart
-(see `hostir.jobs.layer_norm.time_side_by_side`), more than the margins between the top
+(see `runtime.autotune.graph_side_by_side`), more than the margins between the top
 plans. This probe takes, per hidden size, the ``--top`` fastest plans of the sweep file,
 the planner's plan and the row-wise kernel, and times them with ``copy_`` in
 carryover-balanced rounds of CUDA-graph replays, as the bench times its columns; each

@@ -104,9 +104,9 @@ def main() -> None:
     ap.add_argument("--mode", choices=("stages", "long"), default="stages")
     a = ap.parse_args()
     import lowering.kernels.normalization as nm
-    from hostir.jobs.layer_norm import (ROTATE_BYTES, TOLERANCE, make_inputs, relative_error,
-                                        time_side_by_side)
+    from hostir.jobs.layer_norm import ROTATE_BYTES, TOLERANCE, make_inputs, relative_error
     from runtime import jit
+    from runtime.autotune import graph_side_by_side
     from runtime.normalization import precompile
     from runtime import normalization as rn
 
@@ -144,7 +144,7 @@ def main() -> None:
                 torch.cuda.synchronize()
             info[label] = entry
         del ref
-        us = time_side_by_side(cands, a.reps)
+        us = graph_side_by_side(cands, a.reps)
         copy_gbps = 4 * a.rows * hidden / (us["memcpy"] * 1e-6) / 1e9
         for label, t in us.items():
             if label != "memcpy":

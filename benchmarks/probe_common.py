@@ -36,9 +36,9 @@ def time_plans(rows: int, hidden: int, specs: dict, reps: int, info: dict | None
     with a large mean (NaN-poisoned output; an error over the tolerance raises).
     Returns (label -> {describe, registers, spill_bytes, rel_err, grid, us, over_copy},
     copy_ microseconds); ``info`` (label -> dict) is merged in."""
-    from hostir.jobs.layer_norm import (ROTATE_BYTES, TOLERANCE, make_inputs, relative_error,
-                                        time_side_by_side)
+    from hostir.jobs.layer_norm import ROTATE_BYTES, TOLERANCE, make_inputs, relative_error
     from runtime import normalization as rn
+    from runtime.autotune import graph_side_by_side
 
     info = {k: dict(v) for k, v in (info or {}).items()}
     first = next(iter(specs.values()))
@@ -63,7 +63,7 @@ def time_plans(rows: int, hidden: int, specs: dict, reps: int, info: dict | None
         cands[label] = [lambda i=i, o=o, s=s: rn.normalize(s, named(i), o)
                         for i, o in zip(ins, outs)]
     del ref
-    us = time_side_by_side(cands, reps)
+    us = graph_side_by_side(cands, reps)
     copy_gbps = 4 * rows * hidden / (us["copy"] * 1e-6) / 1e9
     for label in specs:
         if label in us:

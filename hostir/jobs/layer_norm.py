@@ -46,7 +46,6 @@ from hostir.jobs.results import commit
 HIDDEN = (768, 1024, 1280, 1536, 1600, 2048, 2560, 4096, 5140, 12288, 16384, 20480)
 TOLERANCE = 1e-2
 ROTATE_BYTES = 256 << 20  # > 4x the 60 MB L2: a set is evicted before it comes round again
-LAUNCHES_PER_GRAPH = 48  # runtime.autotune.GRAPH_LAUNCHES
 
 # The SM copy beside the copy engine: 16-byte vectors, four in flight a thread, 256
 # threads a block, 8 blocks an SM (2048 threads), grid-stride. At 0.91-0.97 of
@@ -249,17 +248,8 @@ def time_per_call(calls, replays: int) -> float:
     """
     from runtime.autotune import graph_of, time_replay
 
-    graph = graph_of(calls, LAUNCHES_PER_GRAPH)
+    graph = graph_of(calls)
     return statistics.median([time_replay(*graph) for _ in range(replays)])
-
-
-def time_side_by_side(candidates: dict, replays: int) -> dict:
-    """Median microseconds a call of each candidate (label -> one call per input set),
-    timed side by side in carryover-balanced rounds of graph replays
-    (`runtime.autotune.graph_side_by_side`)."""
-    from runtime.autotune import graph_side_by_side
-
-    return graph_side_by_side(candidates, replays)
 
 
 _DEADLINE = None  # time.monotonic() past which the sweep skips plans (--deadline-s)
@@ -303,6 +293,7 @@ def bench(rows: int, hidden: int, eps: float, replays: int, sweep: bool, tune: b
 
     from lowering.kernels.normalization import NormalizationSpec
     from runtime import normalization as rn
+    from runtime.autotune import graph_side_by_side
 
     spec = NormalizationSpec.reference_fusion(rows, hidden, eps)
     nbytes = spec.bytes_moved()
@@ -347,8 +338,8 @@ def bench(rows: int, hidden: int, eps: float, replays: int, sweep: bool, tune: b
     torch.cuda.synchronize()
     if not torch.equal(outs[0], inputs[0][0]):
         raise AssertionError("sm_copy copied wrong")
-    times = time_side_by_side(candidates, replays)
-    torch_times = time_side_by_side(torch_candidates, replays)
+    times = graph_side_by_side(candidates, replays)
+    torch_times = graph_side_by_side(torch_candidates, replays)
     times.update(torch_fused=torch_times["torch_fused"],
                  torch_layer_norm=torch_times["torch_layer_norm"])
     times["copy_in_torch_rounds"] = torch_times["copy"]

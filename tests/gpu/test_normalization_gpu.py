@@ -179,12 +179,12 @@ def test_bench_sm_copy_copies_and_refuses_odd_sizes():
 
 
 def test_bench_side_by_side_times_each_candidate():
-    from hostir.jobs.layer_norm import time_side_by_side
+    from runtime.autotune import graph_side_by_side
 
     a = torch.randn(1 << 22, device="cuda")
     b = torch.empty_like(a)
     calls = {"copy": [lambda: b.copy_(a)], "twice": [lambda: (b.copy_(a), b.copy_(a))]}
-    us = time_side_by_side(calls, replays=4)
+    us = graph_side_by_side(calls, 4)
     assert set(us) == {"copy", "twice"}
     assert 0 < us["copy"] < us["twice"]  # two copies take longer than one
 
