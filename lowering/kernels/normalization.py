@@ -663,6 +663,14 @@ BALANCED_GRID = False
 # and 20480 1.005-1.012x, but 12288 0.952x (its t512 b3 plan; no cause found).
 PACKED_HEAD = True
 
+# Whether x and y are addressed from one pointer a row (``x_row``/``y_row``: the row's
+# start plus this thread's first vector, computed once a row) with each batch slot at a
+# constant offset from it, rather than each access computing its own 64-bit address from
+# the row and the vector index: the same accesses and bits, fewer instructions. Not in
+# plans with ``param_cache="global"``, which address the 1-D tensors per slot anyway and
+# whose register budget the row pointers overrun (spills at 768, 5140 and 20480).
+LEAN_ADDRESSES = True
+
 RULES = PlannerRules(deep_below=64 * 1024, one_pass_warps=0, global_params=True, packed_row=True,
                      split_params=True)
 RULE_GRID = {"deep_below": (0, 32 * 1024, 48 * 1024, 64 * 1024, 1 << 30),
@@ -1447,7 +1455,7 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
     // Rows past the end still join the barriers of the reduction; they only skip memory.
     const bool row_ok = row < rows;
     const size_t row_base = (size_t)row * kHidden;
-    float v[kBatch][kVec];
+{row_pointers}    float v[kBatch][kVec];
 """,
     # Slot i of the batch holds vector i*kThreadsPerRow + lane: consecutive lanes read
     # consecutive vectors, so a warp's access is one contiguous 512-byte span.
@@ -1526,6 +1534,15 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
     "out_decl": "      Vec<{t}, kVec> v_y;\n",
     "out_assign": "        v_y.e[e] = {value};\n",
     "store_y": "      __stcs(&(reinterpret_cast<Vec<{t}, kVec>*>(out_y + row_base) + vec)->raw, v_y.raw);\n",
+    # LEAN_ADDRESSES: slot i at a constant offset from the row's pointers
+    "store_y_lean": "      __stcs(&y_row[i * kThreadsPerRow].raw, v_y.raw);\n",
+    "load_x_lean": """\
+      Vec<{t}, kVec> v_x;
+      v_x.raw = {{}};
+      if (ok) v_x.raw = __ldcs(&x_row[i * kThreadsPerRow].raw);
+""",
+    "x_row": "    const Vec<{t}, kVec>* const x_row = reinterpret_cast<const Vec<{t}, kVec>*>(in_x + row_base) + lane;\n",
+    "y_row": "    Vec<{t}, kVec>* const y_row = reinterpret_cast<Vec<{t}, kVec>*>(out_y + row_base) + lane;\n",
     "kernel_close": "  }}\n}}\n",
 }
 
@@ -1537,6 +1554,11 @@ class NormalizationRenderer:
         self.spec = spec
         self.plan = spec.plan
         self.out: list[str] = []
+
+    @property
+    def lean(self) -> bool:
+        """Whether x and y are addressed from per-row pointers (`LEAN_ADDRESSES`)."""
+        return LEAN_ADDRESSES and self.plan.param_cache != "global"
 
     def emit(self, key: str, **fields) -> None:
         self.out.append(SNIPPETS[key].format(**fields))
@@ -1570,6 +1592,9 @@ class NormalizationRenderer:
             vec=p.vector_width, batch=p.batch, threads_per_row=p.threads_per_row,
             rows_per_block=p.rows_per_block, hidden=s.hidden, vectors=vectors,
             full_batches=vectors // p.threads_per_row, shared=shared,
+            row_pointers=(SNIPPETS["x_row"].format(t=CUDA_TYPES[s.input_dtype])
+                          + SNIPPETS["y_row"].format(t=CUDA_TYPES[s.output_dtype])
+                          if self.lean else ""),
         )
         self._load_and_prologue()
         self._statistics()
@@ -1609,7 +1634,7 @@ class NormalizationRenderer:
     def _load_and_prologue(self) -> None:
         s = self.spec
         self.emit("batch_loop_open")
-        self.emit("load_x", t=CUDA_TYPES[s.input_dtype])
+        self.emit("load_x_lean" if self.lean else "load_x", t=CUDA_TYPES[s.input_dtype])
         adds = [op for op in s.prologue if isinstance(op, AddBroadcast)]
         for op in adds:
             self.emit("load_param", t=CUDA_TYPES[op.dtype], name=op.name)
@@ -1660,7 +1685,7 @@ class NormalizationRenderer:
             self._pointwise(op)
         self.emit("out_assign", value=FROM_FLOAT[s.output_dtype].format("a"))
         self.emit("loop_close")
-        self.emit("store_y", t=CUDA_TYPES[s.output_dtype])
+        self.emit("store_y_lean" if self.lean else "store_y", t=CUDA_TYPES[s.output_dtype])
         self.emit("batch_loop_close")
 
     def _normalize_and_store(self) -> None:
@@ -1677,6 +1702,47 @@ class NormalizationRenderer:
         for name, dtype in loads:
             self.emit("load_param", t=CUDA_TYPES[dtype], name=name)
         self._normalize_and_store_tail()
+
+
+# The loops of load_row_t and stage_row_t (PersistentRenderer), by LEAN_ADDRESSES. Lean:
+# one pointer to the row's (row 0's for a row past the end) first vector of this thread,
+# each slot a constant offset from it; a slot of the last, partial batch past the row
+# points at x itself (a cp.async of 0 bytes still names a readable address).
+ROW_COPY_BODIES = {
+    False: ("""\
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i) {
+    const int vec = i * kThreadsPerRow + lane;
+    xr[i].raw = {};
+    if (row < rows && (i < kFullBatches || vec < kVectors))
+      xr[i].raw = __ldcs(&(reinterpret_cast<const Vec<T, kVec>*>(x + (size_t)row * hidden) + vec)->raw);
+  }""", """\
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i) {
+    const int vec = i * kThreadsPerRow + lane;
+    const bool ok = row < rows && (i < kFullBatches || vec < kVectors);
+    const T* src = ok ? x + (size_t)row * hidden + (size_t)vec * kVec : x;
+    cp_async<sizeof(T) * kVec>(buf + i * kThreadsPerRow + lane, src, ok);
+  }"""),
+    True: ("""\
+  const bool in = row < rows;
+  const Vec<T, kVec>* const src = reinterpret_cast<const Vec<T, kVec>*>(x + (size_t)(in ? row : 0) * hidden) + lane;
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i) {
+    xr[i].raw = {};
+    if (in && (i < kFullBatches || i * kThreadsPerRow + lane < kVectors))
+      xr[i].raw = __ldcs(&src[i * kThreadsPerRow].raw);
+  }""", """\
+  const bool in = row < rows;
+  const Vec<T, kVec>* const src = reinterpret_cast<const Vec<T, kVec>*>(x + (size_t)(in ? row : 0) * hidden) + lane;
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i) {
+    const bool ok = in && (i < kFullBatches || i * kThreadsPerRow + lane < kVectors);
+    const void* from = src + i * kThreadsPerRow;
+    if (i >= kFullBatches && !ok) from = x;
+    cp_async<sizeof(T) * kVec>(buf + i * kThreadsPerRow + lane, from, ok);
+  }"""),
+}
 
 
 class PersistentRenderer(NormalizationRenderer):
@@ -1769,6 +1835,8 @@ extern "C" __global__ void __launch_bounds__({p.block_threads}, {p.min_blocks_pe
     const bool row_ok = row < rows;
     const size_t row_base = (size_t)row * kHidden;
 """)
+        if self.lean:
+            out.append(SNIPPETS["y_row"].format(t=CUDA_TYPES[s.output_dtype]))
         if p.param_cache == "registers" and self.tensors:
             out.append("#pragma unroll\n    for (int i = 0; i < kBatch; ++i) {\n")
             for name in self.tensors:
@@ -1821,19 +1889,14 @@ extern "C" __global__ void __launch_bounds__({p.block_threads}, {p.min_blocks_pe
         if p.x_staged and not p.x_bulk:
             out.append("  cp_async_wait_all();  // no copy outlives the block (the last one only zero-fills)\n")
         out.append("}\n")
+        load_row_body, stage_row_body = ROW_COPY_BODIES[self.lean]
         helper = f"""\
 // One row's x slice into packed registers, streaming (__ldcs: read once); slots past the
 // row or rows past the end read nothing and hold 0.
 template <typename T, int kVec, int kBatch, int kThreadsPerRow, int kVectors, int kFullBatches>
 __device__ __forceinline__ void load_row_t(Vec<T, kVec> (&xr)[kBatch], const T* __restrict__ x,
                                          int row, int rows, int lane, int hidden) {{
-#pragma unroll
-  for (int i = 0; i < kBatch; ++i) {{
-    const int vec = i * kThreadsPerRow + lane;
-    xr[i].raw = {{}};
-    if (row < rows && (i < kFullBatches || vec < kVectors))
-      xr[i].raw = __ldcs(&(reinterpret_cast<const Vec<T, kVec>*>(x + (size_t)row * hidden) + vec)->raw);
-  }}
+{load_row_body}
 }}
 // An empty asm that "changes" a value: the row loop calls it on the cached 1-D tensors
 // (and the shared-memory index) at every row, so that the compiler cannot hoist their
@@ -1894,13 +1957,7 @@ __device__ __forceinline__ void cp_async_wait_group() {{ asm volatile("cp.async.
 template <typename T, int kVec, int kBatch, int kThreadsPerRow, int kVectors, int kFullBatches>
 __device__ __forceinline__ void stage_row_t(Vec<T, kVec>* buf, const T* __restrict__ x,
                                           int row, int rows, int lane, int hidden) {{
-#pragma unroll
-  for (int i = 0; i < kBatch; ++i) {{
-    const int vec = i * kThreadsPerRow + lane;
-    const bool ok = row < rows && (i < kFullBatches || vec < kVectors);
-    const T* src = ok ? x + (size_t)row * hidden + (size_t)vec * kVec : x;
-    cp_async<sizeof(T) * kVec>(buf + i * kThreadsPerRow + lane, src, ok);
-  }}
+{stage_row_body}
   asm volatile("cp.async.commit_group;\\n" ::: "memory");
 }}
 #define stage_row(buf, x, row, rows, lane) \\
