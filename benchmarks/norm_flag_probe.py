@@ -17,6 +17,7 @@ against the float64 reference on inputs with large-mean rows:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -26,6 +27,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 SIZES = "768,1024,1280,1536,1600,2048,2560,4096,5140,12288,16384,20480"
 
@@ -36,11 +38,14 @@ def main() -> None:
     ap.add_argument("--hidden", default=SIZES)
     ap.add_argument("--rows", type=int, default=8192)
     ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
+    ap.add_argument("--plan", default="", help="overrides of the heuristic's plan, name=value,... "
+                    "(e.g. param_cache=none,threads_per_row=192,batch=7,blocks_per_sm=5)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     import lowering.kernels.normalization as nm
     from hostir.jobs.layer_norm import ROTATE_BYTES, make_inputs, relative_error, time_per_call
     from lowering.kernels.normalization import NormalizationSpec
+    from probe_common import plan_overrides
     from runtime import normalization as rn
 
     if not isinstance(getattr(nm, a.flag, None), bool):
@@ -54,6 +59,8 @@ def main() -> None:
     rows, res = a.rows, []
     for hidden in (int(h) for h in a.hidden.split(",")):
         spec = NormalizationSpec.reference_fusion(rows, hidden, 1e-5)
+        if a.plan:
+            spec = dataclasses.replace(spec, **plan_overrides(a.plan))
         x, b0, b1, w, b2 = make_inputs(rows, hidden)
         named = {"x": x, "b0": b0, "b1": b1, "weight": w, "bias": b2}
         ref = rn.reference(spec, named)
@@ -99,6 +106,7 @@ def main() -> None:
     with open(a.out, "w") as fh:
         json.dump({"device": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
                    "commit": os.environ.get("HOSTIR_COMMIT", "unknown"), "flag": a.flag,
+                   "plan_overrides": plan_overrides(a.plan),
                    "rows": rows, "dtype": "float16",
                    "method": f"CUDA-graph replays, copy / off / on interleaved {a.rounds} "
                              "rounds, median", "results": res}, fh, indent=1)

@@ -28,6 +28,20 @@ def parser(hidden: str, doc: str | None = None, reps: int = 12) -> argparse.Argu
     return ap
 
 
+def plan_overrides(text: str) -> dict:
+    """``name=value,...`` (a probe's --plan) as spec overrides: ints, floats, true/false,
+    else strings. ``"param_cache=none,blocks_per_sm=5"`` -> that dict."""
+    def value(v: str):
+        for cast in (int, float):
+            try:
+                return cast(v)
+            except ValueError:
+                pass
+        return {"true": True, "false": False}.get(v.lower(), v)
+
+    return {k: value(v) for k, v in (kv.split("=", 1) for kv in text.split(",") if kv)}
+
+
 def time_plans(rows: int, hidden: int, specs: dict, reps: int, info: dict | None = None):
     """Time ``specs`` (label -> NormalizationSpec of the reference fusion at ``rows`` x
     ``hidden``) side by side with ``copy_`` in carryover-balanced rounds of CUDA-graph

@@ -157,9 +157,30 @@ def _compile_once(source: str, names: Sequence[str], arch: str,
     finally:
         nvrtc.destroyProgram(prog)
     regs, spills, stack = parse_ptxas(log)
-    return CompiledKernel(cubin=bytes(cubin), names=tuple(names), lowered=lowered,
+    return CompiledKernel(cubin=whole_elf(bytes(cubin)), names=tuple(names), lowered=lowered,
                           registers=regs, spill_bytes=spills, local_bytes=stack, log=log,
                           arch=arch)
+
+
+def whole_elf(cubin: bytes) -> bytes:
+    """``cubin`` padded with zero bytes to the length its ELF headers declare.
+
+    CuPy's ``nvrtc.getCUBIN`` drops the last byte of the cubin: it strips a trailing NUL
+    as from the PTX and the log, but a cubin has none (cupy/cuda/nvrtc.pyx; seen with
+    CuPy 13 and NVRTC 13.5: 3439 of 3440 bytes). The byte lost is the last of the ELF's
+    program header table, the high byte of the last segment's alignment, which is 0; the
+    driver loads the short image, nvdisasm and cuobjdump refuse it. So it is put back,
+    and a unit test compares the result with NVRTC's own bytes."""
+    import struct
+
+    if len(cubin) < 64 or cubin[:4] != b"\x7fELF" or cubin[4] != 2:  # ELF64 only
+        return cubin
+    phoff, shoff = struct.unpack_from("<QQ", cubin, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", cubin, 0x36)
+    end = max(phoff + phentsize * phnum, shoff + shentsize * shnum)
+    if len(cubin) < end <= len(cubin) + 8:
+        return cubin + b"\0" * (end - len(cubin))
+    return cubin
 
 
 # ---------------------------------------------------------------------------------------
@@ -195,7 +216,7 @@ def _decode(blob: bytes) -> CompiledKernel | None:
     try:
         meta = json.loads(payload[8:8 + hlen])
         meta["names"] = tuple(meta["names"])
-        ck = CompiledKernel(cubin=payload[8 + hlen:], **meta)
+        ck = CompiledKernel(cubin=whole_elf(payload[8 + hlen:]), **meta)
     except (ValueError, TypeError, KeyError):
         return None
     # an entry without ptxas' report of a kernel (written before `compile` checked for

@@ -669,6 +669,11 @@ PACKED_HEAD = True
 # the row and the vector index: the same accesses and bits, fewer instructions. Not in
 # plans with ``param_cache="global"``, which address the 1-D tensors per slot anyway and
 # whose register budget the row pointers overrun (spills at 768, 5140 and 20480).
+# Measured on (norm_flag_LEAN_ADDRESSES_nvidia-h200_eaea0d6.json, every output the same
+# bits), the heuristic's plans: 1600 1.044x, 1280-1536 1.011x, 16384-20480 1.006-1.009x,
+# 768-2560 0.997-1.003x, 4096 0.992x, 5140 0.993x, 12288 0.996x; the row-wise kernel
+# t192 b7 x5 at 5140 55.3 -> 45.9 us in the tuner's rounds (now its pick: 0.904-0.905 of
+# copy in three benches, 0.891-0.897 before). SASS of 5140's persistent loop: 768 -> 640.
 LEAN_ADDRESSES = True
 
 RULES = PlannerRules(deep_below=64 * 1024, one_pass_warps=0, global_params=True, packed_row=True,

@@ -245,3 +245,51 @@ def test_dependent_launches_fall_back_where_the_driver_has_no_launch_ex(monkeypa
         assert rn.dependent_launch(0) is False
     finally:
         rn.clear_caches()
+
+
+def _nvrtc_library():
+    """The libnvrtc CuPy loaded (after a compile), from this process's mappings."""
+    import ctypes
+
+    jit.compile(SRC, ["scale"], "sm_90")
+    try:
+        with open("/proc/self/maps") as fh:
+            paths = {line.split()[-1] for line in fh if "libnvrtc.so" in line}
+    except OSError:
+        paths = set()
+    if not paths:
+        pytest.skip("no libnvrtc mapped in this process")
+    return ctypes.CDLL(sorted(paths)[0])
+
+
+def test_cubin_is_nvrtcs_whole_image():
+    # CuPy's getCUBIN drops the image's last byte; jit.compile gives back NVRTC's bytes
+    import ctypes
+
+    lib = _nvrtc_library()
+    opts = ["-arch=sm_90", *jit.BASE_OPTIONS]
+    if jit.nvrtc_version() >= jit.NVRTC_NO_CACHE:
+        opts.append("--no-cache")
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), SRC.encode(), b"scale.cu", 0, None, None) == 0
+    try:
+        argv = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
+        assert lib.nvrtcCompileProgram(prog, len(opts), argv) == 0
+        size = ctypes.c_size_t()
+        assert lib.nvrtcGetCUBINSize(prog, ctypes.byref(size)) == 0
+        buf = ctypes.create_string_buffer(size.value)
+        assert lib.nvrtcGetCUBIN(prog, buf) == 0
+        direct = buf.raw
+    finally:
+        lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    ck = jit._compile_once(SRC, ["scale"], "sm_90", ())
+    assert len(ck.cubin) == len(direct)
+    assert ck.cubin == direct
+
+
+def test_whole_elf_pads_only_a_short_image():
+    ck = jit.compile(SRC, ["scale"], "sm_90")
+    assert jit.whole_elf(ck.cubin) == ck.cubin
+    assert jit.whole_elf(ck.cubin[:-1]) == ck.cubin  # the last byte is a 0
+    assert jit.whole_elf(b"not an elf") == b"not an elf"
+    assert jit.whole_elf(ck.cubin[:-100]) == ck.cubin[:-100]  # too short to be a dropped NUL

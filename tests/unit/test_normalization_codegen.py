@@ -792,3 +792,67 @@ def test_tune_plans_promise_more_blocks_and_spilling_promises_are_reported():
                                             param_cache="none", blocks_per_sm=9)) == ""
     assert "spills" in spill_report(dataclasses.replace(base, threads_per_row=128, batch=4,
                                                         param_cache="none", blocks_per_sm=10))
+
+
+def test_lean_addresses_use_row_pointers_except_in_global_plans():
+    """LEAN_ADDRESSES: x and y by one pointer a row (row-wise and persistent kernels),
+    each slot a constant offset; plans with param_cache="global" keep per-slot addresses."""
+    import dataclasses
+
+    import lowering.kernels.normalization as nm
+
+    base = NormalizationSpec.reference_fusion(64, 5140, 1e-5)
+    rowwise = render_normalization(dataclasses.replace(base, param_cache="none"))
+    assert "x_row[i * kThreadsPerRow]" in rowwise and "y_row[i * kThreadsPerRow]" in rowwise
+    persistent = render_normalization(base)
+    assert base.plan.param_cache == "registers" and "y_row[i * kThreadsPerRow]" in persistent
+    assert "+ (size_t)vec * kVec" not in persistent  # stage_row's per-slot address
+    glob = dataclasses.replace(base, param_cache="global", x_staged=True, prefetch=True)
+    assert glob.plan.param_cache == "global"
+    assert "y_row" not in render_normalization(glob)
+    assert nm.LEAN_ADDRESSES
+
+
+def test_phase_probe_kernels_compile(monkeypatch):
+    """benchmarks/norm_phase_probe.py's hand-written kernels (16-byte vectors at 5140 by
+    row phase) compile for sm_90; those its result file timed have no spills."""
+    pytest.importorskip("cupy")
+    import importlib
+    import json
+    import pathlib
+    import sys
+
+    from runtime import jit
+
+    root = pathlib.Path(__file__).resolve().parents[2]
+    monkeypatch.syspath_prepend(str(root / "benchmarks"))
+    mod = importlib.import_module("norm_phase_probe")
+    base = NormalizationSpec.reference_fusion(8192, 5140, 1e-5)
+    import lowering.kernels.normalization as nm
+
+    source, names = mod.source(nm.PersistentRenderer(base).render(), 5140)
+    ck = jit.compile(source, names, "sm_90")
+    timed = json.loads((root / "benchmarks/results/norm_phase_probe_nvidia-h200.json").read_text())
+    plans = timed["results"][0]["plans"]
+    for label, name in zip(mod.VARIANTS, names):
+        sym = ck.lowered[name]
+        if "us" in plans[label]:
+            assert ck.spill_bytes.get(sym, 0) == 0, label
+    sys.modules.pop("norm_phase_probe", None)
+
+
+def test_sass_count_reads_opcodes(monkeypatch):
+    import importlib
+    import pathlib
+    import sys
+
+    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+    mod = importlib.import_module("sass_count")
+    text = ("        /*0250*/                   LDS.64 R12, [R86] ;                     /* 0x... */\n"
+            "        /*0260*/              @!P1 LDGSTS.E.64 [R97], desc[UR4][R110.64], !P6 ;\n"
+            "        /*0270*/                   FADD R1, R2, R3 ;\n"
+            "        /*0280*/                   FADD R1, R2, R3 ;\n"
+            ".L_x_5:\n"
+            "        .size  k,(.L_x_28 - k)\n")
+    assert mod.opcodes(text) == {"LDS.64": 1, "LDGSTS.E.64": 1, "FADD": 2}
+    sys.modules.pop("sass_count", None)
