@@ -672,8 +672,9 @@ PACKED_HEAD = True
 # Measured on (norm_flag_LEAN_ADDRESSES_nvidia-h200_eaea0d6.json, every output the same
 # bits), the heuristic's plans: 1600 1.044x, 1280-1536 1.011x, 16384-20480 1.006-1.009x,
 # 768-2560 0.997-1.003x, 4096 0.992x, 5140 0.993x, 12288 0.996x; the row-wise kernel
-# t192 b7 x5 at 5140 55.3 -> 45.9 us in the tuner's rounds (now its pick: 0.904-0.905 of
-# copy in three benches, 0.891-0.897 before). SASS of 5140's persistent loop: 768 -> 640.
+# t192 b7 x5 at 5140 1.211x (norm_flag_LEAN_ADDRESSES_rowwise_5140_nvidia-h200_add9f1e.json;
+# now its pick: 0.904-0.905 of copy in three benches, 0.891-0.897 before), 4096's t128 b4
+# x7 1.000x. SASS of 5140's persistent kernel: 768 -> 640 (benchmarks/sass_count.py).
 LEAN_ADDRESSES = True
 
 RULES = PlannerRules(deep_below=64 * 1024, one_pass_warps=0, global_params=True, packed_row=True,
