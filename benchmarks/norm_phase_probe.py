@@ -183,13 +183,12 @@ def main() -> None:
 
     import numpy as np
     import torch
+    from cupy.cuda import driver
 
-    from hostir.jobs.layer_norm import ROTATE_BYTES, TOLERANCE, make_inputs, relative_error
     from lowering.kernels import normalization as nm
-    from probe_common import parser, report_size, write_results
+    from probe_common import parser, report_size, time_plans, write_results
     from runtime import jit
     from runtime import normalization as rn
-    from runtime.autotune import graph_side_by_side
 
     a = parser("5140", __doc__).parse_args()
     dev = torch.cuda.current_device()
@@ -205,22 +204,7 @@ def main() -> None:
         text, names = source(nm.PersistentRenderer(base).render(), hidden)
         ck = jit.compile(text, names, jit.device_arch(dev))
         kernels = jit.load(ck, dev)
-        sets = max(2, -(-ROTATE_BYTES // base.bytes_moved()))
-        ins = [make_inputs(a.rows, hidden) for _ in range(sets)]
-        outs = [torch.empty_like(i[0]) for i in ins]
-        named = lambda i: {"x": i[0], "b0": i[1], "b1": i[2], "weight": i[3], "bias": i[4]}  # noqa: E731
-        ref = rn.reference(base, named(ins[0]))
-        cands = {"copy": [lambda i=i, o=o: o.copy_(i[0]) for i, o in zip(ins, outs)]}
-        info = {}
-        for label, s in ours.items():
-            c = rn.compiled_kernel(s)
-            info[label] = {"registers": c.registers[s.kernel_name],
-                           "spill_bytes": c.spill_bytes.get(s.kernel_name, 0)}
-            y = rn.normalize(s, named(ins[0]), torch.full_like(outs[0], float("nan")))
-            info[label]["rel_err"] = relative_error(y, ref)
-            cands[label] = [lambda i=i, o=o, s=s: rn.normalize(s, named(i), o)
-                            for i, o in zip(ins, outs)]
-        handle = jit.current_stream_handle(dev)
+        info, calls = {}, {}
         for (label, (t, b, r, st, m)), name in zip(VARIANTS.items(), names):
             sym = ck.lowered[name]
             row = info[label] = {"registers": ck.registers[sym],
@@ -230,7 +214,6 @@ def main() -> None:
             k = kernels[name]
             smem = r * (st + 1) * t * b * 16
             k.ensure_smem(smem)
-            from cupy.cuda import driver
             per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(k.function.ptr, t * r, smem)
             grid = min(sms * per_sm, -(-a.rows // r))
             if r % 2:
@@ -242,23 +225,9 @@ def main() -> None:
                 k.launch_raw((grid, 1, 1), (t * r, 1, 1), args, smem,
                              jit.current_stream_handle(dev), True)
 
-            y = torch.full_like(outs[0], float("nan"))
-            launch(ins[0], y)
-            row["rel_err"] = relative_error(y, ref)
-            if not row["rel_err"] < TOLERANCE:
-                raise AssertionError(f"{label}: relative error {row['rel_err']:.2e}")
-            cands[label] = [lambda i=i, o=o, f=launch: f(i, o) for i, o in zip(ins, outs)]
-        del ref, handle
-        us = graph_side_by_side(cands, a.reps)
-        copy_gbps = 4 * a.rows * hidden / (us["copy"] * 1e-6) / 1e9
-        for label in info:
-            if label in us:
-                info[label]["us"] = round(us[label], 2)
-                info[label]["over_copy"] = round(
-                    base.bytes_moved() / (us[label] * 1e-6) / 1e9 / copy_gbps, 3)
-        res.append(report_size(hidden, info, us["copy"], "registers"))
-        del cands, ins, outs
-        torch.cuda.empty_cache()
+            calls[label] = launch
+        info, copy_us = time_plans(a.rows, hidden, ours, a.reps, info, calls)
+        res.append(report_size(hidden, info, copy_us, "registers"))
     write_results(a.out, a.rows, a.reps, res)
 
 

@@ -42,12 +42,16 @@ def plan_overrides(text: str) -> dict:
     return {k: value(v) for k, v in (kv.split("=", 1) for kv in text.split(",") if kv)}
 
 
-def time_plans(rows: int, hidden: int, specs: dict, reps: int, info: dict | None = None):
+def time_plans(rows: int, hidden: int, specs: dict, reps: int, info: dict | None = None,
+               calls: dict | None = None):
     """Time ``specs`` (label -> NormalizationSpec of the reference fusion at ``rows`` x
     ``hidden``) side by side with ``copy_`` in carryover-balanced rounds of CUDA-graph
     replays, on input sets rotated past L2. Each spec is compiled first (registers and
     spills recorded; one that spills is not timed) and checked against float64 on rows
     with a large mean (NaN-poisoned output; an error over the tolerance raises).
+    ``calls`` (label -> fn(inputs, out), inputs the list x, b0, b1, weight, bias) are
+    kernels that are no spec (a probe's hand-written ones), checked and timed alike;
+    what they compiled to is the caller's to record in ``info``.
     Returns (label -> {describe, registers, spill_bytes, rel_err, grid, us, over_copy},
     copy_ microseconds); ``info`` (label -> dict) is merged in."""
     from hostir.jobs.layer_norm import ROTATE_BYTES, TOLERANCE, make_inputs, relative_error
@@ -61,7 +65,7 @@ def time_plans(rows: int, hidden: int, specs: dict, reps: int, info: dict | None
     outs = [torch.empty_like(i[0]) for i in ins]
     named = lambda i: {"x": i[0], "b0": i[1], "b1": i[2], "weight": i[3], "bias": i[4]}  # noqa: E731
     ref = rn.reference(first, named(ins[0]))
-    cands = {"copy": [lambda i=i, o=o: o.copy_(i[0]) for i, o in zip(ins, outs)]}
+    timed = {}
     for label, s in specs.items():
         ck = rn.compiled_kernel(s)
         row = info.setdefault(label, {})
@@ -69,21 +73,25 @@ def time_plans(rows: int, hidden: int, specs: dict, reps: int, info: dict | None
                    spill_bytes=ck.spill_bytes.get(s.kernel_name, 0))
         if row["spill_bytes"]:
             continue
-        y = rn.normalize(s, named(ins[0]), torch.full_like(outs[0], float("nan")))
+        row["grid"] = rn.launch_grid(s, rn._kernel(s, ins[0][0].get_device()), ins[0][0].device)
+        timed[label] = lambda i, o, s=s: rn.normalize(s, named(i), o)
+    timed.update(calls or {})
+    cands = {"copy": [lambda i=i, o=o: o.copy_(i[0]) for i, o in zip(ins, outs)]}
+    for label, call in timed.items():
+        row = info.setdefault(label, {})
+        y = torch.full_like(outs[0], float("nan"))
+        call(ins[0], y)
         row["rel_err"] = relative_error(y, ref)
         if not row["rel_err"] < TOLERANCE:
             raise AssertionError(f"{label} at {hidden}: relative error {row['rel_err']:.2e}")
-        row["grid"] = rn.launch_grid(s, rn._kernel(s, ins[0][0].get_device()), ins[0][0].device)
-        cands[label] = [lambda i=i, o=o, s=s: rn.normalize(s, named(i), o)
-                        for i, o in zip(ins, outs)]
+        cands[label] = [lambda i=i, o=o, f=call: f(i, o) for i, o in zip(ins, outs)]
     del ref
     us = graph_side_by_side(cands, reps)
     copy_gbps = 4 * rows * hidden / (us["copy"] * 1e-6) / 1e9
-    for label in specs:
-        if label in us:
-            info[label]["us"] = round(us[label], 2)
-            info[label]["over_copy"] = round(
-                first.bytes_moved() / (us[label] * 1e-6) / 1e9 / copy_gbps, 3)
+    for label in timed:
+        info[label]["us"] = round(us[label], 2)
+        info[label]["over_copy"] = round(
+            first.bytes_moved() / (us[label] * 1e-6) / 1e9 / copy_gbps, 3)
     del cands, ins, outs
     torch.cuda.empty_cache()
     return info, us["copy"]

@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import re
+import struct
 import sys
 import tempfile
 import threading
@@ -171,8 +172,6 @@ def whole_elf(cubin: bytes) -> bytes:
     program header table, the high byte of the last segment's alignment, which is 0; the
     driver loads the short image, nvdisasm and cuobjdump refuse it. So it is put back,
     and a unit test compares the result with NVRTC's own bytes."""
-    import struct
-
     if len(cubin) < 64 or cubin[:4] != b"\x7fELF" or cubin[4] != 2:  # ELF64 only
         return cubin
     phoff, shoff = struct.unpack_from("<QQ", cubin, 0x20)
