@@ -2,7 +2,7 @@
 """One-shot GPU check of the wgmma (sm_90a) matmul path: correctness first, then speed
 against cuBLAS, on the issue's five shapes. Meant for one run on an H100/H200:
 
-    HOSTIR_COMMIT=$(git rev-parse HEAD) python3 benchmarks/gpu_wgmma_check.py --out $OUT/wgmma.json
+    HOSTIR_COMMIT=$(git rev-parse HEAD) python3 benchmarks/gpu_wgmma_check.py --json $OUT/wgmma.json
 
 Variants run in groups, one subprocess per group (one generated kernel source, or the
 heuristics' picks), so that an illegal instruction or a misaligned address, which kills
@@ -422,9 +422,16 @@ def table(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def device_slug() -> str:
+    """The device as results files spell it: ``NVIDIA H200`` -> ``nvidia-h200``."""
+    import torch
+    return torch.cuda.get_device_name(0).lower().replace(" ", "-")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "wgmma_check.json"))
+    ap.add_argument("--json", default=None,
+                    help="results JSON (default benchmarks/results/wgmma_check_<device>.json)")
     ap.add_argument("--budget-s", type=float, default=150.0,
                     help="wall-clock budget for all groups (default 150 s)")
     ap.add_argument("--shapes", default=None, help="MxNxK,... (default: the issue's five)")
@@ -438,7 +445,8 @@ def main() -> int:
     t_start = time.time()
     shapes = SHAPES if not args.shapes else tuple(
         tuple(int(x) for x in s.split("x")) for s in args.shapes.split(","))
-    out = Path(args.out)
+    out = (Path(args.json) if args.json
+           else ROOT / "benchmarks" / "results" / f"wgmma_check_{device_slug()}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     doc = {"device": None, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "commit": _git_commit(), "tolerance": TOL, "budget_s": args.budget_s,

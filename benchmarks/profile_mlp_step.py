@@ -6,7 +6,7 @@ and side-by-side medians of the six GEMMs alone, the whole step, and the pieces 
 not GEMMs (GELU forward and backward, the residual add), so that a fusion can be judged
 before it is written:
 
-    python benchmarks/profile_mlp_step.py --out profile.json
+    python benchmarks/profile_mlp_step.py --json profile.json
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=8192)
     ap.add_argument("--tokens", type=int, default=16384)
     ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--json", default=None, help="results JSON")
     args = ap.parse_args()
     dev, dt = torch.device("cuda"), torch.bfloat16
     h, t = args.hidden, args.tokens
@@ -137,8 +137,8 @@ def main() -> None:
            "commit": commit(), "hidden": h, "tokens": t, "ffn_local": fl,
            "ms": ms, "kernels": top}
     print(json.dumps(doc, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
+    if args.json:
+        with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
 
 

@@ -6,7 +6,7 @@ staging buffer) stopped in a device barrier in five of eight overlap-bench runs 
 issues). This sends such messages round the ranks many times, a GEMM stream keeping every
 SM busy, checks every message, and writes what it saw:
 
-    mpirun -np 2 python benchmarks/staged_sendrecv_stress.py --out stress.json
+    mpirun -np 2 python benchmarks/staged_sendrecv_stress.py --json stress.json
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", default="256,512,1024")
     ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--json", required=True, help="results JSON")
     a = ap.parse_args()
     from runtime.comm.copy_engine import CopyEngineCommunicator, _SignalBarrier
     from runtime.comm.torch_pg import TorchCommunicator
@@ -61,7 +61,7 @@ def main() -> None:
         print(f"rank {rank}: {mib} MiB x {a.rounds}: {bad} wrong, "
               f"{results[-1]['seconds']} s", flush=True)
     if rank == 0:
-        with open(a.out, "w") as fh:
+        with open(a.json, "w") as fh:
             json.dump({"device": f"{d}x {torch.cuda.get_device_name(dev)}",
                        "date": time.strftime("%Y-%m-%d"),
                        "commit": os.environ.get("HOSTIR_COMMIT", "unknown"),
