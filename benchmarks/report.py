@@ -275,7 +275,7 @@ def generate(results: pathlib.Path = RESULTS) -> str:
 def misnamed(results: pathlib.Path = RESULTS) -> list[str]:
     if not results.is_dir():
         return []
-    return sorted(p.name for p in results.iterdir() if not parse_name(p.name))
+    return sorted(p.name for p in results.iterdir() if p.is_file() and not parse_name(p.name))
 
 
 def main(argv: list[str] | None = None) -> int:
