@@ -3,7 +3,7 @@
 Each scenario is an ``mpirun -np 2`` job of ``hostir.run fault_injection --device cuda``
 (NCCL bootstrapped by MPI, HOSTIR_COMM_TIMEOUT=10). With HOSTIR_FAULT_EVIDENCE=path.json
 the tests also write what was injected, what each rank printed and how long the job took
-(benchmarks/results/faults_<device>.json).
+(benchmarks/results/faults_<device>_x2.json, as benchmarks/run_gpu_evidence.sh names it).
 """
 
 from __future__ import annotations
