@@ -95,3 +95,21 @@ def test_long_generic_tables_say_what_was_left_out(tmp_path):
     assert f"| {256 * report.MAX_ROWS} | layer_norm | 0.900 |" in text
     assert f"| {256 * (report.MAX_ROWS + 1)} |" not in text
     assert f"({45 - report.MAX_ROWS} more rows in the file.)" in text
+
+
+def test_dumps_page_lists_every_switch_the_code_knows():
+    """docs/DUMPS.md names every value of HOSTIR_DUMP, HOSTIR_ENABLE and HOSTIR_DISABLE
+    that hostir.options accepts, and none it refuses."""
+    import re
+
+    from hostir import options
+
+    page = (report.ROOT / "docs" / "DUMPS.md").read_text()
+    documented = {
+        "HOSTIR_DUMP": set(re.findall(r"^\| `(\w+)` \|", page.split("## Switches")[0], re.M)),
+        "HOSTIR_ENABLE": set(re.findall(r"`HOSTIR_ENABLE=(\w+)`", page)),
+        "HOSTIR_DISABLE": set(re.findall(r"`HOSTIR_DISABLE=(\w+)`", page)),
+    }
+    assert documented["HOSTIR_DUMP"] == set(options.DUMP_OPTIONS)
+    assert documented["HOSTIR_ENABLE"] == set(options.ENABLE_OPTIONS)
+    assert documented["HOSTIR_DISABLE"] == set(options.DISABLE_OPTIONS)
