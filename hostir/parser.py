@@ -74,48 +74,72 @@ _TOKEN_LIMITS = {"int": MAX_INT_DIGITS, "float": MAX_FLOAT_CHARS, "name": MAX_NA
 
 
 class _Line:
-    """Tokens of one line with a cursor; errors carry the line and column."""
+    """Tokens of one line with a cursor; errors carry the line and column.
+
+    Tokens are scanned on demand, each character once, so a long line costs time in
+    proportion to what is read of it, and a malformed one fails at its first error."""
 
     def __init__(self, text: str, lineno: int, start_col: int):
         self.lineno = lineno
-        self.tokens: list[tuple[str, str, int]] = []
-        pos = start_col
-        stop = len(text.rstrip())  # once per line: trailing blanks end the tokens
-        while pos < stop:
-            m = _TOKEN.match(text, pos)
-            if not m or m.end() == pos:
-                raise ParseError(f"unexpected character {text[pos]!r}", lineno, pos + 1)
-            kind = m.lastgroup
-            token = m.group(kind)
-            if len(token) > _TOKEN_LIMITS.get(kind, len(token)):
-                raise ParseError(f"{kind} literal too long: {len(token)} characters, expected "
-                                 f"at most {_TOKEN_LIMITS[kind]}", lineno, m.start(kind) + 1)
-            self.tokens.append((kind, token, m.start(kind) + 1))
-            pos = m.end()
+        self.tokens: list[tuple[str, str, int]] = []  # (kind, text, column), scanned so far
+        self._text = text
+        self._pos = start_col
+        self._stop = len(text.rstrip())  # once per line: trailing blanks end the tokens
         self.i = 0
         self.end_col = len(text) + 1
         self.depth = 0  # parentheses open in the index expression being parsed
         self.operators = 0  # operators in it so far
 
+    def token(self, k: int) -> tuple[str, str, int] | None:
+        """Token ``k`` of the line (scanning up to it), or None past the end."""
+        tokens, text = self.tokens, self._text
+        while len(tokens) <= k and self._pos < self._stop:
+            pos = self._pos
+            m = _TOKEN.match(text, pos)
+            if not m or m.end() == pos:
+                raise ParseError(f"unexpected character {text[pos]!r}", self.lineno, pos + 1)
+            kind = m.lastgroup
+            token = m.group(kind)
+            if len(token) > _TOKEN_LIMITS.get(kind, len(token)):
+                raise ParseError(f"{kind} literal too long: {len(token)} characters, expected "
+                                 f"at most {_TOKEN_LIMITS[kind]}", self.lineno, m.start(kind) + 1)
+            tokens.append((kind, token, m.start(kind) + 1))
+            self._pos = m.end()
+        return tokens[k] if k < len(tokens) else None
+
+    def all_tokens(self) -> list[tuple[str, str, int]]:
+        while self.token(len(self.tokens)) is not None:
+            pass
+        return self.tokens
+
+    def kind(self) -> str | None:
+        t = self.token(self.i)
+        return t[0] if t else None
+
+    def text_at(self, k: int) -> str | None:
+        t = self.token(k)
+        return t[1] if t else None
+
     def error(self, message: str) -> ParseError:
-        col = self.tokens[self.i][2] if self.i < len(self.tokens) else self.end_col
-        return ParseError(message, self.lineno, col)
+        t = self.token(self.i)
+        return ParseError(message, self.lineno, t[2] if t else self.end_col)
 
     def peek(self) -> str | None:
-        return self.tokens[self.i][1] if self.i < len(self.tokens) else None
+        return self.text_at(self.i)
 
     def take(self, expected: str | None = None) -> str:
-        if self.i >= len(self.tokens):
+        t = self.token(self.i)
+        if t is None:
             raise self.error(f"expected {expected!r} but the line ends" if expected
                              else "the line ends too early")
-        kind, text, _ = self.tokens[self.i]
+        kind, text, _ = t
         if expected is not None and text != expected:
             raise self.error(f"expected {expected!r}, got {text!r}")
         self.i += 1
         return text
 
     def name(self) -> str:
-        if self.i >= len(self.tokens) or self.tokens[self.i][0] != "name":
+        if self.kind() != "name":
             raise self.error("expected a name")
         return self.take()
 
@@ -124,7 +148,7 @@ class _Line:
         if self.peek() == "-":
             self.take()
             sign = -1
-        if self.i >= len(self.tokens) or self.tokens[self.i][0] != "int":
+        if self.kind() != "int":
             raise self.error("expected an integer")
         return sign * int(self.take())
 
@@ -154,7 +178,7 @@ class _Line:
         negative = self.peek() == "-"
         if negative:
             self.take()
-        kind = self.tokens[self.i][0] if self.i < len(self.tokens) else None
+        kind = self.kind()
         if kind == "int":
             v = int(self.take())
         elif kind == "float":
@@ -171,7 +195,7 @@ class _Line:
         return -v if negative else v
 
     def end(self) -> None:
-        if self.i != len(self.tokens):
+        if self.token(self.i) is not None:
             raise self.error(f"unexpected {self.peek()!r} at the end of the statement")
 
     # index expressions: precedence climbing over + - (low) and * // % (high)
@@ -210,7 +234,7 @@ class _Line:
             self.depth -= 1
             self.take(")")
             return e
-        if tok == "-" or (self.i < len(self.tokens) and self.tokens[self.i][0] == "int"):
+        if tok == "-" or self.kind() == "int":
             return ir.Const(self.integer())
         return ir.Var(self.name())
 
@@ -227,7 +251,7 @@ class _Form:
 
 def _literal_tokens(text: str) -> list[str]:
     line = _Line(text, 0, 0)
-    return [t for _, t, _ in line.tokens]
+    return [t for _, t, _ in line.all_tokens()]
 
 
 def _compile_steps(text: str) -> list:
@@ -360,7 +384,7 @@ class _Parser:
     def stream(self, line: _Line) -> ir.StreamRef:
         line.take("Stream")
         tok = line.peek()
-        if tok is not None and line.tokens[line.i][0] == "name":
+        if tok is not None and line.kind() == "name":
             return self.lookup(line, ir.StreamValue, "stream")
         return ir.PoolStream(self.expr(line))
 
@@ -446,7 +470,7 @@ class _Parser:
                 values[field] = value
             else:
                 _, leading, inner = step
-                ahead = [t for _, t, _ in line.tokens[line.i:line.i + len(leading)]]
+                ahead = [line.text_at(line.i + k) for k in range(len(leading))]
                 if ahead == list(leading):
                     self.read_steps(line, form, inner, values, defines)
 
@@ -463,13 +487,12 @@ class _Parser:
         return values, defines
 
     def form_of(self, line: _Line) -> _Form:
-        toks = line.tokens
-        form = _BY_KEYWORD.get((0, toks[0][1])) if toks else None
-        if form is None and len(toks) > 2 and toks[1][1] == "=":
-            form = _BY_KEYWORD.get((2, toks[2][1]))
+        form = _BY_KEYWORD.get((0, line.text_at(0)))
+        if form is None and line.text_at(1) == "=" and line.text_at(2) is not None:
+            form = _BY_KEYWORD.get((2, line.text_at(2)))
             if form is None:
                 line.i = 2
-                raise line.error(f"unknown operation {toks[2][1]!r}")
+                raise line.error(f"unknown operation {line.text_at(2)!r}")
         if form is None:
             raise line.error(
                 f"unknown statement: expected one of "
@@ -487,7 +510,7 @@ class _Parser:
         except ParseError:
             raise
         except HostIrError as e:  # a construction check refused what the text describes
-            raise ParseError(str(e), line.lineno, line.tokens[0][2]) from e
+            raise ParseError(str(e), line.lineno, line.token(0)[2]) from e
         for field, at in defines:
             self.define(line, getattr(stmt, field), at)
         return stmt
