@@ -23,6 +23,8 @@ from hostir import ir
 from hostir.errors import VerificationError
 from hostir.printer import format_statement, format_stream
 
+MAX_QUOTED = 240  # characters of the offending statement an error message quotes
+
 
 class _Scope:
     def __init__(self, parent: "_Scope | None" = None, index: str | None = None):
@@ -60,6 +62,8 @@ class _Verifier:
 
     def fail(self, stmt, message: str):
         where = format_statement(stmt) if stmt is not None else "program"
+        if len(where) > MAX_QUOTED:  # a team of thousands of ranks: quote its start
+            where = where[:MAX_QUOTED] + f"... ({len(where)} characters)"
         raise VerificationError(f"{message}\n  in: {where}")
 
     def define(self, scope: _Scope, value, stmt) -> None:

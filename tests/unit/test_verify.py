@@ -130,3 +130,15 @@ def test_add_into_a_program_input_is_refused():
     body = list(loop_of(p).body) + [ir.Add(b, b, b)]
     with pytest.raises(VerificationError, match="add writes into the program input T1"):
         verify(with_loop_body(p, body))
+
+
+def test_an_error_quotes_a_long_statement_only_in_part():
+    from hostir.parser import parse
+
+    team = ", ".join(map(str, range(5000)))
+    text = ("%HostIr {\n  numberOfStreams = 1\n  inputs:\n    T0 : float32[4]\n  outputs: T0\n"
+            f"  C0 = Communication(Allreduce, team=[{team}], in=T0, out=T0, op=sum)\n"
+            "  Wait C0\n} // %HostIr\n")
+    with pytest.raises(VerificationError, match="communication writes into the program input") as e:
+        parse(text)
+    assert len(str(e.value)) < 500 and "characters)" in str(e.value)
