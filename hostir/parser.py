@@ -527,7 +527,7 @@ class _Parser:
         index = values[field]
         trips = values["stop"] - values["start"]
         if not 0 <= trips <= MAX_LOOP_TRIPS:
-            line.i = len(line.tokens) - 4
+            line.i = len(line.tokens) - 5  # at the range's start
             raise line.error(f"range({values['start']}, {values['stop']}) has {trips} "
                              f"iterations: expected 0 to {MAX_LOOP_TRIPS}")
         self.define(line, index, at)
