@@ -3,13 +3,17 @@
 A host program is a flat list of statements (a ``ForLoop`` holds a body list) over named
 values. Statements run on the host, in order; each one issues work on the *current* CUDA
 stream or changes which stream is current. The interpreter (``runtime.interpreter``) gives
-them meaning; the printer (``hostir.printer``) is the only place that knows their text.
+them meaning. Each statement class also declares its text form (``TEXT``, a template
+over its fields, see ``OptionalText`` and ``SLOT_KINDS``); the printer (``hostir.printer``)
+fills the templates in and the parser (``hostir.parser``) reads the same templates back, so
+a new statement needs its record here and nothing in either of them.
 
 Every class is a frozen, slotted dataclass that checks its inputs on construction, so a
 malformed statement cannot exist. Checks that need the whole program (use before
 definition, scopes, waits) live in ``hostir.verify``.
 
-This module imports nothing of the project but the error types.
+This module imports nothing of the project but the error types; it does not print itself
+(``hostir.printer.print_program`` does), so the import graph stays a DAG.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
-from typing import Union
+from typing import Callable, ClassVar, Union
 
 from hostir.errors import VerificationError
 
@@ -36,6 +40,51 @@ def _check_name(name: str, what: str) -> None:
 
 def _fail(where: str, message: str):
     raise VerificationError(f"{where}: {message}")
+
+
+# --------------------------------------------------------------------------- text forms
+
+# A slot of a text template: ``{field:kind}``, a field of the record and how it is written.
+SLOT = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*):([a-z_]+)\}")
+
+# Every kind of slot; the printer formats each one and the parser reads each one (a test
+# checks that both cover this whole table).
+SLOT_KINDS = {
+    "tensor": "an existing tensor, by name",
+    "written": "an existing tensor the statement writes into, by name",
+    "target": "the name of the tensor the statement defines (left of `=`)",
+    "type": "the type of the defined tensor: dtype[extents] mesh=[...]",
+    "tensors": "existing tensors by name, comma-separated, possibly none",
+    "handle": "an existing communication handle, by name",
+    "new_handle": "the communication handle the statement defines",
+    "stream": "a stream: `Stream name` or `Stream <index expression>`",
+    "new_stream": "the stream value the statement defines: `Stream name`",
+    "new_index": "the FOR index the statement defines",
+    "expr": "an index expression",
+    "int": "an integer",
+    "int_list": "integers in brackets: [0, 1]",
+    "int_tuple": "integers in parentheses: (1, 2, 3)",
+    "name": "an identifier",
+    "collective": "a CommunicationType, by its value",
+}
+# Kinds that define a name: the parser adds the value to the scope after construction.
+DEFINING_KINDS = frozenset({"target", "new_handle", "new_stream", "new_index"})
+
+
+@dataclasses.dataclass(frozen=True)
+class OptionalText:
+    """A part of a text form that is printed only when ``when(statement)`` holds (by
+    default: when none of its slots' values is None or empty) and parsed when its leading
+    words are there; when absent, its fields keep their defaults."""
+
+    text: str
+    when: Callable[[object], bool] | None = None
+
+    def present(self, statement) -> bool:
+        if self.when is not None:
+            return self.when(statement)
+        return all(getattr(statement, f) not in (None, ())
+                   for f, _ in SLOT.findall(self.text))
 
 
 class ParallelType(enum.Enum):
@@ -288,6 +337,8 @@ class GetCurrentStream:
     as ``stream``. Issues no GPU work. Programs end by switching back to it and making it
     wait on every worker stream they used."""
 
+    TEXT: ClassVar[tuple] = ("GetCurrentStream into {stream:new_stream}",)
+
     stream: StreamValue
 
     def __post_init__(self):
@@ -298,6 +349,8 @@ class GetCurrentStream:
 class SetCurrentStream:
     """Makes ``stream`` current: every later statement issues its kernels and collectives
     on it. Host-only; never synchronizes."""
+
+    TEXT: ClassVar[tuple] = ("SetCurrentStream to {stream:stream}",)
 
     stream: StreamRef
 
@@ -311,6 +364,8 @@ class Synchronize:
     recorded on ``stream`` and ``cudaStreamWaitEvent`` makes the current stream wait on it.
     The host never blocks."""
 
+    TEXT: ClassVar[tuple] = ("Synchronize {stream:stream}",)
+
     stream: StreamRef
 
     def __post_init__(self):
@@ -321,6 +376,8 @@ class Synchronize:
 class Allocate:
     """Allocates ``out`` (its local shape) with the device's allocator on the current
     stream. Contents are undefined until written."""
+
+    TEXT: ClassVar[tuple] = ("{out:target} = ALLOCATE({out:type})",)
 
     out: Tensor
 
@@ -334,6 +391,9 @@ class Allocate:
 class Select:
     """``out`` aliases slice ``index`` of ``input`` along ``axis`` (the axis is dropped).
     Host-only: no copy, no GPU work; writes to ``out`` land in ``input``."""
+
+    TEXT: ClassVar[tuple] = (
+        "{out:target} = select({input:tensor}, axis={axis:int}, index={index:expr})",)
 
     out: Tensor
     input: Tensor
@@ -358,9 +418,19 @@ class Select:
                 f"{[p.value for p in self.out.parallel]}",
             )
 
+    @classmethod
+    def from_text(cls, out: str, input: Tensor, axis: int, index: IndexExpr) -> "Select":
+        """The statement that ``out = select(input, axis=..., index=...)`` reads as: the
+        text names ``out``, its type follows from ``input`` and ``axis``."""
+        return cls(select_type(out, input, axis), input, axis, index)
+
 
 def select_type(name: str, input: Tensor, axis: int) -> Tensor:
     """The tensor that ``select(input, axis=axis, index=...)`` defines under ``name``."""
+    _need(f"select {name}", input, Tensor, "input")
+    if not isinstance(axis, int) or not 0 <= axis < len(input.shape):
+        _fail(f"select {name}",
+              f"axis {axis} out of range for {input.name} of rank {len(input.shape)}")
     return Tensor(
         name,
         input.shape[:axis] + input.shape[axis + 1 :],
@@ -395,12 +465,22 @@ class Communication:
       SendRecv       send in to rank ``send_peer``, receive out from ``recv_peer``
     """
 
+    TEXT: ClassVar[tuple] = (
+        "{handle:new_handle} = Communication({type:collective}, team={team:int_list}, "
+        "in={input:tensor}, out={output:tensor}",
+        OptionalText(", root={root:int}", lambda s: s.type is CommunicationType.Broadcast),
+        OptionalText(", op={reduce_op:name}", lambda s: s.type in (
+            CommunicationType.ReduceScatter, CommunicationType.Allreduce)),
+        OptionalText(", send_peer={send_peer:expr}, recv_peer={recv_peer:expr}"),
+        ")",
+    )
+
     handle: CommHandle
     type: CommunicationType
     team: tuple[int, ...]
     input: Tensor
     output: Tensor
-    root: int = 0
+    root: int | None = None  # None: the team's first rank
     reduce_op: str = "sum"
     send_peer: IndexExpr | None = None
     recv_peer: IndexExpr | None = None
@@ -413,6 +493,8 @@ class Communication:
         _need(where, self.output, Tensor, "output")
         team = tuple(self.team)
         object.__setattr__(self, "team", team)
+        if self.root is None and team:
+            object.__setattr__(self, "root", team[0])
         if not team or len(set(team)) != len(team) or any(
             not isinstance(r, int) or r < 0 for r in team
         ):
@@ -456,6 +538,8 @@ class Wait:
     the same stream this costs nothing; on another stream it is an event wait; on the CPU
     backend it completes the MPI request)."""
 
+    TEXT: ClassVar[tuple] = ("Wait {handle:handle}",)
+
     handle: CommHandle
 
     def __post_init__(self):
@@ -478,6 +562,9 @@ class Matmul:
       that the backward needs);
     - ``dgelu``: ``out = (a @ b) * gelu'(aux)`` (``aux`` read: the saved pre-activation).
     """
+
+    TEXT: ClassVar[tuple] = ("{out:written} = matmul({a:tensor}, {b:tensor}",
+                             OptionalText(", epilogue={epilogue:name}, aux={aux:tensor}"), ")")
 
     out: Tensor
     a: Tensor
@@ -522,6 +609,8 @@ class Add:
     ring GEMM + ReduceScatter (``lowering.passes.ring_reduce_scatter``) accumulates the
     partial sums it receives with it."""
 
+    TEXT: ClassVar[tuple] = ("{out:written} = add({a:tensor}, {b:tensor})",)
+
     out: Tensor
     a: Tensor
     b: Tensor
@@ -545,6 +634,12 @@ class LaunchKernel:
     ``smem`` bytes of dynamic shared memory. The kernel's source comes from the code
     generator by name; its cross-CTA semaphores come from the zeroed arena of the current
     stream."""
+
+    TEXT: ClassVar[tuple] = (
+        "LaunchKernel {kernel:name}({args:tensors}) grid={grid:int_tuple} "
+        "block={block:int_tuple} smem={smem:int}",
+        OptionalText(" scalars={scalars:int_tuple}"),
+    )
 
     kernel: str
     args: tuple[Tensor, ...]
@@ -575,6 +670,8 @@ class LaunchKernel:
 class ForLoop:
     """Runs ``body`` once for each ``index`` in ``range(start, stop)``, on the host. The
     index is visible only inside the body."""
+
+    TEXT: ClassVar[tuple] = ("FOR {index:new_index} in range({start:int}, {stop:int}):",)
 
     index: IndexVar
     start: int
@@ -668,11 +765,6 @@ class Program:
             _fail("Program", f"numberOfStreams must be >= 1, got {self.number_of_streams}")
         for s in self.body:
             _need("Program", s, STATEMENT_TYPES, "every statement")
-
-    def __str__(self) -> str:
-        from hostir.printer import print_program  # the printer owns the text form
-
-        return print_program(self)
 
 
 def walk(body) -> "list[Statement]":

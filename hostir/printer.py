@@ -15,6 +15,11 @@
 
 The parser (``hostir.parser``) reads exactly this form back:
 ``print_program(parse(print_program(p))) == print_program(p)``.
+
+The program frame (header, inputs, outputs, kernels, indentation) is written here; each
+statement's line comes from the ``TEXT`` template its record declares in ``hostir.ir``, with
+every kind of slot formatted by ``SLOT_FORMAT``. Records do not print themselves (no
+``Program.__str__``): the IR module stays free of imports from this one.
 """
 
 from __future__ import annotations
@@ -75,56 +80,43 @@ def _ints(xs) -> str:
     return f"({', '.join(map(str, xs))})"
 
 
-def _communication(s: ir.Communication) -> str:
-    parts = [
-        s.type.value,
-        f"team=[{', '.join(map(str, s.team))}]",
-        f"in={s.input.name}",
-        f"out={s.output.name}",
-    ]
-    if s.type is ir.CommunicationType.Broadcast:
-        parts.append(f"root={s.root}")
-    if s.type in (ir.CommunicationType.ReduceScatter, ir.CommunicationType.Allreduce):
-        parts.append(f"op={s.reduce_op}")
-    if s.type is ir.CommunicationType.SendRecv:
-        parts.append(f"send_peer={format_expr(s.send_peer)}")
-        parts.append(f"recv_peer={format_expr(s.recv_peer)}")
-    return f"{s.handle.name} = Communication({', '.join(parts)})"
-
-
-def _launch(s: ir.LaunchKernel) -> str:
-    text = (
-        f"LaunchKernel {s.kernel}({', '.join(t.name for t in s.args)}) "
-        f"grid={_ints(s.grid)} block={_ints(s.block)} smem={s.smem}"
-    )
-    if s.scalars:
-        text += f" scalars={_ints(s.scalars)}"
-    return text
-
-
-# One formatter per statement type: the table is the whole text form of statements.
-_FORMAT = {
-    ir.GetCurrentStream: lambda s: f"GetCurrentStream into {format_stream(s.stream)}",
-    ir.SetCurrentStream: lambda s: f"SetCurrentStream to {format_stream(s.stream)}",
-    ir.Synchronize: lambda s: f"Synchronize {format_stream(s.stream)}",
-    ir.Allocate: lambda s: f"{s.out.name} = ALLOCATE({format_type(s.out)})",
-    ir.Select: lambda s: (
-        f"{s.out.name} = select({s.input.name}, axis={s.axis}, index={format_expr(s.index)})"
-    ),
-    ir.Communication: _communication,
-    ir.Wait: lambda s: f"Wait {s.handle.name}",
-    ir.Matmul: lambda s: f"{s.out.name} = matmul({s.a.name}, {s.b.name}" + (
-        f", epilogue={s.epilogue}, aux={s.aux.name})" if s.epilogue else ")"),
-    ir.Add: lambda s: f"{s.out.name} = add({s.a.name}, {s.b.name})",
-    ir.LaunchKernel: _launch,
+# How each kind of slot of a statement's text form (``ir.SLOT_KINDS``) is written. The
+# statements' templates themselves live with their records in ``hostir.ir``.
+SLOT_FORMAT = {
+    "tensor": lambda t: t.name,
+    "written": lambda t: t.name,
+    "target": lambda t: t.name,
+    "type": format_type,
+    "tensors": lambda ts: ", ".join(t.name for t in ts),
+    "handle": lambda h: h.name,
+    "new_handle": lambda h: h.name,
+    "stream": format_stream,
+    "new_stream": format_stream,
+    "new_index": lambda i: i.name,
+    "expr": format_expr,
+    "int": str,
+    "int_list": lambda xs: f"[{', '.join(map(str, xs))}]",
+    "int_tuple": _ints,
+    "name": str,
+    "collective": lambda c: c.value,
 }
 
 
+def _fill(text: str, s) -> str:
+    return ir.SLOT.sub(lambda m: SLOT_FORMAT[m.group(2)](getattr(s, m.group(1))), text)
+
+
 def format_statement(s) -> str:
-    """One line for a statement (a FOR prints its header only)."""
-    if isinstance(s, ir.ForLoop):
-        return f"FOR {s.index.name} in range({s.start}, {s.stop}):"
-    return _FORMAT[type(s)](s)
+    """One line for a statement (a FOR prints its header only): its record's ``TEXT``
+    template, optional parts included when they apply."""
+    out = []
+    for piece in type(s).TEXT:
+        if isinstance(piece, ir.OptionalText):
+            if piece.present(s):
+                out.append(_fill(piece.text, s))
+        else:
+            out.append(_fill(piece, s))
+    return "".join(out)
 
 
 def _lines(body, depth: int, out: list[str]) -> None:

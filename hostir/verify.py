@@ -23,6 +23,8 @@ from hostir import ir
 from hostir.errors import VerificationError
 from hostir.printer import format_statement, format_stream
 
+MAX_QUOTED = 240  # characters of the offending statement an error message quotes
+
 
 class _Scope:
     def __init__(self, parent: "_Scope | None" = None, index: str | None = None):
@@ -60,6 +62,8 @@ class _Verifier:
 
     def fail(self, stmt, message: str):
         where = format_statement(stmt) if stmt is not None else "program"
+        if len(where) > MAX_QUOTED:  # a team of thousands of ranks: quote its start
+            where = where[:MAX_QUOTED] + f"... ({len(where)} characters)"
         raise VerificationError(f"{message}\n  in: {where}")
 
     def define(self, scope: _Scope, value, stmt) -> None:
@@ -103,8 +107,10 @@ class _Verifier:
             self.fail(comm, f"communication {name} is never waited in the scope that posts it")
 
     def statement(self, s, scope: _Scope) -> None:
+        # A statement without a rule below issues work unless proven otherwise: its
+        # worker stream must then be joined, the safe side of the stream discipline.
         issues_work = isinstance(s, (ir.Communication, ir.Matmul, ir.Add, ir.LaunchKernel,
-                                     ir.Wait))
+                                     ir.Wait)) or type(s) not in _OWN_RULES
         if isinstance(s, ir.GetCurrentStream):
             if self.user_stream is not None:
                 self.fail(s, "the user's stream is captured twice")
@@ -176,10 +182,38 @@ class _Verifier:
             if leaked:
                 self.fail(s, f"worker {format_stream(next(iter(leaked)))} is not joined into the "
                              "user's stream before its FOR iteration ends")
-        else:  # pragma: no cover - the Program constructor admits only statements
-            self.fail(s, f"unknown statement {type(s).__name__}")
+        else:
+            self.by_text_form(s, scope)
         if issues_work and isinstance(self.current, ir.PoolStream):
             self.dirty.add(self.current)
+
+    def by_text_form(self, s, scope: _Scope) -> None:
+        """A statement with no rule of its own (a new one): its text form's slots say what
+        it reads (tensors, handles, streams, index expressions), what it writes into (not
+        a program input) and what it defines."""
+        defined = []
+        for piece in type(s).TEXT:
+            if isinstance(piece, ir.OptionalText):
+                if not piece.present(s):
+                    continue
+                piece = piece.text
+            for field, kind in ir.SLOT.findall(piece):
+                value = getattr(s, field)
+                if kind in ("tensor", "written", "handle"):
+                    self.use(scope, value, s)
+                elif kind == "tensors":
+                    for t in value:
+                        self.use(scope, t, s)
+                elif kind == "stream":
+                    self.stream(scope, value, s)
+                elif kind == "expr":
+                    self.expr(scope, value, s)
+                elif kind in ir.DEFINING_KINDS and value not in defined:
+                    defined.append(value)
+                if kind == "written" and value.name in self.inputs:
+                    self.fail(s, f"{type(s).__name__} writes into the program input {value.name}")
+        for value in defined:
+            self.define(scope, value, s)
 
     def run(self) -> None:
         top = _Scope()
@@ -201,6 +235,13 @@ class _Verifier:
         if self.dirty:
             self.fail(None, f"worker {format_stream(next(iter(self.dirty)))} is never joined "
                             "into the user's stream")
+
+
+# Statements with a rule of their own in _Verifier.statement; any other goes by its text form.
+_OWN_RULES = frozenset({
+    ir.GetCurrentStream, ir.SetCurrentStream, ir.Synchronize, ir.Allocate, ir.Select,
+    ir.Communication, ir.Wait, ir.Matmul, ir.Add, ir.LaunchKernel, ir.ForLoop,
+})
 
 
 def verify(program: ir.Program) -> None:

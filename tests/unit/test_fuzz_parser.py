@@ -138,3 +138,82 @@ def test_hostile_nesting_is_a_parse_error_not_a_recursion_error(text, message):
     # Each of these raised RecursionError before the parser bounded its nesting.
     with pytest.raises(ParseError, match=message):
         parse(text)
+
+
+# --------------------------------------------------------------------------- bounds and time
+
+def _program(body: str, inputs: str = "    T0 : float32[4, 8]\n", streams: str = "1") -> str:
+    return ("%HostIr {\n  numberOfStreams = " + streams + "\n  inputs:\n" + inputs
+            + "  outputs: T1\n  T1 = ALLOCATE(float32[4, 8])\n" + body + "} // %HostIr\n")
+
+
+def _team(n: int) -> str:
+    return ", ".join(map(str, range(n)))
+
+
+@pytest.mark.parametrize("text,line,message", [
+    # 5000 digits: Python's int() would raise a bare ValueError past 4300
+    (_program("  T2 = ALLOCATE(float32[" + "7" * 5000 + "])\n"), 7, "int literal too long"),
+    (_program("", streams="9" * 5000), 2, "int literal too long"),
+    (_program("", inputs="    T0 : float32[" + "1" * 19 + "]\n"), 4, "int literal too long"),
+    (_program("  T2 = ALLOCATE(float32[1099511627777])\n"), 7, "extent 1099511627777 out of range"),
+    (_program("", inputs="    T0 : float32[Stream(5000), 8]\n"), 4, "stage count 5000 out of range"),
+    (_program("", inputs="    T0 : float32[DIDx(70000), 8] mesh=[0]\n"), 4,
+     "device count 70000 out of range"),
+    (_program("", inputs="    T0 : float32[DIDx(2), 8] mesh=[" + _team(70000) + "]\n"), 4,
+     "mesh too long"),
+    (_program("", streams="2000"), 2, "numberOfStreams 2000 out of range"),
+    (_program("", streams="0"), 2, "numberOfStreams 0 out of range"),
+    (_program("  C0 = Communication(Allreduce, team=[" + _team(70000) + "], in=T0, out=T1, "
+              "op=sum)\n  Wait C0\n"), 7, "team too long"),
+    (_program("  FOR i in range(0, 2000000):\n    Wait C0\n"), 7, "iterations"),
+    (_program("  T2 = ALLOCATE(float32[" + ", ".join(["1"] * 17) + "])\n"), 7, "too many axes"),
+    (_program("  " + "x" * 300 + " = add(T1, T1)\n"), 7, "name literal too long"),
+    (_program("  FOR i in range(0, 2):\n    T2 = select(T1, axis=0, index=i * 1.5)\n"), 8,
+     "expected a name"),  # a float is no index
+])
+def test_sizes_and_counts_are_bounded(text, line, message):
+    with pytest.raises(ParseError) as e:
+        parse(text)
+    assert e.value.line == line, str(e.value)[:200]
+    assert e.value.column >= 1
+    assert message in str(e.value), str(e.value)[:200]
+
+
+def test_a_team_at_the_bound_parses():
+    q = parse(_program("  C0 = Communication(Allreduce, team=[" + _team(65536) + "], in=T0, "
+                       "out=T1, op=sum)\n  Wait C0\n"))
+    assert len(q.body[1].team) == 65536
+
+
+_MEGABYTE_LINES = {
+    "a team of 150k members": "  C0 = Communication(Allreduce, team=[" + _team(150_000)
+                              + "], in=T0, out=T1, op=sum)\n  Wait C0\n",
+    "a team of 65536 members, valid": "  C0 = Communication(Allreduce, team=[" + _team(65536)
+                                      + "], in=T0, out=T1, op=sum)\n  Wait C0\n",
+    "launch args": "  LaunchKernel k(" + "T0, " * 250_000 + "T0) grid=(1, 1, 1) block=(1, 1, 1)"
+                   " smem=0\n",
+    "garbage after a statement": "  Wait C0 " + "T0 , " * 200_000 + "\n",
+    "a long index expression": "  FOR i in range(0, 2):\n    T2 = select(T1, axis=0, index="
+                               + "i + " * 250_000 + "1)\n",
+    "a million digits": "  T2 = ALLOCATE(float32[" + "9" * 1_000_000 + "])\n",
+    "a million spaces": "  Wait" + " " * 1_000_000 + "C0 x\n",
+    "a nested line": "  FOR i in range(0, 2):\n    T2 = select(T1, axis=0, index="
+                     + "(" * 500_000 + "\n",
+}
+
+
+@pytest.mark.parametrize("what", sorted(_MEGABYTE_LINES))
+def test_a_megabyte_line_parses_or_fails_within_a_second(what):
+    import time
+
+    text = _program(_MEGABYTE_LINES[what])
+    assert len(text) > 400_000
+    start = time.perf_counter()
+    try:
+        parse(text)
+    except ParseError as e:
+        assert e.line >= 1 and e.column >= 1
+    except VerificationError:
+        pass
+    assert time.perf_counter() - start < 1.0, what

@@ -105,3 +105,19 @@ def test_compiled_index_expressions_equal_the_evaluator():
         assert ir.compile_index(expr)(env) == want
 
     check()
+
+
+def test_a_communication_without_a_root_takes_its_teams_first_rank():
+    a, b = t("T0", (4, 8)), t("T1", (4, 8))
+    c = ir.Communication(ir.CommHandle("C0"), ir.CommunicationType.Allreduce, (3, 1), a, b)
+    assert c.root == 3
+    with pytest.raises(VerificationError, match="root 0 is not in team"):
+        ir.Communication(ir.CommHandle("C0"), ir.CommunicationType.Broadcast, (3, 1), a, b, root=0)
+
+
+def test_select_from_text_derives_the_selected_type():
+    src = t("T0", (2, 3, 4))
+    s = ir.Select.from_text("T1", src, 1, "rank")
+    assert s.out == t("T1", (2, 4)) and s.index == ir.Var("rank")
+    with pytest.raises(VerificationError, match="axis 3 out of range for T0 of rank 3"):
+        ir.Select.from_text("T1", src, 3, 0)

@@ -130,3 +130,43 @@ def test_add_into_a_program_input_is_refused():
     body = list(loop_of(p).body) + [ir.Add(b, b, b)]
     with pytest.raises(VerificationError, match="add writes into the program input T1"):
         verify(with_loop_body(p, body))
+
+
+def test_an_error_quotes_a_long_statement_only_in_part():
+    from hostir.parser import parse
+
+    team = ", ".join(map(str, range(5000)))
+    text = ("%HostIr {\n  numberOfStreams = 1\n  inputs:\n    T0 : float32[4]\n  outputs: T0\n"
+            f"  C0 = Communication(Allreduce, team=[{team}], in=T0, out=T0, op=sum)\n"
+            "  Wait C0\n} // %HostIr\n")
+    with pytest.raises(VerificationError, match="communication writes into the program input") as e:
+        parse(text)
+    assert len(str(e.value)) < 500 and "characters)" in str(e.value)
+
+
+def test_a_statement_without_a_rule_is_checked_by_its_text_form(monkeypatch):
+    """A new statement needs no verifier rule: what it reads, writes and defines comes
+    from the slots of its text form, and its worker stream must be joined."""
+    from typing import ClassVar
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Fill:
+        TEXT: ClassVar[tuple] = ("{out:written} = fill({value:int}, like={like:tensor})",)
+        out: ir.Tensor
+        like: ir.Tensor
+        value: int
+
+    monkeypatch.setattr(ir, "STATEMENT_TYPES", ir.STATEMENT_TYPES + (Fill,))
+    a, b = ir.Tensor("T0", (2, 3), "float32"), ir.Tensor("T1", (2, 3), "float32")
+    user = ir.StreamValue("s0")
+    ok = ir.Program((a,), (b,), (ir.Allocate(b), Fill(b, a, 1)))
+    verify(ok)
+    with pytest.raises(VerificationError, match="Fill writes into the program input T0"):
+        verify(ir.Program((a,), (b,), (ir.Allocate(b), Fill(a, a, 1))))
+    with pytest.raises(VerificationError, match="used before it is defined"):
+        verify(ir.Program((a,), (b,), (Fill(b, a, 1), ir.Allocate(b))))
+    worker = ir.PoolStream(0)
+    with pytest.raises(VerificationError, match="never joined"):
+        verify(ir.Program((a,), (b,), (ir.GetCurrentStream(user), ir.Allocate(b),
+                                       ir.SetCurrentStream(worker), Fill(b, a, 1),
+                                       ir.SetCurrentStream(user))))
