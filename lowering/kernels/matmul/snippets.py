@@ -342,7 +342,7 @@ __device__ __forceinline__ void release_slot(unsigned bar) {
     // Release at CTA scope (the default), as CUTLASS's cluster barrier does: the slot's
     // readers are this CTA's wgmmas, retired by wgmma.wait_group before the arrive. A
     // .release.cluster arrive (a cluster-scope fence for every warp at every K-tile) ran
-    // the kernel at 0.62-0.65 of the unclustered one (benchmarks/cluster_probe.py).
+    // the kernel at 0.62-0.65 of the unclustered one.
     asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" :: "r"(remote) : "memory");
   }
 }

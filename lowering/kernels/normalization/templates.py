@@ -41,7 +41,7 @@ __device__ __forceinline__ float warp_sum(float v) {{
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
 }}
-// x + b for 16-bit vectors, two lanes an instruction (PACKED_HEAD). Exactly the
+// x + b for 16-bit vectors, two lanes an instruction (packed_head). Exactly the
 // prologue's half(float(x) + float(b)): the fp32 sum of two 16-bit values rounded once
 // to 16 bits is their correctly rounded 16-bit sum (fp32 carries 24 >= 2p + 2 bits, so
 // the double rounding is innocuous), which add.rn.f16x2 computes, and fma.rn.bf16x2
@@ -66,7 +66,7 @@ HOSTIR_ADD2(bf16)
 // the next kernel on the stream launch now, so that its launch overlaps this one's last
 // rows, then wait until the kernel before this one has completed and its writes are
 // visible, before any global memory is touched. Without the launch attribute both are
-// no-ops. Measured: benchmarks/results/norm_pdl_probe_nvidia-h200.json.
+// no-ops.
 __device__ __forceinline__ void dependent_launch_entry() {{
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
