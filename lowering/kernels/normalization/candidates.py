@@ -224,4 +224,3 @@ def bytes_in_flight(plan: LaunchPlan, value_bytes: int) -> int:
     row slice: the memory-level parallelism the plan offers (Little's law: an H200 needs
     about 4.8 TB/s x ~0.7 us / 132 SMs, some 25 KiB an SM, to stay at bandwidth)."""
     return plan.min_blocks_per_sm * plan.block_threads * plan.batch * plan.vector_width * value_bytes
-

@@ -246,7 +246,8 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
 def hint_variants(plans: list[LaunchPlan], hidden: int, value_bytes: int,
                   base: int = 2) -> list[LaunchPlan]:
     """The plans a sweep times with each `L2_HINTS` hint: the first ``base`` plans of
-    ``plans`` by `choose_persistent`'s order that can take one (x staged), not the cross product of every candidate with every hint."""
+    ``plans`` by `choose_persistent`'s order that can take one (x staged), not the cross
+    product of every candidate with every hint."""
     fit = [p for p in plans if p.x_staged and not p.l2_hint and not p.x_bulk]
     picked: list[LaunchPlan] = []
     rules = dataclasses.replace(RULES, l2_hint="")

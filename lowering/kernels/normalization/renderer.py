@@ -49,7 +49,6 @@ class NormalizationRenderer:
         else:
             self.emit("row_sum_block", threads_per_row=p.threads_per_row, warps_per_row=p.warps_per_row)
         names, dtypes = s.parameter_names(), s.parameter_dtypes()
-        # in_/out_/v_ prefixes keep tensor names apart from the kernel's own locals
         params = [SNIPPETS["param_in"].format(t=CUDA_TYPES[d], name=n)
                   for n, d in zip(names[:-1], dtypes[:-1])]
         params.append(SNIPPETS["param_out"].format(t=CUDA_TYPES[dtypes[-1]]))
@@ -188,7 +187,6 @@ class NormalizationRenderer:
         for name, dtype in self._tail_tensors():
             self.emit("load_param", t=CUDA_TYPES[dtype], name=name)
         self._normalize_and_store_tail()
-
 
 
 class PersistentRenderer(NormalizationRenderer):
