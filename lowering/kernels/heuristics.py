@@ -66,10 +66,10 @@ WGMMA_CONFIGS: tuple[tuple[int, int, int, int, int, int, str], ...] = (
     # no TILE_EFFICIENCY entry yet.
     (128, 128, 64, 8, 1, 6, "pptma"),
     (64, 256, 64, 8, 1, 5, "pptma"),
-    # 2-CTA clusters multicasting B (feed "ctma"). The first version ran at half the TMA
-    # feed's speed: its remote slot releases were .release.cluster arrives (a
-    # cluster-scope fence per warp per K-tile; benchmarks/cluster_probe.py). The
-    # autotuner times them; the model does not know them yet (no TILE_EFFICIENCY entry).
+    # 2-CTA clusters multicasting B (feed "ctma"). Their remote slot releases are
+    # CTA-scope arrives: .release.cluster ones (a cluster-scope fence per warp per K-tile)
+    # ran at half the TMA feed's speed. The autotuner times them; the model does not know
+    # them yet (no TILE_EFFICIENCY entry).
     (128, 256, 64, 8, 1, 4, "ctma"),
     (256, 128, 64, 8, 1, 4, "ctma"),
     (128, 128, 64, 8, 1, 6, "ctma"),
@@ -82,13 +82,12 @@ FEEDS = {"sync": {}, "ws": {"warp_specialized": True},
          "ctma": {"warp_specialized": True, "tma": True, "cluster_m": 2}}
 
 # Relative MMA throughput of each tile config: its measured unsplit TFLOP/s on an H200
-# (8192x8192x8192 bf16 TN, autotune table of benchmarks/results/matmul_NVIDIA_H200_d265464.json
-# and earlier;
-# 128x128x32 with 4 warps = 385 TF/s = 1.0). The 8-warp configs run one CTA per SM and
-# hide latency worse than two 4-warp CTAs; 128x128x64 with 4 warps spills 8 bytes.
+# (8192x8192x8192 bf16 TN, from the autotuner's timings; 128x128x32 with 4 warps =
+# 385 TF/s = 1.0). The 8-warp configs run one CTA per SM and hide latency worse than
+# two 4-warp CTAs; 128x128x64 with 4 warps spills 8 bytes.
 # A config not listed gets 0.7. The autotuner measures the real thing per shape.
-# The wgmma entries are measured too (benchmarks/results/wgmma_check_NVIDIA_H200_e3c8c5d.json,
-# 8192^3, the mma.sync 128x128x32 tile at 0.443 of cuBLAS = 1.0): the TMA feed is the
+# The wgmma entries are measured too (benchmarks/gpu_wgmma_check.py on an H200, 8192^3,
+# the mma.sync 128x128x32 tile at 0.443 of cuBLAS = 1.0): the TMA feed is the
 # fastest on every shape of the matmul benchmark (0.87-0.97 of cuBLAS), the all-thread
 # cp.async feed next (0.80-0.86), and the producer-warp cp.async feed last (0.40-0.45:
 # two warps cannot issue enough cp.async to keep two warpgroups fed).
@@ -131,8 +130,7 @@ CTA_FIXED_US = 2.0                 # prologue (STAGES-1 tiles in flight) + epilo
 # it once a wave; a persistent one stores a unit's C while its producer loads the next
 # unit, so only its last store shows. Fitted on the H200 (tma vs ptma 256x128, final
 # rounds side by side: 61 us over 16 waves at 8192^3, 50 us over 32 waves at
-# 16384x8192x4096: about 2.7 us a 128 KiB tile; benchmarks/results/matmul_NVIDIA_H200.json
-# and raw/autotune_large_0103efa.log).
+# 16384x8192x4096: about 2.7 us a 128 KiB tile).
 EPILOGUE_BYTES_PER_SM_US = 48.0e3
 # A grid of at least this fraction of the SM count fills a wave (`fills_a_wave`): 128
 # tiles on 132 SMs do.
@@ -213,7 +211,7 @@ def fills_a_wave(ctas: int, sm_count: int) -> bool:
     better: 128 CTAs on 132 SMs already keep 97% of them busy, and splitting further
     to 256 adds a second wave that is again 97% full, plus the cost of more slices.
     Measured at 1024x2048x50304 on the H200: two slices a tile in 128 CTAs, 1.10x
-    cuBLAS; four in 256, 0.69-0.85x (split_k_probe_nvidia-h200_f579964.json).
+    cuBLAS; four in 256, 0.69-0.85x.
     """
     return ctas >= WAVE_FILL * sm_count
 

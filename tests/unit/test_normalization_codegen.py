@@ -172,6 +172,8 @@ def test_balanced_grid_takes_no_more_rounds_and_fewest_blocks(hidden):
     assert balanced <= resident and -(-groups // balanced) == rounds
     assert balanced == 1 or -(-groups // (balanced - 1)) > rounds  # one block fewer: a round more
     assert plan.grid(8192, 132) == resident  # measured slower: off by default
+    switched = dataclasses.replace(plan, balanced_grid=True)
+    assert switched.grid(8192, 132) == balanced and switched.grid(8192, 132, balanced=False) == resident
 
 
 def test_grid_follows_the_blocks_the_driver_reports():
@@ -550,29 +552,6 @@ def test_bench_sm_copy_kernel_compiles_without_spills():
     assert ck.spill_bytes.get("hostir_sm_copy", 0) == 0
 
 
-@pytest.mark.parametrize("probe", ["norm_ceiling_probe", "copy_path_probe"])
-def test_ceiling_probes_kernels_compile_without_spills(probe, monkeypatch):
-    """The copy kernels the normalization's ceiling evidence was timed with (benchmarks/
-    norm_ceiling_probe.py, copy_path_probe.py) compile for sm_90, every one, no spills."""
-    pytest.importorskip("cupy")
-    import importlib
-    import pathlib
-    import sys
-
-    from runtime import jit
-
-    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
-    mod = importlib.import_module(probe)
-    if probe == "norm_ceiling_probe":
-        source, names = mod._copy_sources() + mod.SOURCE, mod.NAMES
-    else:
-        source, names = mod.source(), mod.kernel_names()
-    ck = jit.compile(source, names, "sm_90")
-    assert set(names) <= set(ck.registers)
-    assert all(ck.spill_bytes.get(n, 0) == 0 for n in names)
-    sys.modules.pop(probe, None)
-
-
 # ------------------------------------------------------------------ autotuning candidates
 
 @pytest.mark.parametrize("hidden", [768, 1024, 1600, 4096, 5140, 12288, 16384, 20480])
@@ -795,64 +774,48 @@ def test_tune_plans_promise_more_blocks_and_spilling_promises_are_reported():
 
 
 def test_lean_addresses_use_row_pointers_except_in_global_plans():
-    """LEAN_ADDRESSES: x and y by one pointer a row (row-wise and persistent kernels),
-    each slot a constant offset; plans with param_cache="global" keep per-slot addresses."""
-    import dataclasses
-
-    import lowering.kernels.normalization as nm
-
+    """LaunchPlan.lean_addresses (on by default): x and y by one pointer a row (row-wise
+    and persistent kernels), each slot a constant offset; plans with
+    param_cache="global" keep per-slot addresses; switched off, every plan does."""
     base = NormalizationSpec.reference_fusion(64, 5140, 1e-5)
-    rowwise = render_normalization(dataclasses.replace(base, param_cache="none"))
+    rowwise_spec = dataclasses.replace(base, param_cache="none")
+    rowwise = render_normalization(rowwise_spec)
     assert "x_row[i * kThreadsPerRow]" in rowwise and "y_row[i * kThreadsPerRow]" in rowwise
     persistent = render_normalization(base)
-    assert base.plan.param_cache == "registers" and "y_row[i * kThreadsPerRow]" in persistent
+    assert base.plan.param_cache == "registers" and base.plan.lean_addresses
+    assert "y_row[i * kThreadsPerRow]" in persistent
     assert "+ (size_t)vec * kVec" not in persistent  # stage_row's per-slot address
     glob = dataclasses.replace(base, param_cache="global", x_staged=True, prefetch=True)
     assert glob.plan.param_cache == "global"
     assert "y_row" not in render_normalization(glob)
-    assert nm.LEAN_ADDRESSES
+    for spec in (rowwise_spec, base):
+        wide = render_normalization(spec, dataclasses.replace(spec.plan, lean_addresses=False))
+        assert "y_row" not in wide and "x_row" not in wide
+        assert wide != render_normalization(spec)
+    staged = render_normalization(base, dataclasses.replace(base.plan, lean_addresses=False))
+    assert "+ (size_t)vec * kVec" in staged
 
 
-def test_phase_probe_kernels_compile(monkeypatch):
-    """benchmarks/norm_phase_probe.py's hand-written kernels (16-byte vectors at 5140 by
-    row phase) compile for sm_90; those its result file timed have no spills."""
-    pytest.importorskip("cupy")
-    import importlib
-    import json
-    import pathlib
-    import sys
-
-    from runtime import jit
-
-    root = pathlib.Path(__file__).resolve().parents[2]
-    monkeypatch.syspath_prepend(str(root / "benchmarks"))
-    mod = importlib.import_module("norm_phase_probe")
-    base = NormalizationSpec.reference_fusion(8192, 5140, 1e-5)
-    import lowering.kernels.normalization as nm
-
-    source, names = mod.source(nm.PersistentRenderer(base).render(), 5140)
-    ck = jit.compile(source, names, "sm_90")
-    timed = json.loads((root / "benchmarks/results/norm_phase_probe_nvidia-h200.json").read_text())
-    plans = timed["results"][0]["plans"]
-    for label, name in zip(mod.VARIANTS, names):
-        sym = ck.lowered[name]
-        if "us" in plans[label]:
-            assert ck.spill_bytes.get(sym, 0) == 0, label
-    sys.modules.pop("norm_phase_probe", None)
+def test_packed_head_switch_changes_only_the_prologue_adds():
+    """LaunchPlan.packed_head (on by default): the reference fusion's leading (+ b0,
+    16-bit cast) runs as a 16-bit pair add; switched off, as an fp32 add and a cast."""
+    base = NormalizationSpec.reference_fusion(64, 5140, 1e-5)
+    assert base.plan.packed_head
+    packed = render_normalization(base)
+    wide = render_normalization(base, dataclasses.replace(base.plan, packed_head=False))
+    assert "add2_fp16(h.raw, v_b0.raw);" in packed
+    assert "add2_fp16(h.raw" not in wide and "f32_to_f16(a)" in wide
+    # a plain layer_norm has no prologue pairs: the switch changes nothing
+    plain = NormalizationSpec.layer_norm(64, 5140)
+    assert render_normalization(plain) == render_normalization(
+        plain, dataclasses.replace(plain.plan, packed_head=False))
 
 
-def test_sass_count_reads_opcodes(monkeypatch):
-    import importlib
-    import pathlib
-    import sys
-
-    monkeypatch.syspath_prepend(str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
-    mod = importlib.import_module("sass_count")
-    text = ("        /*0250*/                   LDS.64 R12, [R86] ;                     /* 0x... */\n"
-            "        /*0260*/              @!P1 LDGSTS.E.64 [R97], desc[UR4][R110.64], !P6 ;\n"
-            "        /*0270*/                   FADD R1, R2, R3 ;\n"
-            "        /*0280*/                   FADD R1, R2, R3 ;\n"
-            ".L_x_5:\n"
-            "        .size  k,(.L_x_28 - k)\n")
-    assert mod.opcodes(text) == {"LDS.64": 1, "LDGSTS.E.64": 1, "FADD": 2}
-    sys.modules.pop("sass_count", None)
+def test_render_refuses_a_plan_beyond_the_switches():
+    base = NormalizationSpec.reference_fusion(64, 5140, 1e-5)
+    other = dataclasses.replace(base.plan, batch=base.plan.batch + 1)
+    with pytest.raises(LoweringError, match="beyond the switches"):
+        render_normalization(base, other)
+    switched = dataclasses.replace(base.plan, balanced_grid=True, lean_addresses=False)
+    assert "balanced" in switched.describe() and "slot-addresses" in switched.describe()
+    assert base.plan.describe() == dataclasses.replace(base.plan).describe()

@@ -1,0 +1,472 @@
+"""The heuristic: which plan a normalization runs, by rules measured on an H200.
+
+`plan_launch` is the entry: the overrides of a spec pin a plan (checked here), the rest
+is the heuristic's, `choose_persistent` over the candidates of `candidates`. Each rule
+says why in a comment, with the measurement behind it.
+
+The measurements the rules cite come from plan sweeps on an H200 (8192 rows, fp16, the
+reference fusion; every candidate plan timed one after another, the cp.async ring, the
+one-pass reduction and the tensors through L2 among them). A ratio "1.03x" is a plan's
+time over the best time measured at its size; "regs" are what ptxas reported for it.
+tests/unit/test_normalization_sweep.py holds the planner to the latest sweep.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+from hostir.errors import LoweringError
+from lowering.kernels.normalization.candidates import (
+    bulk_ok, bytes_in_flight, candidate_plans, padding, persistent_candidates,
+    persistent_register_estimate, register_estimate,
+)
+from lowering.kernels.normalization.plan import (
+    L2_HINTS, MAX_BLOCKS_PER_SM, MAX_STAGES, MAX_THREADS_PER_BLOCK, MAX_THREADS_PER_SM,
+    MAX_VALUES_PER_THREAD, MIN_THREADS_PER_BLOCK, PARAM_CACHES, SHARED_PER_BLOCK, SHARED_PER_SM,
+    WARP, LaunchPlan, register_budget, round_up,
+)
+
+# Rule 1 of `choose_persistent`: bytes of x an SM must have requested at once.
+IN_FLIGHT_TARGET = 32 * 1024
+# Rule 2: padding (a fraction of the row's slots) allowed beyond the least.
+MAX_EXTRA_PADDING = 0.2
+# Rule 4: the fewest values a thread for which the cp.async ring pays for its
+# shared-memory round trip.
+STAGED_MIN_VALUES = 16
+# Rule 6: where the 1-D tensors go, best first.
+CACHE_ORDER = ("registers", "shared", "global")
+# Rule 7: bytes in flight compared in steps of this (the block counts are estimates).
+FLIGHT_STEP = 4 * 1024
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlannerRules:
+    """The switches of `choose_persistent` for the plan dimensions whose worth depends
+    on the row (``stages``, ``one_pass``, ``param_cache="global"``, the packed row, the
+    bulk copy, the split tensors, the L2 hint). Each is a general rule with a threshold,
+    fitted by scoring every combination of the values in `RULE_GRID` against a plan
+    sweep (the worst size's ratio to its best plan). The defaults here keep the
+    dimensions out; `RULES` is the fit (worst 1.009x; the next, ``deep_below`` always,
+    1.032x).
+
+    - ``deep_below``: a deeper cp.async ring (``stages`` 2) where one row ahead leaves
+      fewer than this many bytes of x in flight an SM (`bytes_in_flight` x 2): Little's
+      law with room to spare. 0: never. Fitted: 64 KiB. Two rows ahead is the best at
+      every size up to 12288 (one block of 512 threads, 24 KiB a row: 1.000x against
+      1.119x one row ahead); from 16384 (32 KiB a row and up) one row ahead holds enough
+      and the third buffer only takes shared memory (16384 1.004x/1.000x, 20480
+      1.000x/1.032x).
+    - ``one_pass_warps``: the one-pass reduction (one block barrier a row) for rows on
+      at least this many warps (a barrier waits for the slowest warp of the row: the
+      more warps, the more it costs). 0: never. Fitted: never; every one-pass plan
+      swept is 1.16-2.7x its two-pass twin (its per-thread exact mean and the pairwise
+      Chan combine cost more than the barrier they save).
+    - ``global_params``: read the 1-D tensors through L1/L2 every row (``"global"``)
+      rather than staging them in shared memory, where staging them leaves no room
+      for the prefetch of x (no shared-cache plan with the prefetch fits). Fitted: on
+      (20480: 1.000x, where the shared tensors without the prefetch were 1.198x). With
+      the register estimate of `persistent_register_estimate` the shared tensors with x
+      prefetched into registers fit at 20480, so no bench size reads its tensors
+      through L2: that plan ran 0.904 of copy bandwidth side by side with ``global+s4``'s
+      0.853.
+    - Not a rule: packing the row slice wherever it lets an SM hold one more block,
+      with the deep ring below 80 KiB. Fitted on two sweeps it promised 1600 and 4096 a
+      few percent, but benched it gave 1600 0.875 of copy against 0.866, 4096 0.861
+      against 0.862, and lost 16384 to the deeper ring: 0.876 against 0.899.
+    - ``packed_row``: hold the staged row slice as 16-bit values (``LaunchPlan.packed``)
+      where the 1-D tensors fit registers only so: no unpacked plan with the prefetch
+      caches them in registers. Fitted: on (16384, t512 b4 in registers, 0.881 of copy
+      bandwidth against 0.818 for the best unpacked plan, tensors in L2). Where the
+      tensors fit beside the fp32 row the recomputed tail costs more than the registers
+      save (packed twins 0.93-0.99x, a few 1.02-1.14x).
+    - ``bulk_x``: stage x by one bulk copy a row (``LaunchPlan.x_bulk``) wherever the row
+      allows it. Fitted: off. In a sweep of 760 plans the bulk twin of a plan ran
+      0.88-1.13x its cp.async twin's speed: the best plan at 1600 (0.810 of copy
+      bandwidth against 0.787), 2048 (0.885/0.871), 2560 (0.876/0.855) and 16384 (t512 b4
+      packed, ring of 2: 0.905/0.875), slower at 768-1536, 4096, 12288 and 20480; no
+      threshold on the plan's dimensions separates the two groups, and on always the
+      worst size falls behind.
+    - ``split_params``: where the tensors go through L2, stage the leading ones in shared
+      memory up to half of their bytes a column (``shared_param_bytes``: the largest
+      prefix within half), the rest staying in L2 with the L1 left beside the ring to
+      cache them. Only 20480 had such plans (tensors through L2 there, until the
+      shared tensors with the prefetch in registers fitted: `global_params`). Its t640 b4
+      prefetch plan with two of the four tensors staged (``+s4``) against none, in
+      three runs: 0.845 against 0.810 of copy bandwidth, 0.849 against 0.821, 0.851
+      against 0.823 (side by side); one staged (``+s2``, 0.787) or three (``+s6``, 0.794,
+      200 KiB of shared memory with the ring, little L1 left for the last tensor) are
+      slower. On.
+    - ``l2_hint``: the `L2_HINTS` hint the chosen plan puts on the cp.async of x when it
+      stages x. "" until a sweep shows a hint gaining more than two timings of one plan
+      differ (`hint_variants` lists what a sweep times).
+    """
+
+    deep_below: int = 0
+    one_pass_warps: int = 0
+    global_params: bool = False
+    l2_hint: str = ""
+    packed_row: bool = False
+    bulk_x: bool = False
+    split_params: bool = False
+
+
+RULES = PlannerRules(deep_below=64 * 1024, one_pass_warps=0, global_params=True, packed_row=True,
+                     split_params=True)
+RULE_GRID = {"deep_below": (0, 32 * 1024, 48 * 1024, 64 * 1024, 1 << 30),
+             "one_pass_warps": (0, 2, 4, 8, 16),
+             "global_params": (False, True),
+             "l2_hint": L2_HINTS,
+             "packed_row": (False, True),
+             "bulk_x": (False, True),
+             "split_params": (False, True)}
+
+
+def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
+                      rules: PlannerRules | None = None) -> LaunchPlan:
+    """The persistent plan the heuristic runs: the first of ``plans`` by these rules in
+    order (the note above says where the numbers come from; "1.007x" is a plan's time
+    over the best measured at its size):
+
+    0. The plan dimensions of `PlannerRules` (``rules``, default `RULES`): a plan that
+       breaks one (a ring depth, a reduction or a tensor placement the rules do not ask
+       for) ranks after every plan that keeps them.
+    1. Enough bytes of x requested an SM (`bytes_in_flight`, times the rows a prefetch
+       keeps ahead, >= 32 KiB): below it DRAM latency is exposed whatever else the plan
+       does.
+    2. Padding within 20% of the least: idle lanes cost issue slots, not bandwidth, so
+       some padding is worth more values a thread (1280: t64 b3, 17% padding, 1.007x,
+       where t160 b1 with none pays 1.131x for its 8 values a thread).
+    3. Prefetch on: it keeps DRAM busy through the barriers of the reduction and the
+       stores (without it, the best plan of every size from 1280 up: 1.02-1.20x).
+    4. At least 16 values a thread (`STAGED_MIN_VALUES`): the cp.async copy lands in
+       shared memory and every value is read back once, a round trip that a thread
+       with 8 values has too little work to hide: every 8-value plan with x staged is
+       1.10-1.28x (768-4096).
+    5. The prefetch through shared memory (cp.async, ``x_staged``) rather than into
+       registers: the next row costs no registers, so the row slice keeps its
+       occupancy, and the copy needs no thread to wait on it. Same geometry, staged
+       (ring of 2) vs in registers: 1536 1.000x/1.052x, 2560 1.000x/1.064x, 4096
+       1.000x/1.031x, 5140 1.000x/1.089x, 12288 1.000x/1.111x.
+    6. The 1-D tensors in registers, else staged in shared memory, else through L2
+       (`CACHE_ORDER`): in registers they cost no instruction a row; with x staged the
+       registers are free for them (4096 t128 b4 with the ring: registers 1.000x,
+       shared 1.023x). Shared memory where they do not fit the registers (16384: t512
+       x 32 values x 8 bytes a column is 128 registers on top of the row), L2 where
+       staging them leaves no room for a prefetch (none at the bench sizes since the
+      refitted register estimate; 20480's 160 KiB of tensors sit in shared memory
+      beside a prefetch of x into registers).
+    7. More bytes of x in flight an SM (`bytes_in_flight` in 4 KiB steps, from the
+       blocks the register estimate lets an SM hold): the plans that pass rule 1 still
+       differ by up to a third in what they keep queued at DRAM, and the one that keeps
+       more wins: 1536 t64 b3 (4 blocks of 128, 24 KiB) 1.000x against t96 b2 (3 of
+       192, 18 KiB) 1.094x; 1600 t64 b4 (24 KiB) 1.002x against t128 b2 (20 KiB)
+       1.085x; 4096 t128 b4 (24 KiB) 1.000x against t256 b2 (16 KiB) 1.028x and t192
+       b3 (18 KiB) 1.054x; 2560 t128 b3 (24 KiB, 17% padding) 1.000x against t160 b2
+       (20 KiB, none) 1.107x.
+    8. Less padding (to 1%).
+    9. With several blocks an SM, smaller blocks: blocks drift out of phase, so one
+       block's barriers and stores overlap the others' loads, and a smaller block has
+       fewer warps to wait for at each barrier (2560 t128 b3 r1 1.000x against t96 b4
+       r2, a 192-thread block with the same 24 KiB in flight, 1.096x; 5140 t192 b7 v4
+       against t224 b6, 1.080x). With one block an SM (the longest rows) nothing
+       overlaps the block's barriers and its reduction and stores, so the larger block
+       wins: the same work spread over more warps finishes each row sooner (12288 t512
+       b3 1.000x against t384 b4 1.065x, both one block and 24 KiB a row).
+    10. Fewer registers.
+
+    Against the latest sweep (999 plans, every kernel with the 16-bit pair adds of
+    ``LaunchPlan.packed_head``; what the sweep test holds the planner to) the picks are
+    within 1.050x of the best: 1.000-1.023x but at 1600 1.045, 4096 1.050 (the packed
+    twin, one row ahead) and 12288 1.041 (t384 b4, tensors in shared memory, bulk rows);
+    20480 was 1.035 until `split_params` staged half the tensors' bytes (now its best
+    plan). Two timings of one plan in two sweeps differ by a few percent, so the rules
+    are judged across sweeps: in the two before, the picks were within 1.021x and 1.009x
+    of the best at every size. Rows one warp covers never get here by default:
+    `plan_launch` gives them the row-wise kernel (its rule 0: 1.008x at 768, 1.000x at
+    1024).
+    """
+    rules = rules or RULES
+    staged_fits = any(p.prefetch and p.param_cache != "global" for p in plans)
+    registers_fit = any(p.prefetch and p.param_cache == "registers" and not p.packed
+                        for p in plans)
+    half_staged = max((p.shared_param_bytes for p in plans
+                       if 2 * p.shared_param_bytes <= p.param_bytes), default=0)
+
+    def breaks_rules(p: LaunchPlan) -> int:
+        broken = 0
+        if p.param_cache == "global":
+            broken += not (rules.global_params and not staged_fits)
+        elif rules.global_params and not staged_fits and p.prefetch:
+            broken += 1
+        if p.x_staged:
+            # judged at one row ahead (a deeper ring may hold fewer blocks an SM)
+            one_ahead = bytes_in_flight(dataclasses.replace(p, stages=1), value_bytes) * 2
+            deep = 0 < rules.deep_below and one_ahead < rules.deep_below
+            broken += p.stages != (2 if deep else 1)
+        elif p.stages != 1:
+            broken += 1
+        if p.warps_per_row > 1 and p.x_staged:
+            want = 0 < rules.one_pass_warps <= p.warps_per_row
+            broken += p.one_pass != want
+        elif p.one_pass:
+            broken += 1
+        broken += p.packed != (rules.packed_row and p.x_staged and value_bytes == 2
+                               and p.param_cache == "registers" and not registers_fit)
+        broken += p.x_bulk != (rules.bulk_x and p.x_staged and not p.one_pass
+                               and bulk_ok(hidden, p.vector_width, value_bytes))
+        if p.param_cache == "global":
+            broken += p.shared_param_bytes != (half_staged if rules.split_params else 0)
+        return broken
+
+    plans = [p for p in plans if breaks_rules(p) == min(map(breaks_rules, plans))]
+    least = min(padding(p, hidden) for p in plans)
+
+    def key(p: LaunchPlan):
+        flight = bytes_in_flight(p, value_bytes)
+        ahead = flight * ((1 + p.stages) if p.prefetch else 1)
+        one_block = p.min_blocks_per_sm == 1
+        return (ahead < IN_FLIGHT_TARGET,                                  # rule 1
+                padding(p, hidden) > least + MAX_EXTRA_PADDING,            # rule 2
+                not p.prefetch,                                            # rule 3
+                p.batch * p.vector_width < STAGED_MIN_VALUES,              # rule 4
+                not p.x_staged,                                            # rule 5
+                CACHE_ORDER.index(p.param_cache),                          # rule 6
+                -(flight // FLIGHT_STEP),                                  # rule 7
+                round(padding(p, hidden), 2),                              # rule 8
+                -p.block_threads if one_block else p.block_threads,        # rule 9
+                p.register_estimate)
+
+    best = min(plans, key=key)
+    if rules.l2_hint and best.x_staged:
+        best = dataclasses.replace(best, l2_hint=rules.l2_hint)
+    return best
+
+
+def hint_variants(plans: list[LaunchPlan], hidden: int, value_bytes: int,
+                  base: int = 2) -> list[LaunchPlan]:
+    """The plans a sweep times with each `L2_HINTS` hint: the first ``base`` plans of
+    ``plans`` by `choose_persistent`'s order that can take one (x staged), not the cross
+    product of every candidate with every hint."""
+    fit = [p for p in plans if p.x_staged and not p.l2_hint and not p.x_bulk]
+    picked: list[LaunchPlan] = []
+    rules = dataclasses.replace(RULES, l2_hint="")
+    while fit and len(picked) < base:
+        best = choose_persistent(fit, hidden, value_bytes, rules)
+        picked.append(best)
+        fit = [p for p in fit if p != best]
+    return [dataclasses.replace(p, l2_hint=h) for p in picked for h in L2_HINTS if h]
+
+
+def plan_launch(
+    hidden: int,
+    vector_width: int,
+    value_bytes: int,
+    threads_per_row: int | None = None,
+    batch: int | None = None,
+    rows_per_block: int | None = None,
+    param_cache: str | None = None,
+    prefetch: bool | None = None,
+    param_bytes: int = 0,
+    x_staged: bool | None = None,
+    bf16: bool = False,
+    stages: int | None = None,
+    one_pass: bool | None = None,
+    l2_hint: str | None = None,
+    packed: bool | None = None,
+    x_bulk: bool | None = None,
+    shared_param_bytes: int | None = None,
+    param_sizes: tuple[int, ...] = (),
+    blocks_per_sm: int | None = None,
+) -> LaunchPlan:
+    """Pick the kernel (row-wise or persistent), threads per row, the persistent batch
+    and rows per block for ``hidden``.
+
+    Default: the row-wise kernel for rows one warp covers (rule 0, below), else the
+    persistent kernel (`choose_persistent`). Its grid is the SMs x resident
+    blocks, so no block pays a launch or a tail of its own and the 1-D tensors are read
+    once a block rather than once a row: at fp16 the four tensors of the reference
+    fusion are twice a row's own traffic, which at 12288+ fell out of L1 and made L2
+    bandwidth the limit of the row-wise kernel (0.53-0.65 of copy bandwidth).
+
+    ``param_cache="none"`` pins the row-wise kernel and its rule, from a sweep of every
+    candidate plan on an H200 (fp16, 8192 rows):
+
+    - Short rows (at most 128 vectors): the fewest threads per row, i.e. the largest
+      batch (up to 32 values), several rows to a 128-thread block.
+    - Medium rows (one row fits 128 threads x 32 values): a 128-thread block, either
+      one row on 128 threads or two rows on 64; least padding, ties to 128 threads.
+    - Long rows: least padding, then about 24 values a thread, ties to fewer values.
+
+    We never unroll the row loop on top of the batch: a second row in flight would
+    double the registers (the nvFuser spill at 16384); the prefetch holds the next
+    row's x packed, half the registers of its fp32 values. The overrides pin a plan.
+    """
+    if blocks_per_sm is not None:
+        # the block promise pinned (`LaunchPlan.blocks_per_sm`) on the plan otherwise chosen
+        best = plan_launch(hidden, vector_width, value_bytes, threads_per_row, batch,
+                           rows_per_block, param_cache, prefetch, param_bytes, x_staged, bf16,
+                           stages, one_pass, l2_hint, packed, x_bulk, shared_param_bytes,
+                           param_sizes)
+        if (not isinstance(blocks_per_sm, int) or isinstance(blocks_per_sm, bool)
+                or not best.sm_holds(blocks_per_sm)):
+            smem = best.dynamic_shared_bytes + best.shared_bytes
+            raise LoweringError(
+                f"normalization plan: blocks_per_sm {blocks_per_sm!r}: expected 1..{MAX_BLOCKS_PER_SM} "
+                f"blocks of {best.block_threads} threads and {smem} bytes of shared memory that "
+                f"one SM holds ({MAX_THREADS_PER_SM} threads, {SHARED_PER_SM} bytes)")
+        return dataclasses.replace(best, blocks_per_sm=blocks_per_sm)
+    if param_cache is not None and param_cache not in PARAM_CACHES:
+        raise LoweringError(f"normalization plan: param_cache {param_cache!r}: expected one of "
+                            f"{list(PARAM_CACHES)}")
+    vectors = -(-hidden // vector_width)
+    if param_cache == "none" and (prefetch or x_staged):
+        raise LoweringError("normalization plan: prefetch needs the persistent kernel "
+                            "(param_cache registers or shared)")
+    if x_staged and (prefetch is False or vector_width * value_bytes < 4):
+        raise LoweringError("normalization plan: x_staged is a prefetch through cp.async, "
+                            "which needs prefetch and vectors of 4 bytes or more")
+    if stages is not None and not (isinstance(stages, int) and 1 <= stages <= MAX_STAGES):
+        raise LoweringError(f"normalization plan: stages {stages!r}: expected 1..{MAX_STAGES}")
+    if stages not in (None, 1) and x_staged is False:
+        raise LoweringError("normalization plan: stages > 1 is a deeper cp.async ring: it "
+                            "needs x_staged")
+    if one_pass and param_cache == "none":
+        raise LoweringError("normalization plan: one_pass needs the persistent kernel")
+    if l2_hint is not None and l2_hint not in L2_HINTS:
+        raise LoweringError(f"normalization plan: l2_hint {l2_hint!r}: expected one of {list(L2_HINTS)}")
+    if x_bulk and (x_staged is False or not bulk_ok(hidden, vector_width, value_bytes)):
+        raise LoweringError("normalization plan: x_bulk copies each row of x whole: it needs "
+                            "x_staged, 16-byte vectors and rows a multiple of 16 bytes")
+    if packed and (x_staged is False or value_bytes != 2):
+        raise LoweringError("normalization plan: packed holds the staged row slice as 16-bit "
+                            "values: it needs x_staged and a 16-bit x")
+    if l2_hint:
+        best = plan_launch(hidden, vector_width, value_bytes, threads_per_row, batch,
+                           rows_per_block, param_cache, prefetch, param_bytes, x_staged,
+                           bf16, stages, one_pass, None, packed, x_bulk, shared_param_bytes,
+                           param_sizes)
+        if not best.x_staged or best.x_bulk:
+            raise LoweringError(f"normalization plan: l2_hint {l2_hint!r} is a hint on the "
+                                "cp.async of x: it needs x_staged")
+        return dataclasses.replace(best, l2_hint=l2_hint)
+    if threads_per_row is not None or batch is not None:
+        t = threads_per_row or round_up(-(-vectors // batch), WARP)
+        b = batch or -(-vectors // t)
+        if t % WARP or t > MAX_THREADS_PER_BLOCK or b * t < vectors:
+            raise LoweringError(
+                f"normalization plan: threads_per_row={t}, batch={b} do not cover "
+                f"{vectors} vectors of {vector_width} with warp-multiple threads <= 1024"
+            )
+        r = rows_per_block or -(-MIN_THREADS_PER_BLOCK // t)
+        cache = param_cache or ("registers" if param_bytes else "shared")
+        pre = bool(prefetch) if prefetch is not None else cache != "none"
+        staged_x = (bool(x_staged) or (stages or 1) > 1) and pre
+        if staged_x and vector_width * value_bytes < 4:
+            raise LoweringError("normalization plan: x_staged needs vectors of 4 bytes or more")
+        depth = (stages or 1) if staged_x else 1
+        single = bool(one_pass) and cache != "none"
+        if packed and not (staged_x and value_bytes == 2):
+            raise LoweringError("normalization plan: packed needs x staged (x_staged) and a "
+                                "16-bit x")
+        if packed and cache == "global":
+            raise LoweringError("normalization plan: packed recomputes the prologue's tail "
+                                "from its 1-D tensors in every pass: cache them in registers "
+                                "or shared memory, not global")
+        pack = bool(packed) and staged_x
+        if cache == "none":
+            estimate = register_estimate(b * vector_width, vector_width, value_bytes)
+        else:
+            estimate = persistent_register_estimate(
+                b * vector_width, vector_width, value_bytes,
+                param_bytes if cache == "registers" else 0, pre, cache != "registers", staged_x,
+                bf16, single, pack, t == WARP)
+        margin = 8 if cache != "none" else 0  # the persistent kernel keeps min_blocks_per_sm's
+        if estimate + margin > register_budget(t * r):
+            raise LoweringError(
+                f"normalization plan: {t} threads x {b * vector_width} values needs ~{estimate} "
+                f"registers a thread (+{margin} margin), over the {register_budget(t * r)} a "
+                f"{t * r}-thread block may use"
+            )
+        if x_bulk and not staged_x:
+            raise LoweringError("normalization plan: x_bulk needs x staged (x_staged)")
+        split = shared_param_bytes or 0
+        if split and (cache != "global" or split not in itertools.accumulate(param_sizes[:-1])):
+            raise LoweringError(
+                f"normalization plan: shared_param_bytes={split} stages the leading 1-D tensors "
+                f"of param_cache global: expected a sum of the first tensors' bytes "
+                f"{list(itertools.accumulate(param_sizes[:-1]))}")
+        plan = LaunchPlan(vector_width, t, b, r, estimate, cache, pre,
+                          param_bytes if cache != "none" else 0, staged_x, value_bytes,
+                          depth, single, "", pack, bool(x_bulk), split)
+        if plan.dynamic_shared_bytes + plan.shared_bytes > SHARED_PER_BLOCK:
+            raise LoweringError(
+                f"normalization plan: {plan.dynamic_shared_bytes} bytes of staged 1-D tensors "
+                f"exceed the {SHARED_PER_BLOCK} bytes of shared memory a block may have")
+        return plan
+    one_warp = [p for p in candidate_plans(hidden, vector_width, value_bytes)
+                if p.threads_per_row == WARP]
+    if (param_cache is None and prefetch is None and x_staged is None and stages is None
+            and one_pass is None and packed is None and x_bulk is None
+            and shared_param_bytes is None and one_warp):
+        # Rule 0: a row one warp covers (<= 32 values a thread) runs the row-wise kernel,
+        # one warp a row, four rows a block. Neither kernel has a block barrier then;
+        # the row-wise kernel re-reads the 1-D tensors every row, but a column's are 8
+        # bytes (a few KiB a row) and stay in L1, and it needs the fewest registers:
+        # 70 at 768 and 92 at 1024 against 95-152 for the persistent kernel with the
+        # tensors or the prefetched row in registers. Measured: rowwise t32 b3 r4 the
+        # best at 768 (0.904 of copy bandwidth; the best persistent plan without the
+        # cp.async ring 1.031x), rowwise t32 b4 r4 1.001x at 1024. With the ring among
+        # the candidates: 1.008x at 768 against the tensors in registers with a ring of
+        # two rows of x (the best, 0.910; 105 registers, 4 blocks of 128), 1.000x at
+        # 1024 (tied with it).
+        best = min(one_warp, key=lambda p: p.batch)
+    elif param_cache == "none":
+        best = _plan_rowwise(hidden, vector_width, value_bytes)
+    else:
+        plans = [p for p in persistent_candidates(hidden, vector_width, value_bytes, param_bytes,
+                                                  bf16, param_sizes)
+                 if param_cache is None or p.param_cache == param_cache]
+        if prefetch is not None:
+            plans = [p for p in plans if p.prefetch == prefetch]
+        if x_staged is not None:
+            plans = [p for p in plans if p.x_staged == x_staged]
+        if stages is not None:
+            plans = [p for p in plans if p.stages == stages]
+        if one_pass is not None:
+            plans = [p for p in plans if p.one_pass == one_pass]
+        if packed is not None:
+            plans = [p for p in plans if p.packed == packed]
+        if x_bulk is not None:
+            plans = [p for p in plans if p.x_bulk == x_bulk]
+        if shared_param_bytes is not None:
+            plans = [p for p in plans if p.shared_param_bytes == shared_param_bytes]
+        if not plans:
+            raise LoweringError(
+                f"normalization: hidden={hidden} needs more than {MAX_THREADS_PER_BLOCK} threads x "
+                f"{MAX_VALUES_PER_THREAD} values per row within the register budget; "
+                "not a persistent-kernel size"
+            )
+        best = choose_persistent(plans, hidden, value_bytes)
+    if rows_per_block is not None:
+        best = dataclasses.replace(best, rows_per_block=rows_per_block)
+    return best
+
+
+def _plan_rowwise(hidden: int, vector_width: int, value_bytes: int) -> LaunchPlan:
+    plans = candidate_plans(hidden, vector_width, value_bytes)
+    if not plans:
+        raise LoweringError(
+            f"normalization: hidden={hidden} needs more than {MAX_THREADS_PER_BLOCK} threads x "
+            f"{MAX_VALUES_PER_THREAD} values per row within the register budget; "
+            "not a persistent-kernel size"
+        )
+    vectors = -(-hidden // vector_width)
+    block128 = [p for p in plans if p.threads_per_row in (64, 128)]
+    if vectors <= MIN_THREADS_PER_BLOCK:
+        return min(plans, key=lambda p: p.threads_per_row)
+    if block128 and vectors <= MIN_THREADS_PER_BLOCK * max(p.batch for p in block128):
+        return min(block128, key=lambda p: (round(padding(p, hidden), 3), -p.threads_per_row))
+    least = min(padding(p, hidden) for p in plans)
+    near = [p for p in plans if padding(p, hidden) <= least + 0.02]
+    return min(near, key=lambda p: (abs(p.batch * vector_width - 24), p.batch))

@@ -1,0 +1,458 @@
+"""The normalization kernels' renderers: a spec and its plan -> CUDA C++ source.
+
+`NormalizationRenderer` writes the row-wise kernel (``param_cache="none"``),
+`PersistentRenderer` the persistent one; both fill the tables of `templates`.
+`render_normalization` picks the one the plan asks for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hostir.errors import LoweringError
+from lowering.kernels import render
+from lowering.kernels.normalization.plan import LaunchPlan
+from lowering.kernels.normalization.spec import (
+    DTYPE_BYTES, AddBroadcast, Cast, LayerNorm, NormalizationSpec, PointwiseOp,
+)
+from lowering.kernels.normalization.templates import (
+    CUDA_TYPES, FROM_FLOAT, L2_HINT_LEVELS, ROW_COPY_BODIES, SHORT_NAMES, SNIPPETS, TO_FLOAT,
+)
+
+# The fields of a LaunchPlan that switch how its kernel is written or launched, not
+# its geometry: `render_normalization` takes a plan that differs from the spec's in
+# these only.
+SWITCH_FIELDS = ("packed_head", "lean_addresses", "balanced_grid")
+
+
+class NormalizationRenderer:
+    """Fills `SNIPPETS` for one spec; the only place that knows the kernel's text."""
+
+    def __init__(self, spec: NormalizationSpec, plan: LaunchPlan | None = None):
+        self.spec = spec
+        self.plan = plan or spec.plan
+        self.out: list[str] = []
+
+    @property
+    def lean(self) -> bool:
+        """Whether x and y are addressed from per-row pointers (``lean_addresses``)."""
+        return self.plan.lean_addresses and self.plan.param_cache != "global"
+
+    def emit(self, key: str, **fields) -> None:
+        self.out.append(SNIPPETS[key].format(**fields))
+
+    def _row_sum_and_params(self) -> list[str]:
+        """Emit the row-sum helper the plan needs; the kernel's parameter declarations."""
+        s, p = self.spec, self.plan
+        if p.warps_per_row == 1:
+            self.emit("row_sum_warp")
+        else:
+            self.emit("row_sum_block", threads_per_row=p.threads_per_row, warps_per_row=p.warps_per_row)
+        names, dtypes = s.parameter_names(), s.parameter_dtypes()
+        params = [SNIPPETS["param_in"].format(t=CUDA_TYPES[d], name=n)
+                  for n, d in zip(names[:-1], dtypes[:-1])]
+        params.append(SNIPPETS["param_out"].format(t=CUDA_TYPES[dtypes[-1]]))
+        return params
+
+    def render(self) -> str:
+        s, p = self.spec, self.plan
+        params = self._row_sum_and_params()
+        shared = ""
+        if p.warps_per_row > 1:
+            # Two buffers, one per reduction: the variance's partials may be written while
+            # a slower warp still reads the mean's, and the next row's mean only after
+            # every warp has passed the variance barrier, so no third barrier is needed.
+            shared = SNIPPETS["partials_shared"].format(rows_per_block=p.rows_per_block,
+                                                        warps_per_row=p.warps_per_row)
+        vectors = -(-s.hidden // p.vector_width)
+        self.emit(
+            "kernel_open", name=s.kernel_name, params=", ".join(params), block_threads=p.block_threads,
+            min_blocks=p.min_blocks_per_sm,
+            vec=p.vector_width, batch=p.batch, threads_per_row=p.threads_per_row,
+            rows_per_block=p.rows_per_block, hidden=s.hidden, vectors=vectors,
+            full_batches=vectors // p.threads_per_row, shared=shared,
+            row_pointers=(SNIPPETS["x_row"].format(t=CUDA_TYPES[s.input_dtype])
+                          + SNIPPETS["y_row"].format(t=CUDA_TYPES[s.output_dtype])
+                          if self.lean else ""),
+        )
+        self._load_and_prologue()
+        self._statistics()
+        self._normalize_and_store()
+        self.emit("kernel_close")
+        # __launch_bounds__ carries a min-blocks count here (see LaunchPlan), so the
+        # signature is our snippet, not Renderer.kernel's.
+        return render.Renderer().source(["convert"], SNIPPETS["preamble"].format(),
+                                        SNIPPETS["val_fp32"].format(), "".join(self.out))
+
+    def _packed_lead(self) -> int:
+        """How many leading (AddBroadcast, Cast) pairs of the prologue run on 16-bit
+        pairs (``LaunchPlan.packed_head``): each adds a tensor of x's 16-bit dtype and
+        casts back to it, so the 16-bit add gives the same bits; x in 16 bits, two lanes
+        at least."""
+        s = self.spec
+        if not self.plan.packed_head or DTYPE_BYTES[s.input_dtype] != 2 or self.plan.vector_width < 2:
+            return 0
+        ops, lead = s.prologue, 0
+        while (2 * lead + 1 < len(ops) and isinstance(ops[2 * lead], AddBroadcast)
+               and isinstance(ops[2 * lead + 1], Cast)
+               and ops[2 * lead].dtype == ops[2 * lead + 1].dtype == s.input_dtype):
+            lead += 1
+        return lead
+
+    def _packed_head(self, x: str) -> tuple[int, str]:
+        """Emit the `_packed_lead` pairs as 16-bit pair adds on ``h``, a copy of the
+        vector ``x`` (padded slots: 0 + 0); (the pairs done, what holds x after them)."""
+        s = self.spec
+        lead = self._packed_lead()
+        if not lead:
+            return 0, x
+        self.emit("head_copy", t=CUDA_TYPES[s.input_dtype], x=x)
+        for op in s.prologue[:2 * lead:2]:
+            self.emit("head_add2", short=SHORT_NAMES[s.input_dtype], name=op.name)
+        return lead, "h"
+
+    def _load_and_prologue(self) -> None:
+        s = self.spec
+        self.emit("batch_loop_open")
+        self.emit("load_x_lean" if self.lean else "load_x", t=CUDA_TYPES[s.input_dtype])
+        adds = [op for op in s.prologue if isinstance(op, AddBroadcast)]
+        for op in adds:
+            self.emit("load_param", t=CUDA_TYPES[op.dtype], name=op.name)
+        lead, x = self._packed_head("v_x")
+        self.emit("element_loop_open")
+        self.emit("first_value", value=TO_FLOAT[s.input_dtype].format(x + ".e[e]"))
+        for op in s.prologue[2 * lead:]:
+            self._pointwise(op, guard="ok")
+        self.emit("keep")
+        self.emit("loop_close")
+        self.emit("batch_loop_close")
+
+    def _pointwise(self, op: PointwiseOp, guard: str | None = None) -> None:
+        if isinstance(op, AddBroadcast):
+            value = TO_FLOAT[op.dtype].format(f"v_{op.name}.e[e]")
+            # padded slots must stay exactly 0 for the sums: add only where loaded
+            self.emit("add", value=f"({guard} ? {value} : 0.f)" if guard else value)
+        else:
+            self.emit("cast", value=TO_FLOAT[op.dtype].format(FROM_FLOAT[op.dtype].format("a")))
+
+    def _statistics(self) -> None:
+        s, p = self.spec, self.plan
+        part = (["partials[0][row_in_block]", "partials[1][row_in_block]"] if p.warps_per_row > 1
+                else ["nullptr", "nullptr"])
+        self.emit("sum_open")
+        eps = repr(float(s.norm.eps))
+        if isinstance(s.norm, LayerNorm):
+            self.emit("sum_value")
+            self.emit(
+                "layer_norm_stats", partials0=part[0], partials1=part[1], eps=eps,
+                sum_centered=SNIPPETS["sum_centered"].format(),
+            )
+        else:
+            self.emit("sum_squares")
+            self.emit("rms_norm_stats", partials0=part[0], eps=eps)
+
+    def _normalize_and_store_tail(self) -> None:
+        """Per element: normalize, weight, bias, the epilogue ops, then store the vector
+        (the 1-D tensors' vectors ``v_<name>`` are in scope, however they were loaded)."""
+        s = self.spec
+        self.emit("out_decl", t=CUDA_TYPES[s.output_dtype])
+        self.emit("element_loop_open")
+        self.emit("normalize")
+        if s.norm.weight:
+            self.emit("mul", value=TO_FLOAT[s.norm.weight_dtype].format("v_weight.e[e]"))
+        if isinstance(s.norm, LayerNorm) and s.norm.bias:
+            self.emit("add", value=TO_FLOAT[s.norm.bias_dtype].format("v_bias.e[e]"))
+        for op in s.epilogue:
+            self._pointwise(op)
+        self.emit("out_assign", value=FROM_FLOAT[s.output_dtype].format("a"))
+        self.emit("loop_close")
+        self.emit("store_y_lean" if self.lean else "store_y", t=CUDA_TYPES[s.output_dtype])
+        self.emit("batch_loop_close")
+
+    def _tail_tensors(self) -> list[tuple[str, str]]:
+        """(name, dtype) of the 1-D tensors read after the reductions: weight, bias and
+        the epilogue's."""
+        s = self.spec
+        loads = []
+        if s.norm.weight:
+            loads.append(("weight", s.norm.weight_dtype))
+        if isinstance(s.norm, LayerNorm) and s.norm.bias:
+            loads.append(("bias", s.norm.bias_dtype))
+        return loads + [(op.name, op.dtype) for op in s.epilogue if isinstance(op, AddBroadcast)]
+
+    def _normalize_and_store(self) -> None:
+        # weight, bias and epilogue tensors are read here, after the reductions, so they
+        # do not hold registers across them; they are small and stay in L1/L2.
+        self.emit("store_x_loop_open")
+        for name, dtype in self._tail_tensors():
+            self.emit("load_param", t=CUDA_TYPES[dtype], name=name)
+        self._normalize_and_store_tail()
+
+
+class PersistentRenderer(NormalizationRenderer):
+    """The persistent kernel (``plan.param_cache`` registers or shared): grid-stride over
+    groups of rows, 1-D tensors loaded once per thread (registers) or block (shared)
+    before the row loop, the next row's x prefetched before the current one is reduced.
+    Statistics and reductions are the row-wise kernel's snippets."""
+
+    def render(self) -> str:
+        s, p = self.spec, self.plan
+        params = self._row_sum_and_params()
+        names, dtypes = s.parameter_names(), s.parameter_dtypes()
+        self.tensors = dict(zip(names[1:-1], dtypes[1:-1]))  # the 1-D tensors
+        vectors = -(-s.hidden // p.vector_width)
+        tx = CUDA_TYPES[s.input_dtype]
+        self.emit("persistent_open", block_threads=p.block_threads, min_blocks=p.min_blocks_per_sm,
+                  name=s.kernel_name, params=", ".join(params), vec=p.vector_width, batch=p.batch,
+                  threads_per_row=p.threads_per_row, rows_per_block=p.rows_per_block,
+                  hidden=s.hidden, vectors=vectors, full_batches=vectors // p.threads_per_row)
+        if p.warps_per_row > 1 and self._one_barrier():
+            # one barrier a row (rms_norm, or the one-pass layer norm): the buffer
+            # alternates with the parity of the row, so a warp writing row n+2's partials
+            # has passed row n+1's barrier, which every warp reaches only after reading
+            # row n's (with one buffer a fast warp would overwrite what a slow one reads)
+            triple = "[3]" if p.one_pass and isinstance(s.norm, LayerNorm) else ""
+            self.emit("partials_by_parity", rows_per_block=p.rows_per_block,
+                      warps_per_row=p.warps_per_row, triple=triple)
+        elif p.warps_per_row > 1:
+            # as in the row-wise kernel: two buffers, so no third barrier a row
+            self.emit("partials_two", rows_per_block=p.rows_per_block, warps_per_row=p.warps_per_row)
+        self._cache_params()
+        # x of the block's first row; in the loop, the next row's is issued before the
+        # current row is reduced (prefetch), or each row's at the top of the loop.
+        self.emit("x_registers", t=tx)
+        if p.x_staged:
+            self.emit("x_ring", stages=p.stages, t=tx, x_offset=self.x_offset)
+            self.emit("x_bulk_ring" if p.x_bulk else "x_ring_fill", t=tx)
+        elif p.prefetch:
+            self.emit("first_row")
+        self.emit("row_loop_open")
+        if self.lean:
+            self.emit("y_row", t=CUDA_TYPES[s.output_dtype])
+        if p.param_cache == "registers" and self.tensors:
+            self.emit("opaque_open")
+            for name in self.tensors:
+                self.emit("opaque_cached", name=name)
+            self.emit("opaque_close")
+        elif self.tensors:
+            self.emit("opaque_slot")
+        if not p.prefetch:
+            self.emit("this_row")
+        if p.x_staged and p.x_bulk:
+            # the whole row's copy: wait for its buffer's phase; the buffer read one row
+            # ago takes the row kStages ahead, issued by the row's first thread once every
+            # thread of the row has read it (the last row's reduction barriers)
+            self.emit("bulk_take_row")
+        elif p.x_staged:
+            # this thread's own copies: waiting for its group is enough, no barrier
+            self.emit("ring_take_row")
+        if p.packed:
+            self.emit("row_packed", t=CUDA_TYPES[self._carrier()])
+        else:
+            self.emit("row_fp32")
+        self._prologue()
+        if p.prefetch and not p.x_staged:
+            self.emit("next_row")
+        self._statistics()
+        self._store()
+        self.emit("block_close")
+        if p.x_staged and not p.x_bulk:
+            self.emit("ring_drain")
+        self.emit("function_close")
+        return render.Renderer().source(["convert"], SNIPPETS["preamble"].format(),
+                                        self._helpers(), self._value_macro(), "".join(self.out))
+
+    def _helpers(self) -> str:
+        """The device functions the kernel calls, by the plan's variant."""
+        s, p = self.spec, self.plan
+        tx = CUDA_TYPES[s.input_dtype]
+        load_row_body, stage_row_body = ROW_COPY_BODIES[self.lean]
+        helpers = [SNIPPETS["load_row_helper"].format(body=load_row_body, t=tx)]
+        if p.param_cache == "global":
+            helpers.append(SNIPPETS["ldg_vec"].format())
+        if p.one_pass and isinstance(s.norm, LayerNorm):
+            helpers.append(SNIPPETS["chan_merge"].format())
+            helpers.append(SNIPPETS["row_stats_warp"].format() if p.warps_per_row == 1 else
+                           SNIPPETS["row_stats_block"].format(threads_per_row=p.threads_per_row,
+                                                              warps_per_row=p.warps_per_row))
+        if p.x_staged:
+            evict = p.l2_hint == "evict_first"
+            ptx = dict(level=L2_HINT_LEVELS[p.l2_hint],
+                       policy_arg=", %3" if evict else "", policy_arg_ca=", %4" if evict else "",
+                       policy_operand=', "l"(policy)' if evict else "")
+            helpers.append(SNIPPETS["stage_row_helper"].format(
+                policy=SNIPPETS["l2_policy"] if evict else "",
+                cp16=SNIPPETS["cp_async_16"].format(**ptx), cpn=SNIPPETS["cp_async_n"].format(**ptx),
+                body=stage_row_body, t=tx))
+        if p.x_bulk:
+            helpers.append(SNIPPETS["bulk_helpers"].format())
+        return "".join(helpers)
+
+    def _split_prologue(self):
+        """(head, tail) of the prologue at its last cast to a 16-bit type (``packed``: the
+        head's result is held in 16 bits, the tail recomputed in every pass)."""
+        ops = self.spec.prologue
+        last = max((k for k, op in enumerate(ops) if isinstance(op, Cast)
+                    and DTYPE_BYTES[op.dtype] == 2), default=-1)
+        return ops[:last + 1], ops[last + 1:]
+
+    def _carrier(self) -> str:
+        """The 16-bit dtype the packed row slice holds: the last cast's, else x's."""
+        head, _ = self._split_prologue()
+        return head[-1].dtype if head else self.spec.input_dtype
+
+    def _value_macro(self) -> str:
+        """``VAL(i, e)``, the fp32 value of slot (i, e) of the row slice the statistics and
+        the normalization read: the fp32 array, or (``packed``) the 16-bit value with the
+        prologue's tail ops applied again (their tensors are in scope: registers, shared
+        memory)."""
+        if not self.plan.packed:
+            return SNIPPETS["val_fp32"].format()
+        _, tail = self._split_prologue()
+        expr = TO_FLOAT[self._carrier()].format("pv[i].e[e]")
+        for op in tail:
+            if isinstance(op, AddBroadcast):
+                vec = self._param(op.name, "(i)")
+                expr = f"({expr} + {TO_FLOAT[op.dtype].format(f'{vec}.e[e]')})"
+            else:
+                expr = TO_FLOAT[op.dtype].format(FROM_FLOAT[op.dtype].format(expr))
+        return SNIPPETS["val_expr"].format(expr=expr)
+
+    def _one_barrier(self) -> bool:
+        return self.plan.one_pass or not isinstance(self.spec.norm, LayerNorm)
+
+    def _statistics(self) -> None:
+        s, p = self.spec, self.plan
+        by_parity = p.warps_per_row > 1 and self._one_barrier()
+        parts = "partials[parity][row_in_block]" if by_parity else "nullptr"
+        flip = SNIPPETS["parity_flip"].format() if by_parity else ""
+        if p.one_pass and isinstance(s.norm, LayerNorm):
+            self.emit("one_pass_stats", parts=parts, flip=flip, eps=repr(float(s.norm.eps)))
+        elif by_parity:  # rms_norm: its one reduction, on the buffer of this row's parity
+            self.emit("sum_open")
+            self.emit("sum_squares")
+            self.emit("rms_norm_stats", partials0=parts, eps=repr(float(s.norm.eps)))
+            self.emit("parity_flip")
+        else:
+            super()._statistics()
+
+    def _param(self, name: str, i: str = "i") -> str:
+        """Expression of vector slot ``i`` of a cached 1-D tensor (``"global"``: read
+        here, through L1/L2; the predicate ``ok`` of the slot is in scope)."""
+        if self.plan.param_cache == "registers":
+            return f"c_{name}[{i}]"
+        if self.plan.param_cache == "global" and name not in self._staged_names():
+            t = CUDA_TYPES[self.tensors[name]]
+            return f"ldg_vec<{t}, kVec>(in_{name}, {i} * kThreadsPerRow + slot, ok)"
+        return f"s_{name}[{i} * kThreadsPerRow + slot]"
+
+    def _staged_names(self) -> list[str]:
+        """The 1-D tensors staged in shared memory: all of them (``"shared"``), or with
+        ``"global"`` the leading ones that make up ``shared_param_bytes`` a column."""
+        p = self.plan
+        if p.param_cache == "shared":
+            return list(self.tensors)
+        if p.param_cache != "global" or not p.shared_param_bytes:
+            return []
+        names, total = [], 0
+        for name, d in self.tensors.items():
+            if total == p.shared_param_bytes:
+                break
+            names.append(name)
+            total += DTYPE_BYTES[d]
+        if total != p.shared_param_bytes:
+            raise LoweringError(f"normalization kernel: shared_param_bytes="
+                                f"{p.shared_param_bytes} is no sum of leading tensors' bytes")
+        return names
+
+    def _cache_params(self) -> None:
+        p = self.plan
+        self.x_offset = 0
+        staged_names = self._staged_names()
+        if p.x_staged or staged_names:
+            self.emit("staged_shared")
+        if staged_names:
+            slots = p.threads_per_row * p.batch * p.vector_width
+            self.x_offset = sum(slots * DTYPE_BYTES[self.tensors[n]] for n in staged_names)
+        if not self.tensors or (p.param_cache == "global" and not staged_names):
+            return
+        if p.param_cache == "registers":
+            self.emit("cache_registers_open")
+            for name, d in self.tensors.items():
+                self.emit("cache_registers_decl", t=CUDA_TYPES[d], name=name)
+            self.emit("cache_registers_loop")
+            for name, d in self.tensors.items():
+                self.emit("cache_registers_load", t=CUDA_TYPES[d], name=name)
+            self.emit("block_close")
+            return
+        # shared: every slot of a row (padded ones hold 0), staged once by the whole block
+        self.emit("cache_shared_open")
+        offset = 0
+        slots = p.threads_per_row * p.batch
+        staged = {n: self.tensors[n] for n in staged_names}
+        for name, d in staged.items():
+            self.emit("cache_shared_decl", t=CUDA_TYPES[d], name=name, offset=offset)
+            offset += slots * p.vector_width * DTYPE_BYTES[d]
+        self.emit("cache_shared_loop", slots=slots, block_threads=p.block_threads)
+        for name, d in staged.items():
+            self.emit("cache_shared_load", t=CUDA_TYPES[d], name=name)
+        self.emit("cache_shared_close")
+
+    def _prologue(self) -> None:
+        s = self.spec
+        self.emit("prologue_open")
+        for op in s.prologue:
+            if isinstance(op, AddBroadcast):
+                self.emit("param_vec", t=CUDA_TYPES[op.dtype], name=op.name,
+                          value=self._param(op.name))
+        lead, x = self._packed_head("xr[i]")
+        head, _ = self._split_prologue()
+        if self.plan.packed and lead and len(head) == 2 * lead:
+            # the whole head done in 16 bits: it is the slice; padded slots must be 0 for
+            # the sums (x staged by a bulk copy leaves them unwritten)
+            self.emit("head_only")
+            return
+        self.emit("element_open")
+        self.emit("first_x", value=TO_FLOAT[s.input_dtype].format(x + ".e[e]"))
+        if self.plan.packed:
+            # the head of the prologue, held in 16 bits (exact: it ends with a 16-bit cast
+            # or is x itself); padded slots hold 0, and the tail's tensors hold 0 there too
+            for op in head[2 * lead:]:
+                self._pointwise(op)
+            self.emit("keep_packed", value=FROM_FLOAT[self._carrier()].format("ok ? a : 0.f"))
+            return
+        for op in s.prologue[2 * lead:]:
+            self._pointwise(op)
+        # padded slots must be exactly 0 for the sums (their tensors hold 0, but a cast
+        # or a later op need not keep it so)
+        self.emit("keep_fp32")
+
+    def _store(self) -> None:
+        self.emit("store_x_loop_open")
+        for name, d in self._tail_tensors():
+            self.emit("param_vec", t=CUDA_TYPES[d], name=name, value=self._param(name))
+        self._normalize_and_store_tail()
+
+
+def render_normalization(spec: NormalizationSpec, plan: LaunchPlan | None = None) -> str:
+    """CUDA C++ source of ``spec``'s kernel (entry: ``spec.kernel_name``): the persistent
+    kernel, or the row-wise one when the plan says ``param_cache="none"``.
+
+    ``plan``: ``spec.plan`` with other `SWITCH_FIELDS` (an experiment on how the kernel
+    is written); any other difference is refused (pin those on the spec instead)."""
+    chosen = spec.plan
+    if plan is None:
+        plan = chosen
+    elif dataclasses.replace(plan, **{f: getattr(chosen, f) for f in SWITCH_FIELDS}) != chosen:
+        raise LoweringError(
+            f"normalization kernel: plan {plan.describe()!r} differs from the spec's "
+            f"{chosen.describe()!r} beyond the switches {list(SWITCH_FIELDS)}; pin the "
+            "plan on the spec (spec_with_plan)")
+    if plan.persistent:
+        return PersistentRenderer(spec, plan).render()
+    return NormalizationRenderer(spec, plan).render()
+
+
+def nvrtc_options(arch: str = "sm_90") -> tuple[str, ...]:
+    """Compile options the kernel is written for (fast math stays off: rsqrtf is enough)."""
+    return (f"-arch={arch}", "-std=c++17", "--ptxas-options=-v")

@@ -1,0 +1,554 @@
+"""The normalization kernels' CUDA text: snippet tables the renderer fills.
+
+Every piece of device code the renderers emit comes from here: `SNIPPETS` (format
+templates, ``{{``/``}}`` for a literal brace), `ROW_COPY_BODIES` (the loops that bring a
+row of x in) and the dtype names of the shared renderer (`lowering.kernels.render`).
+"""
+
+from __future__ import annotations
+
+from lowering.kernels import render
+
+# The shared renderer's names for our dtypes: its "convert" snippet carries 16-bit floats
+# as raw bits and converts them with one PTX instruction (no headers, see render.py).
+SHORT_NAMES = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
+CUDA_TYPES = {d: render.C_TYPES[s] for d, s in SHORT_NAMES.items()}
+TO_FLOAT = {d: render.TO_FLOAT[s] + "({})" for d, s in SHORT_NAMES.items()}
+FROM_FLOAT = {d: render.FROM_FLOAT[s] + "({})" for d, s in SHORT_NAMES.items()}
+
+# This kernel's own snippets, one table, filled by `renderer.NormalizationRenderer`.
+
+SNIPPETS = {
+    "preamble": """\
+// A vector of N elements moved by one instruction: the union with the built-in type
+// of its size makes a 16-byte one an LDG.128/STG.128, and lets it go through
+// __ldcs/__stcs (streaming, evict-first: x and y are touched once), which exist for
+// built-in types only.
+template <int Bytes> struct Raw;
+template <> struct Raw<16> {{ using type = uint4; }};
+template <> struct Raw<8> {{ using type = uint2; }};
+template <> struct Raw<4> {{ using type = unsigned int; }};
+template <> struct Raw<2> {{ using type = unsigned short; }};
+
+template <typename T, int N>
+union Vec {{
+  typename Raw<sizeof(T) * N>::type raw;
+  T e[N];
+}};
+
+__device__ __forceinline__ float warp_sum(float v) {{
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}}
+// x + b for 16-bit vectors, two lanes an instruction (packed_head). Exactly the
+// prologue's half(float(x) + float(b)): the fp32 sum of two 16-bit values rounded once
+// to 16 bits is their correctly rounded 16-bit sum (fp32 carries 24 >= 2p + 2 bits, so
+// the double rounding is innocuous), which add.rn.f16x2 computes, and fma.rn.bf16x2
+// with a factor of 1 (sm_80 has no bf16x2 add).
+__device__ __forceinline__ unsigned int pair_add_fp16(unsigned int a, unsigned int b) {{
+  unsigned int d; asm("add.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d;
+}}
+__device__ __forceinline__ unsigned int pair_add_bf16(unsigned int a, unsigned int b) {{
+  unsigned int d; asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(0x3f803f80u), "r"(b));
+  return d;
+}}
+#define HOSTIR_ADD2(T) \
+  __device__ __forceinline__ void add2_##T(uint4& a, const uint4& b) {{ \
+    a.x = pair_add_##T(a.x, b.x); a.y = pair_add_##T(a.y, b.y); \
+    a.z = pair_add_##T(a.z, b.z); a.w = pair_add_##T(a.w, b.w); }} \
+  __device__ __forceinline__ void add2_##T(uint2& a, const uint2& b) {{ \
+    a.x = pair_add_##T(a.x, b.x); a.y = pair_add_##T(a.y, b.y); }} \
+  __device__ __forceinline__ void add2_##T(unsigned int& a, const unsigned int& b) {{ a = pair_add_##T(a, b); }}
+HOSTIR_ADD2(fp16)
+HOSTIR_ADD2(bf16)
+// Programmatic dependent launch (sm_90+, runtime.normalization launches with it): let
+// the next kernel on the stream launch now, so that its launch overlaps this one's last
+// rows, then wait until the kernel before this one has completed and its writes are
+// visible, before any global memory is touched. Without the launch attribute both are
+// no-ops.
+__device__ __forceinline__ void dependent_launch_entry() {{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}}
+""",
+    # Sum over the threads of one row. With several warps a row: each warp's lane 0
+    # writes its partial, one barrier, then every warp sums all partials itself, which
+    # saves the second barrier a broadcast through shared memory would need.
+    "row_sum_warp": """\
+__device__ __forceinline__ float row_sum(float v, float* /*partials*/) {{
+  return warp_sum(v);
+}}
+""",
+    "row_sum_block": """\
+__device__ __forceinline__ float row_sum(float v, float* partials) {{
+  const int lane = threadIdx.x & 31;
+  const int warp = (threadIdx.x % {threads_per_row}) >> 5;
+  v = warp_sum(v);
+  if (lane == 0) partials[warp] = v;
+  __syncthreads();
+  return warp_sum(lane < {warps_per_row} ? partials[lane] : 0.f);
+}}
+""",
+    "kernel_open": """\
+extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
+{name}({params}, const int rows) {{
+  dependent_launch_entry();
+  constexpr int kVec = {vec}, kBatch = {batch}, kThreadsPerRow = {threads_per_row};
+  constexpr int kRowsPerBlock = {rows_per_block}, kHidden = {hidden};
+  constexpr int kVectors = {vectors};      // vectors in a row
+  constexpr int kFullBatches = {full_batches};  // batch slots every thread fills
+  {shared}
+  const int lane = threadIdx.x % kThreadsPerRow;
+  const int row_in_block = threadIdx.x / kThreadsPerRow;
+  const int groups = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  // The row loop: no unroll. The persistent batch already holds a whole row slice in
+  // registers; a second row in flight would double them and spill.
+#pragma unroll 1
+  for (int group = blockIdx.x; group < groups; group += gridDim.x) {{
+    const int row = group * kRowsPerBlock + row_in_block;
+    // Rows past the end still join the barriers of the reduction; they only skip memory.
+    const bool row_ok = row < rows;
+    const size_t row_base = (size_t)row * kHidden;
+{row_pointers}    float v[kBatch][kVec];
+""",
+    # Slot i of the batch holds vector i*kThreadsPerRow + lane: consecutive lanes read
+    # consecutive vectors, so a warp's access is one contiguous 512-byte span.
+    "batch_loop_open": """\
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {{
+      const int vec = i * kThreadsPerRow + lane;
+      const bool ok = row_ok && (i < kFullBatches || vec < kVectors);  // predication
+""",
+    "load_x": """\
+      Vec<{t}, kVec> v_x;
+      v_x.raw = {{}};
+      if (ok) v_x.raw = __ldcs(&(reinterpret_cast<const Vec<{t}, kVec>*>(in_x + row_base) + vec)->raw);
+""",
+    "load_param": """\
+      Vec<{t}, kVec> v_{name};
+      v_{name}.raw = {{}};
+      if (ok) v_{name}.raw = (reinterpret_cast<const Vec<{t}, kVec>*>(in_{name}) + vec)->raw;
+""",
+    "element_loop_open": """\
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {{
+""",
+    "loop_close": "      }}\n",
+    "batch_loop_close": "    }}\n",
+    "first_value": "        float a = ok ? {value} : 0.f;\n",
+    "add": "        a += {value};\n",
+    "cast": "        a = {value};\n",
+    "keep": "        v[i][e] = a;\n",
+    "sum_open": "    float s = 0.f;\n",
+    "sum_value": """\
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) s += VAL(i, e);
+""",
+    # Second pass over the registers: sum (v - mean)^2. Padded slots hold 0 and must
+    # not count, hence the same predicate as the loads.
+    "sum_centered": """\
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {{
+      const bool ok = i < kFullBatches || i * kThreadsPerRow + lane < kVectors;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {{
+        const float d = VAL(i, e) - mean;
+        s += ok ? d * d : 0.f;
+      }}
+    }}
+""",
+    "sum_squares": """\
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) s += VAL(i, e) * VAL(i, e);
+""",
+    "layer_norm_stats": """\
+    const float mean = row_sum(s, {partials0}) * (1.f / kHidden);
+    s = 0.f;
+{sum_centered}\
+    const float rstd = rsqrtf(row_sum(s, {partials1}) * (1.f / kHidden) + {eps}f);
+    const float center = mean;
+""",
+    "rms_norm_stats": """\
+    const float rstd = rsqrtf(row_sum(s, {partials0}) * (1.f / kHidden) + {eps}f);
+    const float center = 0.f;
+""",
+    "store_x_loop_open": """\
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {{
+      const int vec = i * kThreadsPerRow + lane;
+      const bool ok = row_ok && (i < kFullBatches || vec < kVectors);
+      if (!ok) continue;
+""",
+    "normalize": "        float a = (VAL(i, e) - center) * rstd;\n",
+    "mul": "        a *= {value};\n",
+    "out_decl": "      Vec<{t}, kVec> v_y;\n",
+    "out_assign": "        v_y.e[e] = {value};\n",
+    "store_y": "      __stcs(&(reinterpret_cast<Vec<{t}, kVec>*>(out_y + row_base) + vec)->raw, v_y.raw);\n",
+    # LaunchPlan.lean_addresses: slot i at a constant offset from the row's pointers
+    "store_y_lean": "      __stcs(&y_row[i * kThreadsPerRow].raw, v_y.raw);\n",
+    "load_x_lean": """\
+      Vec<{t}, kVec> v_x;
+      v_x.raw = {{}};
+      if (ok) v_x.raw = __ldcs(&x_row[i * kThreadsPerRow].raw);
+""",
+    "x_row": "    const Vec<{t}, kVec>* const x_row = reinterpret_cast<const Vec<{t}, kVec>*>(in_x + row_base) + lane;\n",
+    "y_row": "    Vec<{t}, kVec>* const y_row = reinterpret_cast<Vec<{t}, kVec>*>(out_y + row_base) + lane;\n",
+    "kernel_close": "  }}\n}}\n",
+    # the kernel's parameters (in_/out_ prefixes keep tensor names apart from its locals)
+    "param_in": "const {t}* __restrict__ in_{name}",
+    "param_out": "{t}* __restrict__ out_y",
+    # two buffers of partials, one per reduction (the row-wise kernel's `shared` field)
+    "partials_shared": "__shared__ float partials[2][{rows_per_block}][{warps_per_row}];",
+    # the prologue's leading (+ b, 16-bit cast) pairs as 16-bit pair adds on a copy of x
+    "head_copy": "      Vec<{t}, kVec> h = {x};\n",
+    "head_add2": "      add2_{short}(h.raw, v_{name}.raw);\n",
+    # VAL(i, e): the fp32 value of slot (i, e) of the row slice
+    "val_fp32": "#define VAL(i, e) v[i][e]\n",
+    "val_expr": "#define VAL(i, e) {expr}\n",
+
+    # ---- the persistent kernel (PersistentRenderer)
+    "persistent_open": """\
+extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
+{name}({params}, const int rows) {{
+  dependent_launch_entry();
+  constexpr int kVec = {vec}, kBatch = {batch}, kThreadsPerRow = {threads_per_row};
+  constexpr int kRowsPerBlock = {rows_per_block}, kHidden = {hidden};
+  constexpr int kVectors = {vectors};      // vectors in a row
+  constexpr int kFullBatches = {full_batches};  // batch slots every thread fills
+  const int lane = threadIdx.x % kThreadsPerRow;
+  const int row_in_block = threadIdx.x / kThreadsPerRow;
+  const int groups = (rows + kRowsPerBlock - 1) / kRowsPerBlock;
+""",
+    # one barrier a row: the buffer alternates with the parity of the row
+    "partials_by_parity": "  __shared__ float partials[2][{rows_per_block}][{warps_per_row}]{triple};\n"
+                          "  int parity = 0;\n",
+    "partials_two": "  __shared__ float partials[2][{rows_per_block}][{warps_per_row}];\n",
+    "staged_shared": "  extern __shared__ __align__(16) unsigned char staged[];\n",
+    # the 1-D tensors in registers, each thread's slice loaded once before the row loop
+    "cache_registers_open": "  // Each thread's slice of the 1-D tensors, loaded once; 16-bit values stay packed.\n",
+    "cache_registers_decl": "  Vec<{t}, kVec> c_{name}[kBatch];\n",
+    "cache_registers_loop": """\
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i) {{
+    const int vec = i * kThreadsPerRow + lane;
+    const bool ok = i < kFullBatches || vec < kVectors;
+""",
+    "cache_registers_load": "    c_{name}[i].raw = {{}};\n"
+                            "    if (ok) c_{name}[i].raw = (reinterpret_cast<const Vec<{t}, kVec>*>(in_{name}) + vec)->raw;\n",
+    "block_close": "  }}\n",
+    # the 1-D tensors staged in shared memory once per block, every slot of a row
+    "cache_shared_open": "  // The 1-D tensors staged once per block; each row reads them from shared memory.\n",
+    "cache_shared_decl": "  Vec<{t}, kVec>* s_{name} = reinterpret_cast<Vec<{t}, kVec>*>(staged + {offset});\n",
+    "cache_shared_loop": "  for (int j = threadIdx.x; j < {slots}; j += {block_threads}) {{\n",
+    "cache_shared_load": "    s_{name}[j].raw = {{}};\n"
+                         "    if (j < kVectors) s_{name}[j].raw = (reinterpret_cast<const Vec<{t}, kVec>*>(in_{name}) + j)->raw;\n",
+    "cache_shared_close": "  }}\n  __syncthreads();\n",
+    "x_registers": "  Vec<{t}, kVec> xr[kBatch];\n",
+    "x_ring": """\
+  // x through shared memory: a ring of kStages + 1 buffers for each row of the block,
+  // one being read while the copies of the next kStages rows land in the others (one
+  // cp.async group a row, so waiting for all but the newest kStages - 1 groups is
+  // waiting for the current row)
+  constexpr int kStages = {stages}, kSlotsPerRow = kThreadsPerRow * kBatch;
+  Vec<{t}, kVec>* s_xbuf = reinterpret_cast<Vec<{t}, kVec>*>(staged + {x_offset})
+                         + row_in_block * (kStages + 1) * kSlotsPerRow;
+  int buf = 0;
+""",
+    "x_bulk_ring": """  // x_bulk: each row by one bulk copy that the row's first thread issues; buffer b's
+  // mbarrier completes a phase when its row landed. The block's n-th row (n from 0) is
+  // in buffer n % (kStages + 1), on that buffer's phase n / (kStages + 1).
+  constexpr unsigned kRowBytes = kHidden * sizeof({t});
+  __shared__ __align__(8) unsigned long long xbar[kRowsPerBlock][kStages + 1];
+  if (lane == 0) {{
+    for (int k = 0; k <= kStages; ++k) bulk_bar_init(&xbar[row_in_block][k]);
+  }}
+  __syncthreads();
+  int nrow = 0;
+  if (lane == 0) {{
+#pragma unroll
+    for (int k = 0; k < kStages; ++k) {{
+      const int r = (blockIdx.x + k * gridDim.x) * kRowsPerBlock + row_in_block;
+      bulk_row(s_xbuf + k * kSlotsPerRow, in_x + (size_t)r * kHidden, kRowBytes,
+               &xbar[row_in_block][k], r < rows);
+    }}
+  }}
+""",
+    "x_ring_fill": """#pragma unroll
+  for (int k = 0; k < kStages; ++k)
+    stage_row(s_xbuf + k * kSlotsPerRow, in_x,
+              (blockIdx.x + k * gridDim.x) * kRowsPerBlock + row_in_block, rows, lane);
+""",
+    "first_row": "  load_row(xr, in_x, blockIdx.x * kRowsPerBlock + row_in_block, rows, lane);\n",
+    "row_loop_open": """\
+  // The row loop: grid-stride, no unroll (a second row's fp32 values would double the
+  // registers; the prefetch holds only the next row's packed x).
+#pragma unroll 1
+  for (int group = blockIdx.x; group < groups; group += gridDim.x) {{
+    const int row = group * kRowsPerBlock + row_in_block;
+    // Rows past the end still join the barriers of the reduction; they only skip memory.
+    const bool row_ok = row < rows;
+    const size_t row_base = (size_t)row * kHidden;
+""",
+    "opaque_open": "#pragma unroll\n    for (int i = 0; i < kBatch; ++i) {{\n",
+    "opaque_cached": "      opaque(c_{name}[i].raw);\n",
+    "opaque_close": "    }}\n",
+    "opaque_slot": "    int slot = lane;\n    opaque(slot);\n",
+    "this_row": "    load_row(xr, in_x, row, rows, lane);\n",
+    "bulk_take_row": """\
+    bulk_wait(&xbar[row_in_block][buf], (nrow / (kStages + 1)) & 1);
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) xr[i] = s_xbuf[buf * kSlotsPerRow + i * kThreadsPerRow + lane];
+    const int ahead = buf == 0 ? kStages : buf - 1;
+    buf = buf == kStages ? 0 : buf + 1;
+    ++nrow;
+    if (lane == 0) {{
+      const int r = (group + kStages * gridDim.x) * kRowsPerBlock + row_in_block;
+      bulk_row(s_xbuf + ahead * kSlotsPerRow, in_x + (size_t)r * kHidden, kRowBytes,
+               &xbar[row_in_block][ahead], r < rows);
+    }}
+""",
+    "ring_take_row": """\
+    cp_async_wait_group<kStages - 1>();
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) xr[i] = s_xbuf[buf * kSlotsPerRow + i * kThreadsPerRow + lane];
+    // the buffer read one row ago (this thread's own slots, read into registers then)
+    // takes the row kStages ahead
+    const int ahead = buf == 0 ? kStages : buf - 1;
+    buf = buf == kStages ? 0 : buf + 1;
+    stage_row(s_xbuf + ahead * kSlotsPerRow, in_x,
+              (group + kStages * gridDim.x) * kRowsPerBlock + row_in_block, rows, lane);
+""",
+    "row_packed": "    Vec<{t}, kVec> pv[kBatch];\n",
+    "row_fp32": "    float v[kBatch][kVec];\n",
+    "next_row": "    load_row(xr, in_x, (group + gridDim.x) * kRowsPerBlock + row_in_block, rows, lane);\n",
+    "ring_drain": "  cp_async_wait_all();  // no copy outlives the block (the last one only zero-fills)\n",
+    "function_close": "}}\n",
+    # the prologue of a row in the persistent kernel: x from xr, tensors from their cache
+    "prologue_open": """\
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {{
+      const bool ok = i < kFullBatches || i * kThreadsPerRow + lane < kVectors;
+""",
+    "param_vec": "      const Vec<{t}, kVec> v_{name} = {value};\n",
+    "head_only": "      if (!ok) h.raw = {{}};\n      pv[i] = h;\n    }}\n",
+    "element_open": "#pragma unroll\n      for (int e = 0; e < kVec; ++e) {{\n",
+    "first_x": "        float a = {value};\n",
+    "keep_packed": "        pv[i].e[e] = {value};\n      }}\n    }}\n",
+    "keep_fp32": "        v[i][e] = ok ? a : 0.f;\n      }}\n    }}\n",
+    "parity_flip": "    parity ^= 1;\n",
+    # One pass: this thread's slice exactly (count, mean, then the squares about that
+    # mean, all in registers), then the row's (count, mean, M2) triples merged
+    # pairwise, one barrier: no E[x^2] - E[x]^2 cancellation on rows with a large mean.
+    "one_pass_stats": """\
+    float n = 0.f, m = 0.f, q = 0.f;
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {{
+      const bool ok = i < kFullBatches || i * kThreadsPerRow + lane < kVectors;
+      n += ok ? (float)kVec : 0.f;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) m += VAL(i, e);  // padded slots hold 0
+    }}
+    m = n > 0.f ? m / n : 0.f;
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {{
+      const bool ok = i < kFullBatches || i * kThreadsPerRow + lane < kVectors;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {{
+        const float d = VAL(i, e) - m;
+        q += ok ? d * d : 0.f;
+      }}
+    }}
+    row_stats(n, m, q, {parts});
+{flip}\
+    const float mean = m;
+    const float rstd = rsqrtf(q * (1.f / kHidden) + {eps}f);
+    const float center = mean;
+""",
+    # ---- the persistent kernel's device functions, before the kernel
+    "load_row_helper": """\
+// One row's x slice into packed registers, streaming (__ldcs: read once); slots past the
+// row or rows past the end read nothing and hold 0.
+template <typename T, int kVec, int kBatch, int kThreadsPerRow, int kVectors, int kFullBatches>
+__device__ __forceinline__ void load_row_t(Vec<T, kVec> (&xr)[kBatch], const T* __restrict__ x,
+                                         int row, int rows, int lane, int hidden) {{
+{body}
+}}
+// An empty asm that "changes" a value: the row loop calls it on the cached 1-D tensors
+// (and the shared-memory index) at every row, so that the compiler cannot hoist their
+// conversions to fp32 out of the loop, which would undo the packing (twice the
+// registers: seen as spills at 1024+ with four tensors).
+__device__ __forceinline__ void opaque(uint4& r) {{
+  asm volatile("" : "+r"(r.x), "+r"(r.y), "+r"(r.z), "+r"(r.w));
+}}
+__device__ __forceinline__ void opaque(uint2& r) {{ asm volatile("" : "+r"(r.x), "+r"(r.y)); }}
+__device__ __forceinline__ void opaque(unsigned int& r) {{ asm volatile("" : "+r"(r)); }}
+__device__ __forceinline__ void opaque(int& r) {{ asm volatile("" : "+r"(r)); }}
+__device__ __forceinline__ void opaque(unsigned short& r) {{ asm volatile("" : "+h"(r)); }}
+#define load_row(xr, x, row, rows, lane) \\
+  load_row_t<{t}, kVec, kBatch, kThreadsPerRow, kVectors, kFullBatches>(xr, x, row, rows, lane, kHidden)
+""",
+    "ldg_vec": """\
+// A vector of a 1-D tensor through the read-only path (L1, then L2); 0 where !ok.
+template <typename T, int kVec>
+__device__ __forceinline__ Vec<T, kVec> ldg_vec(const T* __restrict__ p, int vec, bool ok) {{
+  Vec<T, kVec> r;
+  r.raw = {{}};
+  if (ok) r.raw = __ldg(&(reinterpret_cast<const Vec<T, kVec>*>(p) + vec)->raw);
+  return r;
+}}
+""",
+    # x is read once: with "evict_first" its lines are the first the L2 evicts
+    "l2_policy": '  unsigned long long policy;\n'
+                 '  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\\n" : "=l"(policy));\n',
+    # .cg (L2 only) takes 16 bytes; narrower copies go .ca. The hint is the same.
+    "cp_async_16": ('    asm volatile("cp.async.cg.shared.global{level} [%0], [%1], 16, %2{policy_arg};\\n" '
+                    ':: "r"(d), "l"(src), "r"(n){policy_operand} : "memory");'),
+    "cp_async_n": ('    asm volatile("cp.async.ca.shared.global{level} [%0], [%1], %2, %3{policy_arg_ca};\\n" '
+                   ':: "r"(d), "l"(src), "n"(Bytes), "r"(n){policy_operand} : "memory");'),
+    "stage_row_helper": """\
+// cp.async of one vector, global -> shared; zero-filled (nothing read) when !pred.
+template <int Bytes>
+__device__ __forceinline__ void cp_async(void* dst, const void* src, bool pred) {{
+  const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  const int n = pred ? Bytes : 0;
+{policy}  if constexpr (Bytes == 16)
+{cp16}
+  else
+{cpn}
+}}
+__device__ __forceinline__ void cp_async_wait_all() {{ asm volatile("cp.async.wait_all;\\n" ::: "memory"); }}
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {{ asm volatile("cp.async.wait_group %0;\\n" :: "n"(N) : "memory"); }}
+// One row's x slice into this thread's slots of a shared buffer, one commit group.
+template <typename T, int kVec, int kBatch, int kThreadsPerRow, int kVectors, int kFullBatches>
+__device__ __forceinline__ void stage_row_t(Vec<T, kVec>* buf, const T* __restrict__ x,
+                                          int row, int rows, int lane, int hidden) {{
+{body}
+  asm volatile("cp.async.commit_group;\\n" ::: "memory");
+}}
+#define stage_row(buf, x, row, rows, lane) \\
+  stage_row_t<{t}, kVec, kBatch, kThreadsPerRow, kVectors, kFullBatches>(buf, x, row, rows, lane, kHidden)
+""",
+    "bulk_helpers": """\
+// x_bulk (PTX ISA: cp.async.bulk, mbarrier): one row of x, `bytes` long, into a shared
+// buffer by the TMA engine, completing its bytes on mbarrier `bar` (expected first);
+// a row past the end copies nothing and only arrives, so the phase still completes.
+__device__ __forceinline__ void bulk_bar_init(unsigned long long* bar) {{
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\\n"
+               :: "r"((unsigned)__cvta_generic_to_shared(bar)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");
+}}
+__device__ __forceinline__ void bulk_row(void* dst, const void* src, unsigned bytes,
+                                         unsigned long long* bar, bool ok) {{
+  const unsigned b = (unsigned)__cvta_generic_to_shared(bar);
+  if (!ok) {{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\\n" :: "r"(b) : "memory");
+    return;
+  }}
+  // the buffer was last read by ordinary loads: order them before the async-proxy write
+  asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\\n"
+               :: "r"(b), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1], %2, [%3];\\n"
+               :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "r"(bytes), "r"(b)
+               : "memory");
+}}
+__device__ __forceinline__ void bulk_wait(unsigned long long* bar, unsigned parity) {{
+  asm volatile("{{\\n.reg .pred done;\\nWAIT:\\n"
+               "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\\n"
+               "@!done bra WAIT;\\n}}\\n"
+               :: "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(parity) : "memory");
+}}
+""",
+    "chan_merge": """\
+// (count, mean, M2) of a set merged with another's (Chan, Golub, LeVeque): exact in
+// the way a two-pass variance is, the mean difference is small against the values.
+__device__ __forceinline__ void chan_merge(float& n, float& m, float& q, float n2, float m2, float q2) {{
+  const float nn = n + n2;
+  if (nn > 0.f) {{
+    const float d = m2 - m, f = n2 / nn;
+    m += d * f;
+    q += q2 + d * d * n * f;
+    n = nn;
+  }}
+}}
+__device__ __forceinline__ void warp_stats(float& n, float& m, float& q) {{
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1)
+    chan_merge(n, m, q, __shfl_xor_sync(0xffffffffu, n, offset),
+               __shfl_xor_sync(0xffffffffu, m, offset), __shfl_xor_sync(0xffffffffu, q, offset));
+}}
+""",
+    "row_stats_warp": """\
+__device__ __forceinline__ void row_stats(float& n, float& m, float& q, void*) {{ warp_stats(n, m, q); }}
+""",
+    "row_stats_block": """\
+// Several warps a row: each warp's lane 0 writes its triple, one barrier, then every
+// warp merges all of them itself (the same order in every warp).
+__device__ __forceinline__ void row_stats(float& n, float& m, float& q, float (*partials)[3]) {{
+  const int lane = threadIdx.x & 31;
+  const int warp = (threadIdx.x % {threads_per_row}) >> 5;
+  warp_stats(n, m, q);
+  if (lane == 0) {{ partials[warp][0] = n; partials[warp][1] = m; partials[warp][2] = q; }}
+  __syncthreads();
+  const bool mine = lane < {warps_per_row};
+  n = mine ? partials[lane][0] : 0.f;
+  m = mine ? partials[lane][1] : 0.f;
+  q = mine ? partials[lane][2] : 0.f;
+  warp_stats(n, m, q);
+}}
+""",
+}
+
+# The PTX level suffix of the cp.async of x for each `LaunchPlan.l2_hint`.
+L2_HINT_LEVELS = {"": "", "evict_first": ".L2::cache_hint", "prefetch_256b": ".L2::256B"}
+
+
+# The loops of load_row_t and stage_row_t (PersistentRenderer), by
+# LaunchPlan.lean_addresses. Lean:
+# one pointer to the row's (row 0's for a row past the end) first vector of this thread,
+# each slot a constant offset from it; a slot of the last, partial batch past the row
+# points at x itself (a cp.async of 0 bytes still names a readable address).
+ROW_COPY_BODIES = {
+    False: ("""\
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i) {
+    const int vec = i * kThreadsPerRow + lane;
+    xr[i].raw = {};
+    if (row < rows && (i < kFullBatches || vec < kVectors))
+      xr[i].raw = __ldcs(&(reinterpret_cast<const Vec<T, kVec>*>(x + (size_t)row * hidden) + vec)->raw);
+  }""", """\
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i) {
+    const int vec = i * kThreadsPerRow + lane;
+    const bool ok = row < rows && (i < kFullBatches || vec < kVectors);
+    const T* src = ok ? x + (size_t)row * hidden + (size_t)vec * kVec : x;
+    cp_async<sizeof(T) * kVec>(buf + i * kThreadsPerRow + lane, src, ok);
+  }"""),
+    True: ("""\
+  const bool in = row < rows;
+  const Vec<T, kVec>* const src = reinterpret_cast<const Vec<T, kVec>*>(x + (size_t)(in ? row : 0) * hidden) + lane;
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i) {
+    xr[i].raw = {};
+    if (in && (i < kFullBatches || i * kThreadsPerRow + lane < kVectors))
+      xr[i].raw = __ldcs(&src[i * kThreadsPerRow].raw);
+  }""", """\
+  const bool in = row < rows;
+  const Vec<T, kVec>* const src = reinterpret_cast<const Vec<T, kVec>*>(x + (size_t)(in ? row : 0) * hidden) + lane;
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i) {
+    const bool ok = in && (i < kFullBatches || i * kThreadsPerRow + lane < kVectors);
+    const void* from = src + i * kThreadsPerRow;
+    if (i >= kFullBatches && !ok) from = x;
+    cp_async<sizeof(T) * kVec>(buf + i * kThreadsPerRow + lane, from, ok);
+  }"""),
+}
