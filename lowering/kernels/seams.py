@@ -155,7 +155,9 @@ class AddNormForwardSpec:
 
     def params(self) -> list[tuple[str, str]]:
         u, cu = "unsigned short* __restrict__", "const unsigned short* __restrict__"
-        return [(cu, "x"), (cu, "residual"), (cu, "weight"), (cu, "bias"), (u, "h"),
+        # h is read back (through `src`) after it is written: no __restrict__ on it, so
+        # that the compiler cannot route those reads through the read-only cache
+        return [(cu, "x"), (cu, "residual"), (cu, "weight"), (cu, "bias"), ("unsigned short*", "h"),
                 (u, "y"), ("float* __restrict__", "mean_out"),
                 ("float* __restrict__", "rstd_out"), ("float", "eps"), ("int", "rows")]
 

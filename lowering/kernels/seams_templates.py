@@ -92,7 +92,7 @@ __shared__ float red[RPB][WARPS * 2];
 const int tx = threadIdx.x, ty = threadIdx.y;
 const int groups = (rows + RPB - 1) / RPB;
 // the stream the norm reads back: h where it is written, else x itself
-const unsigned short* __restrict__ src = RESIDUAL ? (const unsigned short*)h : x;
+const unsigned short* src = RESIDUAL ? (const unsigned short*)h : x;
 for (int g = blockIdx.x; g < groups; g += gridDim.x) {
   const int row = g * RPB + ty;
   const bool live = row < rows;
@@ -369,7 +369,11 @@ POINTWISE = {
     "gelu_backward": r"""
   const float d = in[0], x = in[1];
   const float t = 1.f - 2.f / (__expf(2.f * GELU_K0 * (x + GELU_K1 * x * x * x)) + 1.f);
-  out[0] = d * (0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * GELU_K0 * (1.f + 3.f * GELU_K1 * x * x));
+  // where tanh has saturated its derivative is 0: skip the product, whose x * x term
+  // overflows to inf (and 0 * inf to nan) for |x| past 1e19, which bf16 can hold
+  const float sech2 = 1.f - t * t;
+  const float slope = sech2 == 0.f ? 0.f : 0.5f * x * sech2 * GELU_K0 * (1.f + 3.f * GELU_K1 * x * x);
+  out[0] = d * (0.5f * (1.f + t) + slope);
 """,
 }
 
