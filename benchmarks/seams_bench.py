@@ -42,6 +42,7 @@ MIN_SETS = 4
 EPS = 1e-5
 # |ours - float64| <= TOL * max|float64| (bf16 / fp16 rounding of the output, with room)
 TOL = {torch.bfloat16: 2e-2, torch.float16: 4e-3}
+SWEEP_THREADS = (256, 512, 1024, 2048)
 TARGET = 0.85  # of copy bandwidth: the norm kernels' goal at hidden 4096 and 8192
 
 
@@ -189,6 +190,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ops", default=",".join(OPS))
     ap.add_argument("--reps", type=int, default=9, help="side-by-side rounds")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--sweep", action="store_true",
+                    help="also time the norm kernels at other persistent-grid sizes "
+                         f"(threads per SM {SWEEP_THREADS}), side by side; row field 'sweep'")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("hostir seams_bench: error: needs a CUDA GPU", file=sys.stderr)
@@ -226,6 +230,11 @@ def main(argv=None) -> int:
             dst = [torch.empty(half, dtype=torch.uint8, device="cuda") for _ in sets]
             calls = {"ours": [(lambda t=t: ours(op, t)) for t in sets],
                      "copy": [(lambda s=s, d=d: d.copy_(s)) for s, d in zip(src, dst)]}
+            knob = ("BACKWARD_THREADS_PER_SM" if op.endswith("bwd") else "FORWARD_THREADS_PER_SM")
+            if args.sweep and op.startswith("add_"):
+                for threads in SWEEP_THREADS:
+                    calls[f"t{threads}"] = [(lambda t=t, n=threads: _with_grid(knob, n, op, t))
+                                            for t in sets]
             try:
                 for t in sets:
                     prepare_torch(op, t)
@@ -242,9 +251,14 @@ def main(argv=None) -> int:
                    "torch_over_copy": round(us["copy"] / us["torch"], 4) if "torch" in us else None,
                    "ours_gbps": round(nbytes / us["ours"] / 1e3, 1),
                    "rel_err": float(f"{err:.3g}")}
+            if any(k.startswith("t") and k[1:].isdigit() for k in us):
+                row["sweep"] = {k[1:]: round(v, 3) for k, v in us.items()
+                                if k.startswith("t") and k[1:].isdigit()}
+                row["sweep_default"] = getattr(fused, knob)
             rows_out.append(row)
             print(f"{op:<20} {hidden:>6} {row['ours_us']:>9.2f} us {row['ours_gbps']:>7.1f} GB/s "
-                  f"over_copy {row['over_copy']:.3f}  torch {row['torch_us']} us", flush=True)
+                  f"over_copy {row['over_copy']:.3f}  torch {row['torch_us']} us"
+                  + (f"  sweep {row['sweep']}" if "sweep" in row else ""), flush=True)
             del sets, src, dst, calls
             torch.cuda.empty_cache()
     device = torch.cuda.get_device_name()
@@ -267,6 +281,17 @@ def main(argv=None) -> int:
     print("norm target (>= %.2f of copy at 4096 / 8192): %s"
           % (TARGET, "met" if not short else "missed: " + ", ".join(short)))
     return 0
+
+
+def _with_grid(knob: str, threads: int, op: str, t: dict):
+    """``ours`` with the persistent grid sized for ``threads`` per SM (read at launch, so
+    a captured graph keeps it)."""
+    saved = getattr(fused, knob)
+    setattr(fused, knob, threads)
+    try:
+        return ours(op, t)
+    finally:
+        setattr(fused, knob, saved)
 
 
 def _kernel_path(op: str, t: dict) -> bool:

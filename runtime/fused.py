@@ -109,11 +109,16 @@ def gelu_backward_reference(dy, x):
 # The fused path: which calls take it, and the launches.
 
 _KERNEL_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
-# Blocks of a row kernel launched per SM at most (the driver's occupancy may allow
-# fewer); the backward's workspace has one row per CTA slot, so more costs reduce time.
-ROW_BLOCKS_PER_SM = 4
+# Threads of a persistent row kernel per SM at most (the driver's occupancy may allow
+# fewer blocks). The forward takes what fits. The backward's workspace has a row per CTA
+# row slot, written and read once more (at 512 threads an SM, ~4 MB per weight-gradient
+# array on 132 SMs, whatever the width), so it keeps fewer threads in flight; each still
+# has 16 values of each of its 3-4 streams in flight. The bench's --sweep times others.
+FORWARD_THREADS_PER_SM = 2048
+BACKWARD_THREADS_PER_SM = 512
 ELEMENTWISE_BLOCKS_PER_SM = 8
-MAX_ROWS = 2**31 - 1
+MAX_ROWS = 2**31 - 64  # row indices (and a row group's last) stay in an int
+MAX_HIDDEN = 2**27 - 1  # `lowering.kernels.seams` specs' limit
 
 
 def _usable(*tensors) -> bool:
@@ -164,7 +169,7 @@ def _norm_forward_path(x, residual, weight, bias, kind) -> bool:
     if not _usable(x, residual, weight, bias) or x.dim() < 1 or x.numel() == 0:
         return False
     hidden = x.shape[-1]
-    return (hidden >= 1 and x.numel() // hidden <= MAX_ROWS
+    return (1 <= hidden <= MAX_HIDDEN and x.numel() // hidden <= MAX_ROWS
             and (residual is None or residual.shape == x.shape)
             and weight.shape == (hidden,) and (bias is None or bias.shape == (hidden,))
             and (bias is None or kind == "layer_norm"))
@@ -175,7 +180,7 @@ def _norm_backward_path(dy, h, weight, mean, rstd, kind, dh) -> bool:
         return False
     hidden = h.shape[-1]
     rows = h.numel() // hidden
-    return (rows <= MAX_ROWS and dy.shape == h.shape and (dh is None or dh.shape == h.shape)
+    return (rows <= MAX_ROWS and hidden <= MAX_HIDDEN and dy.shape == h.shape and (dh is None or dh.shape == h.shape)
             and weight.shape == (hidden,) and _float_vector(rstd, rows, h.device)
             and (kind == "rms_norm" or _float_vector(mean, rows, h.device))
             and not (torch.is_grad_enabled() and (rstd.requires_grad or (
@@ -307,10 +312,15 @@ def _elementwise(op: str, ins, outs) -> None:
 
 def _row_grid(spec, rows: int, device) -> int:
     """CTAs of a persistent row kernel: as many as the SMs hold at once (driver
-    occupancy, at most `ROW_BLOCKS_PER_SM` each), never more than there are row groups."""
+    occupancy), at most `FORWARD_THREADS_PER_SM` / `BACKWARD_THREADS_PER_SM` threads an
+    SM, never more than there are row groups."""
+    from lowering.kernels.seams import AddNormBackwardSpec
+
     plan = spec.plan
     groups = -(-rows // plan.rows_per_block)
-    per_sm = min(ROW_BLOCKS_PER_SM, _resident_blocks(_kernel(spec, device), plan.block_threads))
+    cap = BACKWARD_THREADS_PER_SM if isinstance(spec, AddNormBackwardSpec) else FORWARD_THREADS_PER_SM
+    per_sm = min(max(1, cap // plan.block_threads),
+                 _resident_blocks(_kernel(spec, device), plan.block_threads))
     return max(1, min(groups, _sm_count(device) * per_sm))
 
 

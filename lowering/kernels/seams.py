@@ -65,7 +65,7 @@ MIN_BLOCK_THREADS = 128
 FORWARD_THREADS_PER_SM = 1024
 BACKWARD_THREADS_PER_SM = 512
 ELEMENTWISE_THREADS = 256
-REDUCE_BLOCK = (32, 8, 1)
+REDUCE_BLOCK = (32, 32, 1)  # columns x lanes of parts
 
 
 def vector_width(hidden: int, alignment: int = 16) -> int:
@@ -315,7 +315,7 @@ def render(spec: Spec) -> str:
                                         plan.block_threads,
                                         plan.min_blocks(BACKWARD_THREADS_PER_SM)))
     if isinstance(spec, ColumnReduceSpec):
-        return r.source(["convert"], _dtype_functions(spec.dtype), r.constants({"SETS": spec.sets}),
+        return r.source(["convert"], _dtype_functions(spec.dtype), r.constants({"SETS": spec.sets, "REDUCE_LANES": REDUCE_BLOCK[1]}),
                         r.kernel(spec.kernel_name, spec.params(), T.COLUMN_REDUCE,
                                  threads=REDUCE_BLOCK[0] * REDUCE_BLOCK[1]))
     if isinstance(spec, ElementwiseSpec):

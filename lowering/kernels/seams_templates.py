@@ -324,22 +324,32 @@ for (int k = 0; k < K; ++k) {
 """
 
 # out[set][col] = sum over parts of ws[set][part][col], in the weight's dtype. A block is
-# 32 columns x 8 lanes of parts; the lanes meet in shared memory.
+# 32 columns x 32 lanes of parts (each lane keeps four loads in flight: the sum is a few
+# MB read once, and latency, not bandwidth, bounds a loop of dependent loads); the lanes
+# meet in shared memory.
 COLUMN_REDUCE = r"""
-__shared__ float part_sums[8][33];
+__shared__ float part_sums[REDUCE_LANES][33];
 const int tx = threadIdx.x, ty = threadIdx.y;
 const int col = blockIdx.x * 32 + tx;
 for (int set = 0; set < SETS; ++set) {
-  float s = 0.f;
+  float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
   if (col < hidden) {
     const float* __restrict__ p = ws + (size_t)set * parts * hidden + col;
-    for (int q = ty; q < parts; q += 8) s += p[(size_t)q * hidden];
+    int q = ty;
+    for (; q + 3 * REDUCE_LANES < parts; q += 4 * REDUCE_LANES) {
+      s0 += p[(size_t)q * hidden];
+      s1 += p[(size_t)(q + REDUCE_LANES) * hidden];
+      s2 += p[(size_t)(q + 2 * REDUCE_LANES) * hidden];
+      s3 += p[(size_t)(q + 3 * REDUCE_LANES) * hidden];
+    }
+    for (; q < parts; q += REDUCE_LANES) s0 += p[(size_t)q * hidden];
   }
-  part_sums[ty][tx] = s;
+  part_sums[ty][tx] = (s0 + s1) + (s2 + s3);
   __syncthreads();
   if (ty == 0 && col < hidden) {
-#pragma unroll
-    for (int q = 1; q < 8; ++q) s += part_sums[q][tx];
+    float s = 0.f;
+#pragma unroll 8
+    for (int q = 0; q < REDUCE_LANES; ++q) s += part_sums[q][tx];
     (set == 0 ? out0 : out1)[col] = from_f(s);
   }
   __syncthreads();
