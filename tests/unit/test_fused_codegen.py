@@ -239,3 +239,227 @@ def test_unknown_norm_kind_is_refused():
         fused.add_norm_forward(x, None, torch.ones(8), None, 1e-5, "group_norm")
     with pytest.raises(ValueError, match="op"):
         fused.kernel_path("softmax", x)
+
+
+# --------------------------------------------------------------------------- on the host
+#
+# The kernels' logic (indexing, the row loops, the shuffle / shared-memory sums, the
+# workspace and its column reduce, the scalar tail) run on the CPU: the rendered source is
+# compiled as C++ by the host compiler against a few definitions of CUDA's built-ins (a
+# block's threads are std::threads meeting at std::barriers, a warp's shuffle an exchange
+# through memory; blocks run one after another, so a `static` stands for `__shared__`).
+# What only the GPU can say (timing, the PTX conversions, alignment faults) is
+# tests/gpu/test_fused_gpu.py's.
+
+import ctypes  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from lowering.kernels.render import SNIPPETS  # noqa: E402
+
+HOST_PRELUDE = r"""
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+struct dim3h { unsigned x, y, z; };
+struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
+thread_local dim3h threadIdx, blockIdx;
+static dim3h blockDim, gridDim;
+thread_local int t_lane, t_warp;
+static std::barrier<>* g_block;
+struct WarpExchange { std::barrier<> bar{32}; float buf[32]; };
+static WarpExchange* g_warps;
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __shared__ static
+#define __launch_bounds__(...)
+static void __syncthreads() { g_block->arrive_and_wait(); }
+static float __shfl_xor_sync(unsigned, float v, int o) {
+  WarpExchange& w = g_warps[t_warp];
+  w.buf[t_lane] = v; w.bar.arrive_and_wait();
+  float r = w.buf[t_lane ^ o]; w.bar.arrive_and_wait();
+  return r;
+}
+static float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+#define __expf(x) std::exp(x)  // glibc declares its own __expf
+static float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+static float bf16_to_f32(unsigned short x) { return __uint_as_float(((unsigned)x) << 16); }
+static float f16_to_f32(unsigned short x) { _Float16 h; std::memcpy(&h, &x, 2); return (float)h; }
+static float f32_to_f32(float x) { return x; }
+static unsigned short f32_to_bf16(float x) {
+  unsigned u; std::memcpy(&u, &x, 4);
+  if (std::isnan(x)) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return (unsigned short)(u >> 16);
+}
+static unsigned short f32_to_f16(float x) { _Float16 h = (_Float16)x; unsigned short r; std::memcpy(&r, &h, 2); return r; }
+static unsigned pack_bf16x2(float lo, float hi) { return f32_to_bf16(lo) | ((unsigned)f32_to_bf16(hi) << 16); }
+static unsigned pack_f16x2(float lo, float hi) { return f32_to_f16(lo) | ((unsigned)f32_to_f16(hi) << 16); }
+"""
+
+HOST_LAUNCH = r"""
+// One std::thread per thread of a block, for the whole grid: the threads run the blocks
+// one after another and meet at the block barrier in between.
+extern "C" void host_launch(int grid_x, int block_x, int block_y, @PARAMS@) {
+  blockDim = {(unsigned)block_x, (unsigned)block_y, 1};
+  gridDim = {(unsigned)grid_x, 1, 1};
+  const int block_threads = block_x * block_y;
+  std::barrier<> block_barrier(block_threads);
+  g_block = &block_barrier;
+  std::unique_ptr<WarpExchange[]> warps(new WarpExchange[(block_threads + 31) / 32]);
+  g_warps = warps.get();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < block_threads; ++t)
+    threads.emplace_back([=] {
+      threadIdx = {(unsigned)(t % block_x), (unsigned)(t / block_x), 0};
+      t_lane = t % 32; t_warp = t / 32;
+      for (int b = 0; b < grid_x; ++b) {
+        blockIdx = {(unsigned)b, 0, 0};
+        @KERNEL@(@ARGS@);
+        g_block->arrive_and_wait();
+      }
+    });
+  for (auto& th : threads) th.join();
+}
+"""
+
+_HOST_BUILDS: dict = {}
+
+
+def _host_kernel(spec):
+    """``spec``'s kernel built for the host: a ctypes function host_launch(grid, bx, by,
+    *the kernel's arguments)."""
+    if spec in _HOST_BUILDS:
+        return _HOST_BUILDS[spec]
+    compiler = shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no host C++ compiler")
+    src = S.render(spec).replace(SNIPPETS["convert"].strip(), "")
+    src = src.replace('extern "C" ', "")
+    params = spec.params()
+    launch = (HOST_LAUNCH.replace("@PARAMS@", ", ".join(f"{t} {n}" for t, n in params))
+              .replace("@KERNEL@", spec.kernel_name)
+              .replace("@ARGS@", ", ".join(n for _, n in params)))
+    work = Path(tempfile.mkdtemp(prefix="seams_host_"))
+    (work / "k.cpp").write_text(HOST_PRELUDE + src + launch)
+    subprocess.run([compiler, "-std=c++20", "-O0", "-w", "-shared", "-fPIC", "-pthread",
+                    str(work / "k.cpp"), "-o", str(work / "k.so")], check=True)
+    fn = ctypes.CDLL(str(work / "k.so")).host_launch
+    kinds = {"float": ctypes.c_float, "int": ctypes.c_int, "long long": ctypes.c_longlong}
+    fn.argtypes = [ctypes.c_int] * 3 + [kinds.get(t, ctypes.c_void_p) for t, _ in params]
+    fn.restype = None
+    _HOST_BUILDS[spec] = fn
+    return fn
+
+
+def _p(t):
+    return None if t is None else t.data_ptr()
+
+
+HOST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _host_close(name, got, want, dtype):
+    want = want.double()
+    err = (got.double() - want).abs()
+    rtol = {torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10}[dtype]
+    bound = rtol * want.abs() + 2e-3 * want.abs().max()
+    assert (err <= bound).all(), (name, (err - bound).max().item())
+
+
+@pytest.mark.parametrize("dtype, hidden, rows, grid, kind, residual", [
+    ("bf16", 4096, 5, 2, "layer_norm", True),    # register-held, a block of 128 a row
+    ("fp16", 7, 11, 2, "rms_norm", True),        # single values, 4 rows a block
+    ("bf16", 100, 9, 1, "layer_norm", False),    # 8-byte vectors, no residual
+    ("bf16", 20000, 3, 2, "rms_norm", True),     # streamed (the row read again)
+    ("fp16", 20000, 2, 1, "layer_norm", True),
+])
+def test_forward_runs_on_the_host(dtype, hidden, rows, grid, kind, residual):
+    tdt = HOST_DTYPES[dtype]
+    g = torch.Generator().manual_seed(hidden + rows)
+    x = (torch.randn(rows, hidden, generator=g) * 2 + 30 * (torch.arange(rows) % 2)[:, None]).to(tdt)
+    r = torch.randn(rows, hidden, generator=g).to(tdt) if residual else None
+    w = (torch.rand(hidden, generator=g) + 0.5).to(tdt)
+    b = torch.randn(hidden, generator=g).to(tdt) if kind == "layer_norm" else None
+    spec = S.AddNormForwardSpec(kind, dtype, hidden, residual, b is not None)
+    h = torch.empty_like(x) if residual else None
+    y = torch.full_like(x, float("nan"))
+    mean = torch.full((rows,), float("nan"))
+    rstd = torch.full((rows,), float("nan"))
+    plan = spec.plan
+    _host_kernel(spec)(grid, *plan.block[:2], _p(x), _p(r), _p(w), _p(b), _p(h), _p(y),
+                       _p(mean), _p(rstd), 1e-5, rows)
+    # the norm of the residual stream as stored (x + r rounded to the dtype)
+    stream = x if r is None else x + r
+    ry, _, rmean, rrstd = fused.add_norm_forward_reference(
+        stream.double(), None, w.double(), None if b is None else b.double(), 1e-5, kind)
+    if residual:
+        assert torch.equal(h, x + r)
+    _host_close("y", y, ry, tdt)
+    assert torch.allclose(rstd.double(), rrstd.double(), rtol=1e-5)
+    if kind == "layer_norm":
+        assert torch.allclose(mean.double(), rmean.double(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype, hidden, rows, grid, kind, with_dh", [
+    ("bf16", 4096, 5, 2, "layer_norm", True),
+    ("fp16", 768, 9, 3, "rms_norm", False),      # 64 threads a row, 2 rows a block
+    ("bf16", 7, 10, 2, "layer_norm", False),
+    ("bf16", 20000, 3, 2, "layer_norm", True),   # streamed: sums in the workspace
+    ("fp16", 20000, 3, 1, "rms_norm", True),
+])
+def test_backward_and_column_reduce_run_on_the_host(dtype, hidden, rows, grid, kind, with_dh):
+    tdt = HOST_DTYPES[dtype]
+    g = torch.Generator().manual_seed(hidden * 3 + rows)
+    h = (torch.randn(rows, hidden, generator=g) + 10 * (torch.arange(rows) % 3)[:, None]).to(tdt)
+    w = (torch.rand(hidden, generator=g) + 0.5).to(tdt)
+    dy = torch.randn(rows, hidden, generator=g).to(tdt)
+    dh = torch.randn(rows, hidden, generator=g).to(tdt) if with_dh else None
+    _, _, mean, rstd = fused.add_norm_forward_reference(h, None, w, None, 1e-5, kind)
+    spec = S.AddNormBackwardSpec(kind, dtype, hidden, with_dh)
+    plan = spec.plan
+    parts = grid * plan.rows_per_block
+    ws = torch.full((spec.sets * parts * hidden,), float("nan"))
+    dx = torch.full_like(h, float("nan"))
+    _host_kernel(spec)(grid, *plan.block[:2], _p(dy), _p(h), _p(w), _p(mean), _p(rstd), _p(dh),
+                       _p(dx), _p(ws), rows)
+    assert not ws.isnan().any()  # every slot wrote its whole row, rows met or not
+    dw = torch.full_like(w, float("nan"))
+    db = torch.full_like(w, float("nan")) if kind == "layer_norm" else None
+    red = S.ColumnReduceSpec(dtype, spec.sets)
+    _host_kernel(red)(-(-hidden // S.REDUCE_BLOCK[0]), *S.REDUCE_BLOCK[:2], _p(ws), _p(dw),
+                      _p(db), parts, hidden)
+    want = fused.add_norm_backward_reference(dy.double(), h.double(), w.double(),
+                                             None if mean is None else mean.double(),
+                                             rstd.double(), kind,
+                                             None if dh is None else dh.double())
+    _host_close("dx", dx, want[0], tdt)
+    _host_close("dweight", dw, want[1], tdt)
+    if kind == "layer_norm":
+        _host_close("dbias", db, want[2], tdt)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("op", sorted(S.ELEMENTWISE_OPS))
+@pytest.mark.parametrize("n, alignment", [(1003, 16), (37, 2)])
+def test_elementwise_runs_on_the_host(dtype, op, n, alignment):
+    tdt = HOST_DTYPES[dtype]
+    g = torch.Generator().manual_seed(n)
+    nin, nout = S.ELEMENTWISE_OPS[op]
+    ins = [(torch.randn(n, generator=g) * 3).to(tdt) for _ in range(nin)]
+    outs = [torch.full((n,), float("nan"), dtype=tdt) for _ in range(nout)]
+    spec = S.ElementwiseSpec(op, dtype, alignment)
+    _host_kernel(spec)(3, S.ELEMENTWISE_THREADS, 1, *(_p(t) for t in ins + outs), n)
+    ref = getattr(fused, op + "_reference")(*(t.double() for t in ins))
+    ref = ref if isinstance(ref, tuple) else (ref,)
+    for k, (got, want) in enumerate(zip(outs, ref)):
+        _host_close(f"{op}[{k}]", got, want, tdt)
