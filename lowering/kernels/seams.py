@@ -54,6 +54,9 @@ ELEMENTWISE_OPS = {  # op -> (inputs, outputs)
 # so it gets half. Past these the kernel streams the row.
 FORWARD_CACHE_FLOATS = 32
 BACKWARD_CACHE_FLOATS = 16
+# Floats of each weight-gradient sum a thread of a streamed backward may hold in
+# registers (up to 16384 wide at 512 threads a row with 16-byte vectors).
+STREAMED_SUM_FLOATS = 32
 # Threads per row at most: 512 leaves 128 registers a thread to the backward.
 MAX_THREADS_PER_ROW = 512
 # Threads a row CTA should have at least (narrow rows share a CTA, one row a warp or two).
@@ -188,6 +191,14 @@ class AddNormBackwardSpec:
         return plan_row(self.hidden, self.alignment, BACKWARD_CACHE_FLOATS)
 
     @property
+    def sums_in_registers(self) -> bool:
+        """Whether a thread's weight-gradient sums stay in registers (its K vectors of
+        each, `STREAMED_SUM_FLOATS` floats at most where the row itself is streamed);
+        else they live in the workspace row, read-modify-written each row (the widest)."""
+        p = self.plan
+        return p.cached or -(-(self.hidden // p.vector) // p.threads_per_row) * p.vector <= STREAMED_SUM_FLOATS
+
+    @property
     def sets(self) -> int:
         """Weight-gradient arrays: dweight, and dbias for layer_norm."""
         return 2 if self.kind == "layer_norm" else 1
@@ -280,10 +291,11 @@ _RENDERER = Renderer(extra={"vec_io": T.VEC_IO, "row_sum": T.ROW_SUM})
 
 
 def _row_constants(spec, plan: RowPlan, layer: bool) -> str:
+    nvec = spec.hidden // plan.vector
     return _RENDERER.constants({
-        "HIDDEN": spec.hidden, "V": plan.vector, "NVEC": spec.hidden // plan.vector,
+        "HIDDEN": spec.hidden, "V": plan.vector, "NVEC": nvec,
         "TPR": plan.threads_per_row, "RPB": plan.rows_per_block,
-        "WARPS": plan.threads_per_row // 32, "K": max(1, plan.vectors_per_thread),
+        "WARPS": plan.threads_per_row // 32, "K": -(-nvec // plan.threads_per_row),
         "LAYER": layer}) + f"\n#define SEAM_CACHED {int(plan.cached)}"
 
 
@@ -309,7 +321,7 @@ def render(spec: Spec) -> str:
     if isinstance(spec, AddNormBackwardSpec):
         plan = spec.plan
         consts = _row_constants(spec, plan, spec.kind == "layer_norm") + "\n" + r.constants(
-            {"HAS_DH": spec.dh})
+            {"HAS_DH": spec.dh}) + f"\n#define SEAM_ACC_REGS {int(spec.sums_in_registers)}"
         return r.source(["convert"], _dtype_functions(spec.dtype), consts, T.VEC_IO, T.ROW_SUM,
                         _bounded_kernel(spec.kernel_name, spec.params(), T.ADD_NORM_BACKWARD,
                                         plan.block_threads,

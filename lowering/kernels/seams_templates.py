@@ -198,11 +198,13 @@ for (int g = blockIdx.x; g < groups; g += gridDim.x) {
 """
 
 # dx = rstd * (g - mean(g) - n * mean(g * n)) (+ dh), g = dy * w, n = (h - mean) * rstd
-# (rms: no mean(g) term, mean = 0). Each thread sums dy * n (and dy) of its columns over
-# all rows it visits and writes the sums once, to its CTA's row of the fp32 workspace
-# [sets][parts][HIDDEN], parts = gridDim.x * RPB; `COLUMN_REDUCE` then sums the parts.
-# Streamed (not CACHED): the partial sums live in that workspace row instead of
-# registers (zeroed first, then read-modify-written by the thread that owns the column).
+# (rms: no mean(g) term, mean = 0). Each thread sums dy * n (and dy) of its columns (the
+# K vectors c = tx + k * TPR) over all rows it visits and writes the sums once, to its CTA
+# row slot's row of the fp32 workspace [sets][parts][HIDDEN], parts = gridDim.x * RPB;
+# `COLUMN_REDUCE` then sums the parts. The row is held in registers (CACHED) or read
+# twice (the second read from L2); the sums are held in registers (ACC_REGS, always when
+# CACHED) or, for the widest rows, in the workspace row itself (zeroed first, then
+# read-modify-written by the one thread that owns the column).
 ADD_NORM_BACKWARD = r"""
 __shared__ float red[RPB][WARPS * 2];
 const int tx = threadIdx.x, ty = threadIdx.y;
@@ -211,7 +213,7 @@ const int parts = gridDim.x * RPB;
 const int part = blockIdx.x * RPB + ty;
 float* __restrict__ ws_w = ws + (size_t)part * HIDDEN;
 float* __restrict__ ws_b = ws + ((size_t)parts + part) * HIDDEN;
-#if SEAM_CACHED
+#if SEAM_ACC_REGS
 float aw[K][V], ab[LAYER ? K : 1][V];
 #pragma unroll
 for (int k = 0; k < K; ++k) {
@@ -273,16 +275,16 @@ for (int g = blockIdx.x; g < groups; g += gridDim.x) {
   row_sum<2>(s, red[ty]);
   if (!live) continue;
   const float dot = s[0] * (1.f / HIDDEN), gmean = LAYER ? s[1] * (1.f / HIDDEN) : 0.f;
-#if SEAM_CACHED
+#if SEAM_ACC_REGS
 #pragma unroll
+#endif
   for (int k = 0; k < K; ++k) {
     const int c = tx + k * TPR;
     if (c < NVEC) {
+#if SEAM_CACHED
       const float* n = nv[k];
       const float* gg = gv[k];
 #else
-  for (int c = tx; c < NVEC; c += TPR) {
-    {
       float n[V], gg[V], w[V];
       load_vec<V>(dy + base + (size_t)c * V, gg);
       load_vec<V>(h + base + (size_t)c * V, n);
@@ -290,8 +292,13 @@ for (int g = blockIdx.x; g < groups; g += gridDim.x) {
 #pragma unroll
       for (int i = 0; i < V; ++i) {
         n[i] = (n[i] - m) * r;
+#if SEAM_ACC_REGS
+        aw[k][i] += gg[i] * n[i];
+        if constexpr (LAYER) ab[k][i] += gg[i];
+#else
         ws_w[(size_t)c * V + i] += gg[i] * n[i];
         if constexpr (LAYER) ws_b[(size_t)c * V + i] += gg[i];
+#endif
         gg[i] *= w[i];
       }
 #endif
@@ -308,7 +315,7 @@ for (int g = blockIdx.x; g < groups; g += gridDim.x) {
     }
   }
 }
-#if SEAM_CACHED
+#if SEAM_ACC_REGS
 #pragma unroll
 for (int k = 0; k < K; ++k) {
   const int c = tx + k * TPR;

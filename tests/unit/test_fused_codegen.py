@@ -12,7 +12,7 @@ from lowering.kernels import seams as S
 from runtime import fused
 
 MAIN_HIDDEN = (768, 4096, 8192)
-ODD_HIDDEN = (1, 7, 100, 5140, 16384, 20000)
+ODD_HIDDEN = (1, 7, 100, 5140, 12288, 16384, 20000)
 
 
 # --------------------------------------------------------------------------- plans
@@ -48,6 +48,8 @@ def test_the_main_widths_hold_rows_in_registers():
         assert S.AddNormForwardSpec("rms_norm", "bf16", hidden, True, False).plan.cached
         assert S.AddNormBackwardSpec("layer_norm", "bf16", hidden, True).plan.cached
     assert not S.AddNormBackwardSpec("rms_norm", "bf16", 20000, False).plan.cached
+    assert S.AddNormBackwardSpec("layer_norm", "bf16", 16384, False).sums_in_registers
+    assert not S.AddNormBackwardSpec("layer_norm", "bf16", 20000, False).sums_in_registers
 
 
 @pytest.mark.parametrize("make, message", [
@@ -414,6 +416,7 @@ def test_forward_runs_on_the_host(dtype, hidden, rows, grid, kind, residual):
     ("bf16", 4096, 5, 2, "layer_norm", True),
     ("fp16", 768, 9, 3, "rms_norm", False),      # 64 threads a row, 2 rows a block
     ("bf16", 7, 10, 2, "layer_norm", False),
+    ("bf16", 16384, 3, 2, "layer_norm", True),   # streamed, sums in registers
     ("bf16", 20000, 3, 2, "layer_norm", True),   # streamed: sums in the workspace
     ("fp16", 20000, 3, 1, "rms_norm", True),
 ])
