@@ -230,10 +230,9 @@ def main(argv=None) -> int:
             dst = [torch.empty(half, dtype=torch.uint8, device="cuda") for _ in sets]
             calls = {"ours": [(lambda t=t: ours(op, t)) for t in sets],
                      "copy": [(lambda s=s, d=d: d.copy_(s)) for s, d in zip(src, dst)]}
-            knob = ("BACKWARD_THREADS_PER_SM" if op.endswith("bwd") else "FORWARD_THREADS_PER_SM")
             if args.sweep and op.startswith("add_"):
                 for threads in SWEEP_THREADS:
-                    calls[f"t{threads}"] = [(lambda t=t, n=threads: _with_grid(knob, n, op, t))
+                    calls[f"t{threads}"] = [(lambda t=t, n=threads: _with_grid(n, op, t))
                                             for t in sets]
             try:
                 for t in sets:
@@ -254,7 +253,8 @@ def main(argv=None) -> int:
             if any(k.startswith("t") and k[1:].isdigit() for k in us):
                 row["sweep"] = {k[1:]: round(v, 3) for k, v in us.items()
                                 if k.startswith("t") and k[1:].isdigit()}
-                row["sweep_default"] = getattr(fused, knob)
+                row["sweep_default"] = (fused.BACKWARD_THREADS_PER_SM if op.endswith("bwd")
+                                        else fused.FORWARD_THREADS_PER_SM)
             rows_out.append(row)
             print(f"{op:<20} {hidden:>6} {row['ours_us']:>9.2f} us {row['ours_gbps']:>7.1f} GB/s "
                   f"over_copy {row['over_copy']:.3f}  torch {row['torch_us']} us"
@@ -283,15 +283,14 @@ def main(argv=None) -> int:
     return 0
 
 
-def _with_grid(knob: str, threads: int, op: str, t: dict):
-    """``ours`` with the persistent grid sized for ``threads`` per SM (read at launch, so
-    a captured graph keeps it)."""
-    saved = getattr(fused, knob)
-    setattr(fused, knob, threads)
-    try:
-        return ours(op, t)
-    finally:
-        setattr(fused, knob, saved)
+def _with_grid(threads_per_sm: int, op: str, t: dict):
+    """The fused norm kernel of ``op`` with its persistent grid sized for
+    ``threads_per_sm`` threads an SM."""
+    if op.endswith("fwd"):
+        return fused.add_norm_forward_fused(t["x"], t["r"], t["w"], t["b"], EPS, _kind(op),
+                                            threads_per_sm=threads_per_sm)
+    return fused.add_norm_backward_fused(t["dy"], t["h"], t["w"], t["mean"], t["rstd"],
+                                         _kind(op), t["dh"], threads_per_sm=threads_per_sm)
 
 
 def _kernel_path(op: str, t: dict) -> bool:

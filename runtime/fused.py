@@ -29,6 +29,8 @@ plain torch (any device and dtype, float32 math, float64 for float64 inputs). `k
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 NORM_KINDS = ("rms_norm", "layer_norm")
@@ -109,11 +111,12 @@ def gelu_backward_reference(dy, x):
 # The fused path: which calls take it, and the launches.
 
 _KERNEL_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
-# Threads of a persistent row kernel per SM at most (the driver's occupancy may allow
-# fewer blocks). The forward takes what fits. The backward's workspace has a row per CTA
-# row slot, written and read once more (at 512 threads an SM, ~4 MB per weight-gradient
-# array on 132 SMs, whatever the width), so it keeps fewer threads in flight; each still
-# has 16 values of each of its 3-4 streams in flight. The bench's --sweep times others.
+# Threads of a persistent row kernel per SM at most, by default (the driver's occupancy
+# may allow fewer blocks). The forward takes what fits. The backward's workspace has a
+# row per CTA row slot, written and read once more (at 512 threads an SM, ~4 MB per
+# weight-gradient array on 132 SMs, whatever the width), so it keeps fewer threads in
+# flight; each still has 16 values of each of its 3-4 streams in flight. The bench's
+# --sweep times others (the ``threads_per_sm`` argument of the ``*_fused`` functions).
 FORWARD_THREADS_PER_SM = 2048
 BACKWARD_THREADS_PER_SM = 512
 ELEMENTWISE_BLOCKS_PER_SM = 8
@@ -208,6 +211,20 @@ def add_norm_forward(x, residual, weight, bias, eps: float, kind: str):
     _check_kind(kind)
     if not _norm_forward_path(x, residual, weight, bias, kind):
         return add_norm_forward_reference(x, residual, weight, bias, eps, kind)
+    return add_norm_forward_fused(x, residual, weight, bias, eps, kind)
+
+
+def add_norm_backward(dy, h, weight, mean, rstd, kind: str, dh=None):
+    _check_kind(kind)
+    if not _norm_backward_path(dy, h, weight, mean, rstd, kind, dh):
+        return add_norm_backward_reference(dy, h, weight, mean, rstd, kind, dh)
+    return add_norm_backward_fused(dy, h, weight, mean, rstd, kind, dh)
+
+
+def add_norm_forward_fused(x, residual, weight, bias, eps: float, kind: str,
+                           threads_per_sm: int = FORWARD_THREADS_PER_SM):
+    """`add_norm_forward` through the generated kernel, for tensors `kernel_path`
+    accepts; ``threads_per_sm`` sizes the persistent grid (the bench's --sweep)."""
     import numpy as np
 
     from lowering.kernels.seams import AddNormForwardSpec
@@ -224,14 +241,16 @@ def add_norm_forward(x, residual, weight, bias, eps: float, kind: str):
     args = (_ptr(x), _ptr(residual), _ptr(weight), _ptr(bias),
             _ptr(h if residual is not None else None), _ptr(y), _ptr(mean), _ptr(rstd),
             np.float32(eps), np.int32(rows))
-    _launch_rows(spec, rows, x.device, args)
+    grid = _row_grid(spec, rows, x.device, threads_per_sm)
+    _launch(spec, x.device, (grid, 1, 1), spec.plan.block, args)
     return y, h, mean, rstd
 
 
-def add_norm_backward(dy, h, weight, mean, rstd, kind: str, dh=None):
-    _check_kind(kind)
-    if not _norm_backward_path(dy, h, weight, mean, rstd, kind, dh):
-        return add_norm_backward_reference(dy, h, weight, mean, rstd, kind, dh)
+def add_norm_backward_fused(dy, h, weight, mean, rstd, kind: str, dh=None,
+                            threads_per_sm: int = BACKWARD_THREADS_PER_SM):
+    """`add_norm_backward` through the generated kernels (the row kernel, then the
+    column reduce of its per-CTA weight-gradient sums), for tensors `kernel_path`
+    accepts; ``threads_per_sm`` sizes the persistent grid (the bench's --sweep)."""
     import numpy as np
 
     from lowering.kernels.seams import REDUCE_BLOCK, AddNormBackwardSpec, ColumnReduceSpec
@@ -241,7 +260,7 @@ def add_norm_backward(dy, h, weight, mean, rstd, kind: str, dh=None):
     dx = torch.empty_like(h)
     spec = AddNormBackwardSpec(kind, _KERNEL_DTYPES[h.dtype], hidden, dh is not None,
                                _alignment(dy, h, weight, dh, dx))
-    grid = _row_grid(spec, rows, h.device)
+    grid = _row_grid(spec, rows, h.device, threads_per_sm)
     parts = grid * spec.plan.rows_per_block
     # every CTA slot writes its whole workspace row (zeros where it met no row): no memset
     ws = torch.empty(spec.sets * parts * hidden, dtype=torch.float32, device=h.device)
@@ -310,22 +329,22 @@ def _elementwise(op: str, ins, outs) -> None:
             tuple(_ptr(t) for t in (*ins, *outs)) + (np.int64(n),))
 
 
-def _row_grid(spec, rows: int, device) -> int:
+def _row_grid(spec, rows: int, device, threads_per_sm: int) -> int:
     """CTAs of a persistent row kernel: as many as the SMs hold at once (driver
-    occupancy), at most `FORWARD_THREADS_PER_SM` / `BACKWARD_THREADS_PER_SM` threads an
-    SM, never more than there are row groups."""
-    from lowering.kernels.seams import AddNormBackwardSpec
+    occupancy), ``threads_per_sm`` threads an SM at most, never more than there are row
+    groups."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _row_grid_of(spec, rows, index, threads_per_sm)
 
+
+@functools.lru_cache(maxsize=4096)
+def _row_grid_of(spec, rows: int, index: int, threads_per_sm: int) -> int:
     plan = spec.plan
+    device = torch.device("cuda", index)
     groups = -(-rows // plan.rows_per_block)
-    cap = BACKWARD_THREADS_PER_SM if isinstance(spec, AddNormBackwardSpec) else FORWARD_THREADS_PER_SM
-    per_sm = min(max(1, cap // plan.block_threads),
+    per_sm = min(max(1, threads_per_sm // plan.block_threads),
                  _resident_blocks(_kernel(spec, device), plan.block_threads))
     return max(1, min(groups, _sm_count(device) * per_sm))
-
-
-def _launch_rows(spec, rows: int, device, args) -> None:
-    _launch(spec, device, (_row_grid(spec, rows, device), 1, 1), spec.plan.block, args)
 
 
 def _launch(spec, device, grid, block, args) -> None:

@@ -35,6 +35,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from hostir.errors import LoweringError
 from lowering.kernels import seams_templates as T
@@ -107,6 +108,7 @@ class RowPlan:
         return f"v{self.vector} t{self.threads_per_row}x{self.rows_per_block} {how}"
 
 
+@functools.lru_cache(maxsize=1024)
 def plan_row(hidden: int, alignment: int, cache_floats: int) -> RowPlan:
     """The fewest threads a row (a warp at least, ``MAX_THREADS_PER_ROW`` at most) that
     keep a thread's share of the row within ``cache_floats`` floats; streamed at

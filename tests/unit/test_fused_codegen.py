@@ -466,3 +466,59 @@ def test_elementwise_runs_on_the_host(dtype, op, n, alignment):
     ref = ref if isinstance(ref, tuple) else (ref,)
     for k, (got, want) in enumerate(zip(outs, ref)):
         _host_close(f"{op}[{k}]", got, want, tdt)
+
+
+def _host_dispatch(monkeypatch, grid=3):
+    """runtime.fused's launches sent to the host builds (CPU tensors, a grid of ``grid``):
+    the arguments it packs must be the kernel's parameters, in order."""
+    def launch(spec, device, grid_, block, args):
+        values = [a.item() if a.dtype.kind in "iuf" else a for a in args]
+        values = [None if (isinstance(v, int) and v == 0 and t.endswith("*")) else v
+                  for v, (t, _) in zip(values, spec.params())]
+        _host_kernel(spec)(grid_[0], block[0], block[1], *values)
+
+    monkeypatch.setattr(fused, "_launch", launch)
+    monkeypatch.setattr(fused, "_row_grid", lambda spec, rows, device, threads: grid)
+
+
+@pytest.mark.parametrize("kind", fused.NORM_KINDS)
+def test_dispatch_packs_the_kernels_arguments(monkeypatch, kind):
+    _host_dispatch(monkeypatch)
+    rows, hidden, dt = 6, 256, torch.bfloat16
+    g = torch.Generator().manual_seed(2)
+    x, r, dy, dh = (torch.randn(2, rows // 2, hidden, generator=g).to(dt) for _ in range(4))
+    w = (torch.rand(hidden, generator=g) + 0.5).to(dt)
+    b = torch.randn(hidden, generator=g).to(dt) if kind == "layer_norm" else None
+    y, h, mean, rstd = fused.add_norm_forward_fused(x, r, w, b, 1e-5, kind)
+    assert torch.equal(h, x + r) and rstd.shape == (2, rows // 2)
+    ry, _, rmean, rrstd = fused.add_norm_forward_reference(h.double(), None, w.double(),
+                                                           None if b is None else b.double(),
+                                                           1e-5, kind)
+    _host_close("y", y, ry, dt)
+    assert torch.allclose(rstd.double(), rrstd.double(), rtol=1e-5)
+    dx, dw, db = fused.add_norm_backward_fused(dy, h, w, mean, rstd, kind, dh)
+    want = fused.add_norm_backward_reference(dy.double(), h.double(), w.double(),
+                                             None if mean is None else mean.double(),
+                                             rstd.double(), kind, dh.double())
+    _host_close("dx", dx, want[0], dt)
+    _host_close("dweight", dw, want[1], dt)
+    assert (db is None) == (kind == "rms_norm")
+    if db is not None:
+        _host_close("dbias", db, want[2], dt)
+
+
+def test_dispatch_packs_the_elementwise_arguments(monkeypatch):
+    _host_dispatch(monkeypatch)
+    monkeypatch.setattr(fused, "_sm_count", lambda device: 2)
+    monkeypatch.setattr(fused, "kernel_path", lambda op, *args: True)
+    g = torch.Generator().manual_seed(4)
+    gate, up, d = (torch.randn(5, 41, generator=g).to(torch.float16) for _ in range(3))
+    _host_close("swiglu", fused.swiglu_forward(gate, up),
+                fused.swiglu_forward_reference(gate.double(), up.double()), torch.float16)
+    for got, want in zip(fused.swiglu_backward(d, gate, up),
+                         fused.swiglu_backward_reference(d.double(), gate.double(), up.double())):
+        _host_close("dswiglu", got, want, torch.float16)
+    _host_close("gelu", fused.gelu_forward(gate), fused.gelu_forward_reference(gate.double()),
+                torch.float16)
+    _host_close("dgelu", fused.gelu_backward(d, gate),
+                fused.gelu_backward_reference(d.double(), gate.double()), torch.float16)
