@@ -353,7 +353,34 @@ def _launch(spec, device, grid, block, args) -> None:
     index = device.index if device.index is not None else torch.cuda.current_device()
     kernel = _kernel(spec, device)
     with jit.on_device(index):
-        kernel.launch_raw(grid, block, args, 0, jit.current_stream_handle(index))
+        kernel.launch_raw(grid, block, args, 0, jit.current_stream_handle(index),
+                          _dependent_launch(index))
+
+
+_DEPENDENT: dict[int, bool] = {}
+
+
+def _dependent_launch(index: int) -> bool:
+    """Whether seam kernels launch as programmatic dependent launches on this device:
+    sm_90 and later, unless HOSTIR_DISABLE=dependent_launch or the driver lacks
+    cuLaunchKernelEx. Each kernel waits (``griddepcontrol.wait``) before it touches
+    global memory, so this is as safe as a plain launch; back to back, the next kernel's
+    launch overlaps this one's tail (the norm backward's column reduce follows its row
+    kernel so)."""
+    on = _DEPENDENT.get(index)
+    if on is None:
+        from hostir.options import options
+        from runtime import jit
+
+        on = (torch.cuda.get_device_capability(index)[0] >= 9
+              and not options().disable("dependent_launch"))
+        if on:
+            try:
+                jit.launch_ex_available()
+            except (OSError, AttributeError):
+                on = False
+        _DEPENDENT[index] = on
+    return on
 
 
 _KERNELS: dict = {}

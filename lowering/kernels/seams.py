@@ -316,7 +316,8 @@ def render(spec: Spec) -> str:
         plan = spec.plan
         consts = _row_constants(spec, plan, spec.kind == "layer_norm") + "\n" + r.constants(
             {"RESIDUAL": spec.residual, "BIAS": spec.bias})
-        return r.source(["convert"], _dtype_functions(spec.dtype), consts, T.VEC_IO, T.ROW_SUM,
+        return r.source(["convert"], _dtype_functions(spec.dtype), consts, T.DEPENDENT_ENTRY,
+                        T.VEC_IO, T.ROW_SUM,
                         _bounded_kernel(spec.kernel_name, spec.params(), T.ADD_NORM_FORWARD,
                                         plan.block_threads,
                                         plan.min_blocks(FORWARD_THREADS_PER_SM)))
@@ -324,12 +325,15 @@ def render(spec: Spec) -> str:
         plan = spec.plan
         consts = _row_constants(spec, plan, spec.kind == "layer_norm") + "\n" + r.constants(
             {"HAS_DH": spec.dh}) + f"\n#define SEAM_ACC_REGS {int(spec.sums_in_registers)}"
-        return r.source(["convert"], _dtype_functions(spec.dtype), consts, T.VEC_IO, T.ROW_SUM,
+        return r.source(["convert"], _dtype_functions(spec.dtype), consts, T.DEPENDENT_ENTRY,
+                        T.VEC_IO, T.ROW_SUM,
                         _bounded_kernel(spec.kernel_name, spec.params(), T.ADD_NORM_BACKWARD,
                                         plan.block_threads,
                                         plan.min_blocks(BACKWARD_THREADS_PER_SM)))
     if isinstance(spec, ColumnReduceSpec):
-        return r.source(["convert"], _dtype_functions(spec.dtype), r.constants({"SETS": spec.sets, "REDUCE_LANES": REDUCE_BLOCK[1]}),
+        return r.source(["convert"], _dtype_functions(spec.dtype),
+                        r.constants({"SETS": spec.sets, "REDUCE_LANES": REDUCE_BLOCK[1]}),
+                        T.DEPENDENT_ENTRY,
                         r.kernel(spec.kernel_name, spec.params(), T.COLUMN_REDUCE,
                                  threads=REDUCE_BLOCK[0] * REDUCE_BLOCK[1]))
     if isinstance(spec, ElementwiseSpec):
@@ -340,7 +344,7 @@ def render(spec: Spec) -> str:
                      f"{T.POINTWISE[spec.op]}}}")
         return r.source(["convert"], _dtype_functions(spec.dtype),
                         r.constants({"V": spec.vector, "NIN": nin, "NOUT": nout}),
-                        T.GELU_CONSTANTS, T.VEC_IO, pointwise,
+                        T.GELU_CONSTANTS, T.DEPENDENT_ENTRY, T.VEC_IO, pointwise,
                         r.kernel(spec.kernel_name, spec.params(), prelude + T.ELEMENTWISE,
                                  threads=ELEMENTWISE_THREADS))
     raise LoweringError(f"seam kernel: no renderer for {type(spec).__name__}")

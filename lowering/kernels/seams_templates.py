@@ -55,6 +55,20 @@ template <int V> __device__ __forceinline__ void store_vec(unsigned short* p, co
 __device__ __forceinline__ float rounded(float v) { return to_f(from_f(v)); }
 """
 
+# Programmatic dependent launch (sm_90+; runtime.fused launches so there): the next
+# kernel on the stream may launch now, its launch overlapping this one's last rows; then
+# wait until the kernel before this one has completed and its writes are visible, before
+# any global memory is touched. Without the launch attribute both are no-ops, so every
+# seam kernel calls this first and is as safe as a plain launch.
+DEPENDENT_ENTRY = r"""
+__device__ __forceinline__ void dependent_launch_entry() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+"""
+
 ROW_SUM = r"""
 // Sums N floats over the TPR threads of this row; every thread gets the totals. `red`
 // is this row's shared slot of WARPS * N floats. All threads of the block call it the
@@ -88,6 +102,7 @@ template <int N> __device__ __forceinline__ void row_sum(float (&v)[N], float* r
 # CACHED: the row's values stay in registers (K vectors a thread); else each pass reads
 # the row again (the second and third reads hit L2: the row was just touched).
 ADD_NORM_FORWARD = r"""
+dependent_launch_entry();
 __shared__ float red[RPB][WARPS * 2];
 const int tx = threadIdx.x, ty = threadIdx.y;
 const int groups = (rows + RPB - 1) / RPB;
@@ -206,6 +221,7 @@ for (int g = blockIdx.x; g < groups; g += gridDim.x) {
 # CACHED) or, for the widest rows, in the workspace row itself (zeroed first, then
 # read-modify-written by the one thread that owns the column).
 ADD_NORM_BACKWARD = r"""
+dependent_launch_entry();
 __shared__ float red[RPB][WARPS * 2];
 const int tx = threadIdx.x, ty = threadIdx.y;
 const int groups = (rows + RPB - 1) / RPB;
@@ -335,6 +351,7 @@ for (int k = 0; k < K; ++k) {
 # MB read once, and latency, not bandwidth, bounds a loop of dependent loads); the lanes
 # meet in shared memory.
 COLUMN_REDUCE = r"""
+dependent_launch_entry();
 __shared__ float part_sums[REDUCE_LANES][33];
 const int tx = threadIdx.x, ty = threadIdx.y;
 const int col = blockIdx.x * 32 + tx;
@@ -402,6 +419,7 @@ constexpr float GELU_K1 = 0.044715f;
 # n elements, NIN inputs and NOUT outputs, V a vector; grid-stride over the vectors, then
 # the n % V elements past the last whole vector one by one (the scalar tail).
 ELEMENTWISE = r"""
+dependent_launch_entry();
 const long long nvec = n / V;
 const long long stride = (long long)gridDim.x * blockDim.x;
 const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
