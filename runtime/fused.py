@@ -24,7 +24,8 @@ Each function runs one generated fused kernel (`lowering.kernels.seams`; the nor
 backward adds a small column reduce of per-CTA weight-gradient partials) when its tensors
 are CUDA fp16/bf16, contiguous, of one dtype and device, and no autograd graph is being
 recorded through them; otherwise the ``*_reference`` function of the same name does it in
-plain torch (any device and dtype, float32 math, float64 for float64 inputs). `kernel_path` says which a call takes.
+plain torch (any device and dtype, float32 math, float64 for float64 inputs).
+`kernel_path` says which a call takes.
 """
 
 from __future__ import annotations
@@ -183,7 +184,8 @@ def _norm_backward_path(dy, h, weight, mean, rstd, kind, dh) -> bool:
         return False
     hidden = h.shape[-1]
     rows = h.numel() // hidden
-    return (rows <= MAX_ROWS and hidden <= MAX_HIDDEN and dy.shape == h.shape and (dh is None or dh.shape == h.shape)
+    return (rows <= MAX_ROWS and hidden <= MAX_HIDDEN and dy.shape == h.shape
+            and (dh is None or dh.shape == h.shape)
             and weight.shape == (hidden,) and _float_vector(rstd, rows, h.device)
             and (kind == "rms_norm" or _float_vector(mean, rows, h.device))
             and not (torch.is_grad_enabled() and (rstd.requires_grad or (
@@ -235,7 +237,8 @@ def add_norm_forward_fused(x, residual, weight, bias, eps: float, kind: str,
     h = x if residual is None else torch.empty_like(x)
     stats = x.shape[:-1]
     rstd = torch.empty(stats, dtype=torch.float32, device=x.device)
-    mean = torch.empty(stats, dtype=torch.float32, device=x.device) if kind == "layer_norm" else None
+    mean = (torch.empty(stats, dtype=torch.float32, device=x.device)
+            if kind == "layer_norm" else None)
     spec = AddNormForwardSpec(kind, _KERNEL_DTYPES[x.dtype], hidden, residual is not None,
                               bias is not None, _alignment(x, residual, weight, bias, y, h))
     args = (_ptr(x), _ptr(residual), _ptr(weight), _ptr(bias),

@@ -156,7 +156,8 @@ class AddNormForwardSpec:
     @property
     def kernel_name(self) -> str:
         add = "add_" if self.residual else ""
-        return f"seam_{add}{self.kind}_fwd_{self.dtype}_h{self.hidden}" + ("_bias" if self.bias else "")
+        bias = "_bias" if self.bias else ""
+        return f"seam_{add}{self.kind}_fwd_{self.dtype}_h{self.hidden}{bias}"
 
     def params(self) -> list[tuple[str, str]]:
         u, cu = "unsigned short* __restrict__", "const unsigned short* __restrict__"
@@ -198,7 +199,8 @@ class AddNormBackwardSpec:
         each, `STREAMED_SUM_FLOATS` floats at most where the row itself is streamed);
         else they live in the workspace row, read-modify-written each row (the widest)."""
         p = self.plan
-        return p.cached or -(-(self.hidden // p.vector) // p.threads_per_row) * p.vector <= STREAMED_SUM_FLOATS
+        per_thread = -(-(self.hidden // p.vector) // p.threads_per_row) * p.vector
+        return p.cached or per_thread <= STREAMED_SUM_FLOATS
 
     @property
     def sets(self) -> int:
@@ -251,7 +253,8 @@ class ElementwiseSpec:
     def __post_init__(self):
         _check_common(self.dtype, 1)
         if self.op not in ELEMENTWISE_OPS:
-            raise LoweringError(f"seam kernel: op {self.op!r}: expected one of {sorted(ELEMENTWISE_OPS)}")
+            raise LoweringError(f"seam kernel: op {self.op!r}: expected one of "
+                                f"{sorted(ELEMENTWISE_OPS)}")
 
     @property
     def vector(self) -> int:
@@ -280,16 +283,11 @@ Spec = AddNormForwardSpec | AddNormBackwardSpec | ColumnReduceSpec | Elementwise
 
 def _dtype_functions(dtype: str) -> str:
     """to_f / from_f / pack2 / unpack2 of the spec's dtype (the kernels' only view of it)."""
-    unpack = ("lo = __uint_as_float(w << 16); hi = __uint_as_float(w & 0xffff0000u);"
-              if dtype == "bf16" else
-              "lo = f16_to_f32((unsigned short)(w & 0xffffu)); hi = f16_to_f32((unsigned short)(w >> 16));")
-    return (f"__device__ __forceinline__ float to_f(unsigned short x) {{ return {TO_FLOAT[dtype]}(x); }}\n"
-            f"__device__ __forceinline__ unsigned short from_f(float x) {{ return {FROM_FLOAT[dtype]}(x); }}\n"
-            f"__device__ __forceinline__ unsigned int pack2(float lo, float hi) {{ return {PACK2[dtype]}(lo, hi); }}\n"
-            f"__device__ __forceinline__ void unpack2(unsigned int w, float& lo, float& hi) {{ {unpack} }}")
+    return (T.DTYPE_FUNCTIONS.replace("@TO@", TO_FLOAT[dtype]).replace("@FROM@", FROM_FLOAT[dtype])
+            .replace("@PACK@", PACK2[dtype]).replace("@UNPACK@", T.UNPACK2[dtype]))
 
 
-_RENDERER = Renderer(extra={"vec_io": T.VEC_IO, "row_sum": T.ROW_SUM})
+_RENDERER = Renderer()
 
 
 def _row_constants(spec, plan: RowPlan, layer: bool) -> str:
@@ -338,8 +336,10 @@ def render(spec: Spec) -> str:
                                  threads=REDUCE_BLOCK[0] * REDUCE_BLOCK[1]))
     if isinstance(spec, ElementwiseSpec):
         nin, nout = spec.arity
-        prelude = (f"const unsigned short* ins[NIN] = {{{', '.join(f'in{i}' for i in range(nin))}}};\n"
-                   f"unsigned short* outs[NOUT] = {{{', '.join(f'out{i}' for i in range(nout))}}};\n")
+        ins = ", ".join(f"in{i}" for i in range(nin))
+        outs = ", ".join(f"out{i}" for i in range(nout))
+        prelude = (f"const unsigned short* ins[NIN] = {{{ins}}};\n"
+                   f"unsigned short* outs[NOUT] = {{{outs}}};\n")
         pointwise = (f"__device__ __forceinline__ void pointwise(const float* in, float* out) {{"
                      f"{T.POINTWISE[spec.op]}}}")
         return r.source(["convert"], _dtype_functions(spec.dtype),

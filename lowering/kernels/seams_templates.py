@@ -18,6 +18,20 @@ registers over all of its rows and write them once per CTA.
 
 from __future__ import annotations
 
+# The kernels' only view of their dtype: to_f / from_f / pack2 over render's conversions
+# (@TO@, @FROM@, @PACK@ filled per dtype), unpack2 from `UNPACK2`.
+DTYPE_FUNCTIONS = r"""
+__device__ __forceinline__ float to_f(unsigned short x) { return @TO@(x); }
+__device__ __forceinline__ unsigned short from_f(float x) { return @FROM@(x); }
+__device__ __forceinline__ unsigned int pack2(float lo, float hi) { return @PACK@(lo, hi); }
+__device__ __forceinline__ void unpack2(unsigned int w, float& lo, float& hi) { @UNPACK@ }
+"""
+UNPACK2 = {
+    "bf16": "lo = __uint_as_float(w << 16); hi = __uint_as_float(w & 0xffff0000u);",
+    "fp16": "lo = f16_to_f32((unsigned short)(w & 0xffffu)); "
+            "hi = f16_to_f32((unsigned short)(w >> 16));",
+}
+
 VEC_IO = r"""
 // V consecutive 16-bit values as one access of 2*V bytes (the caller keeps it aligned).
 template <int V> __device__ __forceinline__ void load_vec(const unsigned short* p, float* f) {
@@ -406,7 +420,8 @@ POINTWISE = {
   // where tanh has saturated its derivative is 0: skip the product, whose x * x term
   // overflows to inf (and 0 * inf to nan) for |x| past 1e19, which bf16 can hold
   const float sech2 = 1.f - t * t;
-  const float slope = sech2 == 0.f ? 0.f : 0.5f * x * sech2 * GELU_K0 * (1.f + 3.f * GELU_K1 * x * x);
+  const float slope =
+      sech2 == 0.f ? 0.f : 0.5f * x * sech2 * GELU_K0 * (1.f + 3.f * GELU_K1 * x * x);
   out[0] = d * (0.5f * (1.f + t) + slope);
 """,
 }
