@@ -1,8 +1,9 @@
 """Generated kernels at the transformer seams: residual add + norm, SwiGLU, GELU.
 
-Spec records say what a kernel computes and how it is laid out; `plan_row` and
-`plan_elementwise` pick the layout from the width and the tensors' alignment; `render`
-turns a spec into CUDA C++ (the snippets are in `lowering.kernels.seams_templates`).
+Spec records say what a kernel computes and how it is laid out; `plan_row` (and
+`vector_width` for the elementwise ops) pick the layout from the width and the tensors'
+alignment; `render` turns a spec into CUDA C++ (the snippets are in
+`lowering.kernels.seams_templates`).
 `runtime.fused` builds the specs of a call, compiles through `runtime.jit` and launches.
 
 Kernels (one fused kernel per op; the norm backward adds a small column reduce):
@@ -16,7 +17,9 @@ Kernels (one fused kernel per op; the norm backward adds a small column reduce):
   thread sums its columns' dweight (and dbias) terms over all rows its CTA visits and
   writes them once to a per-CTA row of an fp32 workspace ``[sets, parts, hidden]``;
   `ColumnReduceSpec` then sums the parts into the weight's dtype. No atomics, so the
-  gradient is deterministic for a given grid.
+  gradient is deterministic for a given grid. Rows up to 8192 wide stay in registers;
+  wider ones are read twice, their sums still in registers up to 16384 wide, in the
+  workspace row itself past that.
 - `ElementwiseSpec`: SwiGLU / GELU (tanh) forward and backward, 16-byte vectors,
   grid-stride, then a scalar tail for the elements past the last whole vector.
 
@@ -66,8 +69,8 @@ MIN_BLOCK_THREADS = 128
 # forward's 1024 leave it 64 registers a thread, the backward's 512 leave 128 (it holds
 # four arrays). With the block size alone, ptxas chose 72 registers for the backward and
 # spilled 16 bytes (sm_80, 128-thread blocks); with these promises nothing spills.
-FORWARD_THREADS_PER_SM = 1024
-BACKWARD_THREADS_PER_SM = 512
+FORWARD_PROMISED_THREADS_PER_SM = 1024
+BACKWARD_PROMISED_THREADS_PER_SM = 512
 ELEMENTWISE_THREADS = 256
 REDUCE_BLOCK = (32, 32, 1)  # columns x lanes of parts
 
@@ -318,7 +321,7 @@ def render(spec: Spec) -> str:
                         T.VEC_IO, T.ROW_SUM,
                         _bounded_kernel(spec.kernel_name, spec.params(), T.ADD_NORM_FORWARD,
                                         plan.block_threads,
-                                        plan.min_blocks(FORWARD_THREADS_PER_SM)))
+                                        plan.min_blocks(FORWARD_PROMISED_THREADS_PER_SM)))
     if isinstance(spec, AddNormBackwardSpec):
         plan = spec.plan
         consts = _row_constants(spec, plan, spec.kind == "layer_norm") + "\n" + r.constants(
@@ -327,7 +330,7 @@ def render(spec: Spec) -> str:
                         T.VEC_IO, T.ROW_SUM,
                         _bounded_kernel(spec.kernel_name, spec.params(), T.ADD_NORM_BACKWARD,
                                         plan.block_threads,
-                                        plan.min_blocks(BACKWARD_THREADS_PER_SM)))
+                                        plan.min_blocks(BACKWARD_PROMISED_THREADS_PER_SM)))
     if isinstance(spec, ColumnReduceSpec):
         return r.source(["convert"], _dtype_functions(spec.dtype),
                         r.constants({"SETS": spec.sets, "REDUCE_LANES": REDUCE_BLOCK[1]}),
