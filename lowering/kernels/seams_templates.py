@@ -267,7 +267,9 @@ for (int g = blockIdx.x; g < groups; g += gridDim.x) {
   const float m = (LAYER && live) ? mean[row] : 0.f;
   float s[2] = {0.f, 0.f};  // sum(g * n), sum(g)
 #if SEAM_CACHED
-  float nv[K][V], gv[K][V];
+  // dh is loaded with dy and h, before the row's sums: its latency then hides behind
+  // theirs instead of following the barrier
+  float nv[K][V], gv[K][V], ev[HAS_DH ? K : 1][V];
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const int c = tx + k * TPR;
@@ -275,6 +277,7 @@ for (int g = blockIdx.x; g < groups; g += gridDim.x) {
       float w[V];
       load_vec<V>(dy + base + (size_t)c * V, gv[k]);
       load_vec<V>(h + base + (size_t)c * V, nv[k]);
+      if constexpr (HAS_DH) load_vec<V>(dh + base + (size_t)c * V, ev[k]);
       load_vec<V>(weight + (size_t)c * V, w);
 #pragma unroll
       for (int i = 0; i < V; ++i) {
@@ -336,8 +339,12 @@ for (int g = blockIdx.x; g < groups; g += gridDim.x) {
 #pragma unroll
       for (int i = 0; i < V; ++i) out[i] = r * (gg[i] - gmean - n[i] * dot);
       if constexpr (HAS_DH) {
+#if SEAM_CACHED
+        const float* e = ev[k];
+#else
         float e[V];
         load_vec<V>(dh + base + (size_t)c * V, e);
+#endif
 #pragma unroll
         for (int i = 0; i < V; ++i) out[i] += e[i];
       }
