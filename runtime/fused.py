@@ -20,11 +20,17 @@ The contract, for every implementation of these functions:
 - ``swiglu_forward(gate, up) = silu(gate) * up``; ``swiglu_backward(da, gate, up) -> (dgate, dup)``.
 - ``gelu_forward(x)`` is the tanh approximation; ``gelu_backward(dy, x) -> dx``.
 
-This module is the reference path (plain torch, any device and dtype, float32 math); on
-CUDA with fp16/bf16 the generated fused kernels take over where they exist.
+Each function runs one generated fused kernel (`lowering.kernels.seams`; the norm
+backward adds a small column reduce of per-CTA weight-gradient partials) when its tensors
+are CUDA fp16/bf16, contiguous, of one dtype and device, and no autograd graph is being
+recorded through them; otherwise the ``*_reference`` function of the same name does it in
+plain torch (any device and dtype, float32 math, float64 for float64 inputs).
+`kernel_path` says which a call takes.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -36,10 +42,16 @@ def _check_kind(kind: str) -> None:
         raise ValueError(f"norm kind {kind!r}: expected one of {', '.join(NORM_KINDS)}")
 
 
-def add_norm_forward(x, residual, weight, bias, eps: float, kind: str):
+def _wide(t):
+    """``t`` for the math: float32, or float64 where it already is (the reference of a
+    float64 input is then exact up to the float32 mean / rstd it saves)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def add_norm_forward_reference(x, residual, weight, bias, eps: float, kind: str):
     _check_kind(kind)
     h = x if residual is None else x + residual
-    hf = h.float()
+    hf = _wide(h)
     if kind == "rms_norm":
         mean = None
         rstd = torch.rsqrt(hf.pow(2).mean(-1) + eps)
@@ -49,15 +61,15 @@ def add_norm_forward(x, residual, weight, bias, eps: float, kind: str):
         centered = hf - mean.unsqueeze(-1)
         rstd = torch.rsqrt(centered.pow(2).mean(-1) + eps)
         normed = centered * rstd.unsqueeze(-1)
-    y = normed * weight.float()
+    y = normed * _wide(weight)
     if bias is not None:
-        y = y + bias.float()
-    return y.to(x.dtype), h, mean, rstd
+        y = y + _wide(bias)
+    return y.to(x.dtype), h, None if mean is None else mean.float(), rstd.float()
 
 
-def add_norm_backward(dy, h, weight, mean, rstd, kind: str, dh=None):
+def add_norm_backward_reference(dy, h, weight, mean, rstd, kind: str, dh=None):
     _check_kind(kind)
-    hf, dyf, w = h.float(), dy.float(), weight.float()
+    hf, dyf, w = _wide(h), _wide(dy), _wide(weight)
     r = rstd.unsqueeze(-1)
     centered = hf if kind == "rms_norm" else hf - mean.unsqueeze(-1)
     normed = centered * r
@@ -70,17 +82,17 @@ def add_norm_backward(dy, h, weight, mean, rstd, kind: str, dh=None):
         dx = r * (g - g.mean(-1, keepdim=True) - normed * (g * normed).mean(-1, keepdim=True))
         dbias = dyf.reshape(-1, width).sum(0).to(weight.dtype)
     if dh is not None:
-        dx = dx + dh.float()
+        dx = dx + _wide(dh)
     dweight = (dyf * normed).reshape(-1, width).sum(0).to(weight.dtype)
     return dx.to(h.dtype), dweight, dbias
 
 
-def swiglu_forward(gate, up):
-    return (torch.nn.functional.silu(gate.float()) * up.float()).to(gate.dtype)
+def swiglu_forward_reference(gate, up):
+    return (torch.nn.functional.silu(_wide(gate)) * _wide(up)).to(gate.dtype)
 
 
-def swiglu_backward(da, gate, up):
-    g, u, d = gate.float(), up.float(), da.float()
+def swiglu_backward_reference(da, gate, up):
+    g, u, d = _wide(gate), _wide(up), _wide(da)
     sig = torch.sigmoid(g)
     silu = g * sig
     dgate = d * u * sig * (1 + g * (1 - sig))
@@ -88,9 +100,332 @@ def swiglu_backward(da, gate, up):
     return dgate.to(gate.dtype), dup.to(up.dtype)
 
 
+def gelu_forward_reference(x):
+    return torch.nn.functional.gelu(_wide(x), approximate="tanh").to(x.dtype)
+
+
+def gelu_backward_reference(dy, x):
+    return torch.ops.aten.gelu_backward(_wide(dy), _wide(x), approximate="tanh").to(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------
+# The fused path: which calls take it, and the launches.
+
+_KERNEL_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
+# Threads of a persistent row kernel per SM at most, by default (the driver's occupancy
+# may allow fewer blocks). The forward takes what fits. The backward's workspace has a
+# row per CTA row slot, written and read once more (at 512 threads an SM, ~4 MB per
+# weight-gradient array on 132 SMs, whatever the width), so it keeps fewer threads in
+# flight; each still has 16 values of each of its 3-4 streams in flight. The bench's
+# --sweep times others (the ``threads_per_sm`` argument of the ``*_fused`` functions).
+FORWARD_THREADS_PER_SM = 2048
+BACKWARD_THREADS_PER_SM = 512
+ELEMENTWISE_BLOCKS_PER_SM = 8
+MAX_ROWS = 2**31 - 64  # row indices (and a row group's last) stay in an int
+MAX_HIDDEN = 2**27 - 1  # `lowering.kernels.seams` specs' limit
+
+
+def _usable(*tensors) -> bool:
+    """Whether the fused kernels can take these tensors (None entries are absent)."""
+    first = tensors[0]
+    if not (isinstance(first, torch.Tensor) and first.is_cuda and first.dtype in _KERNEL_DTYPES):
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is None:
+            continue
+        if (not isinstance(t, torch.Tensor) or t.device != first.device
+                or t.dtype != first.dtype or not t.is_contiguous()
+                or (grad and t.requires_grad)):
+            return False
+    return _jit_available()
+
+
+_JIT: list[bool] = []
+
+
+def _jit_available() -> bool:
+    if not _JIT:
+        try:
+            import cupy  # noqa: F401
+            _JIT.append(True)
+        except ImportError:
+            _JIT.append(False)
+    return _JIT[0]
+
+
+def _float_vector(t, rows: int, device) -> bool:
+    return (isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.device == device
+            and t.is_contiguous() and t.numel() == rows)
+
+
+def _alignment(*tensors) -> int:
+    """Largest power of two up to 16 dividing every base address (in bytes)."""
+    align = 16
+    for t in tensors:
+        if t is not None:
+            while align > 1 and t.data_ptr() % align:
+                align //= 2
+    return align
+
+
+def _norm_forward_path(x, residual, weight, bias, kind) -> bool:
+    if not _usable(x, residual, weight, bias) or x.dim() < 1 or x.numel() == 0:
+        return False
+    hidden = x.shape[-1]
+    return (1 <= hidden <= MAX_HIDDEN and x.numel() // hidden <= MAX_ROWS
+            and (residual is None or residual.shape == x.shape)
+            and weight.shape == (hidden,) and (bias is None or bias.shape == (hidden,))
+            and (bias is None or kind == "layer_norm"))
+
+
+def _norm_backward_path(dy, h, weight, mean, rstd, kind, dh) -> bool:
+    if not _usable(dy, h, weight, dh) or h.dim() < 1 or h.numel() == 0:
+        return False
+    hidden = h.shape[-1]
+    rows = h.numel() // hidden
+    return (rows <= MAX_ROWS and hidden <= MAX_HIDDEN and dy.shape == h.shape
+            and (dh is None or dh.shape == h.shape)
+            and weight.shape == (hidden,) and _float_vector(rstd, rows, h.device)
+            and (kind == "rms_norm" or _float_vector(mean, rows, h.device))
+            and not (torch.is_grad_enabled() and (rstd.requires_grad or (
+                mean is not None and mean.requires_grad))))
+
+
+def kernel_path(op: str, *args) -> bool:
+    """Whether ``op`` ("add_norm_forward", ...) called with ``args`` runs the generated
+    kernel (True) or the torch reference (False)."""
+    if op == "add_norm_forward":
+        x, residual, weight, bias, _eps, kind = args
+        return _norm_forward_path(x, residual, weight, bias, kind)
+    if op == "add_norm_backward":
+        dy, h, weight, mean, rstd, kind, *dh = args
+        return _norm_backward_path(dy, h, weight, mean, rstd, kind, dh[0] if dh else None)
+    if op in ("swiglu_forward", "swiglu_backward", "gelu_backward"):
+        return _usable(*args) and all(a.shape == args[0].shape for a in args)
+    if op == "gelu_forward":
+        return _usable(*args)
+    raise ValueError(f"op {op!r}: expected one of add_norm_forward, add_norm_backward, "
+                     f"swiglu_forward, swiglu_backward, gelu_forward, gelu_backward")
+
+
+def add_norm_forward(x, residual, weight, bias, eps: float, kind: str):
+    _check_kind(kind)
+    if not _norm_forward_path(x, residual, weight, bias, kind):
+        return add_norm_forward_reference(x, residual, weight, bias, eps, kind)
+    return add_norm_forward_fused(x, residual, weight, bias, eps, kind)
+
+
+def add_norm_backward(dy, h, weight, mean, rstd, kind: str, dh=None):
+    _check_kind(kind)
+    if not _norm_backward_path(dy, h, weight, mean, rstd, kind, dh):
+        return add_norm_backward_reference(dy, h, weight, mean, rstd, kind, dh)
+    return add_norm_backward_fused(dy, h, weight, mean, rstd, kind, dh)
+
+
+def add_norm_forward_fused(x, residual, weight, bias, eps: float, kind: str,
+                           threads_per_sm: int = FORWARD_THREADS_PER_SM):
+    """`add_norm_forward` through the generated kernel, for tensors `kernel_path`
+    accepts; ``threads_per_sm`` sizes the persistent grid (the bench's --sweep)."""
+    import numpy as np
+
+    from lowering.kernels.seams import AddNormForwardSpec
+
+    hidden = x.shape[-1]
+    rows = x.numel() // hidden
+    y = torch.empty_like(x)
+    h = x if residual is None else torch.empty_like(x)
+    stats = x.shape[:-1]
+    rstd = torch.empty(stats, dtype=torch.float32, device=x.device)
+    mean = (torch.empty(stats, dtype=torch.float32, device=x.device)
+            if kind == "layer_norm" else None)
+    spec = AddNormForwardSpec(kind, _KERNEL_DTYPES[x.dtype], hidden, residual is not None,
+                              bias is not None, _alignment(x, residual, weight, bias, y, h))
+    args = (_ptr(x), _ptr(residual), _ptr(weight), _ptr(bias),
+            _ptr(h if residual is not None else None), _ptr(y), _ptr(mean), _ptr(rstd),
+            np.float32(eps), np.int32(rows))
+    grid = _row_grid(spec, rows, x.device, threads_per_sm)
+    _launch(spec, x.device, (grid, 1, 1), spec.plan.block, args)
+    return y, h, mean, rstd
+
+
+def add_norm_backward_fused(dy, h, weight, mean, rstd, kind: str, dh=None,
+                            threads_per_sm: int = BACKWARD_THREADS_PER_SM):
+    """`add_norm_backward` through the generated kernels (the row kernel, then the
+    column reduce of its per-CTA weight-gradient sums), for tensors `kernel_path`
+    accepts; ``threads_per_sm`` sizes the persistent grid (the bench's --sweep)."""
+    import numpy as np
+
+    from lowering.kernels.seams import REDUCE_BLOCK, AddNormBackwardSpec, ColumnReduceSpec
+
+    hidden = h.shape[-1]
+    rows = h.numel() // hidden
+    dx = torch.empty_like(h)
+    spec = AddNormBackwardSpec(kind, _KERNEL_DTYPES[h.dtype], hidden, dh is not None,
+                               _alignment(dy, h, weight, dh, dx))
+    grid = _row_grid(spec, rows, h.device, threads_per_sm)
+    parts = grid * spec.plan.rows_per_block
+    # every CTA slot writes its whole workspace row (zeros where it met no row): no memset
+    ws = torch.empty(spec.sets * parts * hidden, dtype=torch.float32, device=h.device)
+    args = (_ptr(dy), _ptr(h), _ptr(weight), _ptr(mean), _ptr(rstd), _ptr(dh), _ptr(dx),
+            _ptr(ws), np.int32(rows))
+    _launch(spec, h.device, (grid, 1, 1), spec.plan.block, args)
+    dweight = torch.empty_like(weight)
+    dbias = torch.empty_like(weight) if kind == "layer_norm" else None
+    reduce = ColumnReduceSpec(_KERNEL_DTYPES[weight.dtype], spec.sets)
+    _launch(reduce, h.device, (-(-hidden // REDUCE_BLOCK[0]), 1, 1), REDUCE_BLOCK,
+            (_ptr(ws), _ptr(dweight), _ptr(dbias), np.int32(parts), np.int32(hidden)))
+    return dx, dweight, dbias
+
+
+def swiglu_forward(gate, up):
+    if not kernel_path("swiglu_forward", gate, up):
+        return swiglu_forward_reference(gate, up)
+    out = torch.empty_like(gate)
+    _elementwise("swiglu_forward", (gate, up), (out,))
+    return out
+
+
+def swiglu_backward(da, gate, up):
+    if not kernel_path("swiglu_backward", da, gate, up):
+        return swiglu_backward_reference(da, gate, up)
+    dgate, dup = torch.empty_like(gate), torch.empty_like(up)
+    _elementwise("swiglu_backward", (da, gate, up), (dgate, dup))
+    return dgate, dup
+
+
 def gelu_forward(x):
-    return torch.nn.functional.gelu(x.float(), approximate="tanh").to(x.dtype)
+    if not kernel_path("gelu_forward", x):
+        return gelu_forward_reference(x)
+    y = torch.empty_like(x)
+    _elementwise("gelu_forward", (x,), (y,))
+    return y
 
 
 def gelu_backward(dy, x):
-    return torch.ops.aten.gelu_backward(dy.float(), x.float(), approximate="tanh").to(x.dtype)
+    if not kernel_path("gelu_backward", dy, x):
+        return gelu_backward_reference(dy, x)
+    dx = torch.empty_like(x)
+    _elementwise("gelu_backward", (dy, x), (dx,))
+    return dx
+
+
+def _ptr(t):
+    import numpy as np
+
+    return np.uint64(0 if t is None else t.data_ptr())
+
+
+def _elementwise(op: str, ins, outs) -> None:
+    import numpy as np
+
+    from lowering.kernels.seams import ELEMENTWISE_THREADS, ElementwiseSpec
+
+    n = ins[0].numel()
+    if n == 0:
+        return
+    spec = ElementwiseSpec(op, _KERNEL_DTYPES[ins[0].dtype], _alignment(*ins, *outs))
+    vectors = max(1, n // spec.vector)
+    grid = min(-(-vectors // ELEMENTWISE_THREADS),
+               _sm_count(ins[0].device) * ELEMENTWISE_BLOCKS_PER_SM)
+    _launch(spec, ins[0].device, (grid, 1, 1), (ELEMENTWISE_THREADS, 1, 1),
+            tuple(_ptr(t) for t in (*ins, *outs)) + (np.int64(n),))
+
+
+def _row_grid(spec, rows: int, device, threads_per_sm: int) -> int:
+    """CTAs of a persistent row kernel: as many as the SMs hold at once (driver
+    occupancy), ``threads_per_sm`` threads an SM at most, never more than there are row
+    groups."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _row_grid_of(spec, rows, index, threads_per_sm)
+
+
+@functools.lru_cache(maxsize=4096)
+def _row_grid_of(spec, rows: int, index: int, threads_per_sm: int) -> int:
+    plan = spec.plan
+    device = torch.device("cuda", index)
+    groups = -(-rows // plan.rows_per_block)
+    per_sm = min(max(1, threads_per_sm // plan.block_threads),
+                 _resident_blocks(_kernel(spec, device), plan.block_threads))
+    return max(1, min(groups, _sm_count(device) * per_sm))
+
+
+def _launch(spec, device, grid, block, args) -> None:
+    from runtime import jit
+
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    kernel = _kernel(spec, device)
+    with jit.on_device(index):
+        kernel.launch_raw(grid, block, args, 0, jit.current_stream_handle(index),
+                          _dependent_launch(index))
+
+
+_DEPENDENT: dict[int, bool] = {}
+
+
+def _dependent_launch(index: int) -> bool:
+    """Whether seam kernels launch as programmatic dependent launches on this device:
+    sm_90 and later, unless HOSTIR_DISABLE=dependent_launch or the driver lacks
+    cuLaunchKernelEx. Each kernel waits (``griddepcontrol.wait``) before it touches
+    global memory, so this is as safe as a plain launch; back to back, the next kernel's
+    launch overlaps this one's tail (the norm backward's column reduce follows its row
+    kernel so)."""
+    on = _DEPENDENT.get(index)
+    if on is None:
+        from hostir.options import options
+        from runtime import jit
+
+        on = (torch.cuda.get_device_capability(index)[0] >= 9
+              and not options().disable("dependent_launch"))
+        if on:
+            try:
+                jit.launch_ex_available()
+            except (OSError, AttributeError):
+                on = False
+        _DEPENDENT[index] = on
+    return on
+
+
+_KERNELS: dict = {}
+
+
+def _kernel(spec, device):
+    """The loaded kernel of ``spec`` on ``device`` (compiled once through the jit cache)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (spec, index)
+    kernel = _KERNELS.get(key)
+    if kernel is None:
+        from lowering.kernels.seams import render
+        from runtime import jit
+
+        compiled = jit.kernel_cache().get(render(spec), [spec.kernel_name],
+                                          jit.device_arch(index))
+        kernel = _KERNELS[key] = jit.load(compiled, index)[spec.kernel_name]
+    return kernel
+
+
+_RESIDENT: dict = {}
+
+
+def _resident_blocks(kernel, threads: int) -> int:
+    n = _RESIDENT.get((kernel.function.ptr, threads))
+    if n is None:
+        try:
+            from cupy.cuda import driver
+
+            n = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.function.ptr, threads, 0)
+        except Exception:  # noqa: BLE001 -- a binding without the call: assume two
+            n = 0
+        n = _RESIDENT[(kernel.function.ptr, threads)] = n if n and n > 0 else 2
+    return n
+
+
+_SM_COUNTS: dict[int, int] = {}
+
+
+def _sm_count(device) -> int:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    n = _SM_COUNTS.get(index)
+    if n is None:
+        n = _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return n

@@ -1,0 +1,368 @@
+"""Generated kernels at the transformer seams: residual add + norm, SwiGLU, GELU.
+
+Spec records say what a kernel computes and how it is laid out; `plan_row` (and
+`vector_width` for the elementwise ops) pick the layout from the width and the tensors'
+alignment; `render` turns a spec into CUDA C++ (the snippets are in
+`lowering.kernels.seams_templates`).
+`runtime.fused` builds the specs of a call, compiles through `runtime.jit` and launches.
+
+Kernels (one fused kernel per op; the norm backward adds a small column reduce):
+
+- `AddNormForwardSpec`: h = x + residual (stored), y = norm(h) * w (+ b), mean / rstd
+  saved. Row-wise and persistent: TPR threads per row, RPB rows per CTA, a grid of a few
+  CTAs per SM striding over the rows. A row's V-wide vectors stay in registers (K per
+  thread) up to `FORWARD_CACHE_FLOATS` floats a thread; wider rows are streamed (each pass
+  reads the row again, through L2).
+- `AddNormBackwardSpec`: dx (+ dh) in one pass over dy and the saved h, mean, rstd; each
+  thread sums its columns' dweight (and dbias) terms over all rows its CTA visits and
+  writes them once to a per-CTA row of an fp32 workspace ``[sets, parts, hidden]``;
+  `ColumnReduceSpec` then sums the parts into the weight's dtype. No atomics, so the
+  gradient is deterministic for a given grid. Rows up to 8192 wide stay in registers;
+  wider ones are read twice, their sums still in registers up to 16384 wide, in the
+  workspace row itself past that.
+- `ElementwiseSpec`: SwiGLU / GELU (tanh) forward and backward, 16-byte vectors,
+  grid-stride, then a scalar tail for the elements past the last whole vector.
+
+Vector width: 16 bytes (8 values) where the width and every base address allow, else
+the largest of 4, 2, 1 values that divides both (a row kernel's rows must stay aligned,
+so a width of 5140 runs with 8-byte vectors and a width of 7 with single values).
+
+Example:
+    >>> spec = AddNormForwardSpec("rms_norm", "bf16", 4096, residual=True, bias=False)
+    >>> spec.plan.cached, spec.plan.threads_per_row, spec.plan.vectors_per_thread
+    (True, 128, 4)
+    >>> "seam_add_rms_norm_fwd" in render(spec)
+    True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from hostir.errors import LoweringError
+from lowering.kernels import seams_templates as T
+from lowering.kernels.render import FROM_FLOAT, PACK2, TO_FLOAT, Renderer
+
+DTYPES = ("bf16", "fp16")
+NORM_KINDS = ("rms_norm", "layer_norm")
+ELEMENTWISE_OPS = {  # op -> (inputs, outputs)
+    "swiglu_forward": (2, 1),
+    "swiglu_backward": (3, 2),
+    "gelu_forward": (1, 1),
+    "gelu_backward": (2, 1),
+}
+
+# Floats of a row a thread may hold in registers (its K vectors of V values). The
+# forward holds one array (h); the backward four (n, g and the dweight / dbias sums),
+# so it gets half. Past these the kernel streams the row.
+FORWARD_CACHE_FLOATS = 32
+BACKWARD_CACHE_FLOATS = 16
+# Floats of each weight-gradient sum a thread of a streamed backward may hold in
+# registers (up to 16384 wide at 512 threads a row with 16-byte vectors).
+STREAMED_SUM_FLOATS = 32
+# Threads per row at most: 512 leaves 128 registers a thread to the backward.
+MAX_THREADS_PER_ROW = 512
+# Threads a row CTA should have at least (narrow rows share a CTA, one row a warp or two).
+MIN_BLOCK_THREADS = 128
+# Threads per SM the row kernels promise ptxas (`__launch_bounds__`' second argument): the
+# forward's 1024 leave it 64 registers a thread, the backward's 512 leave 128 (it holds
+# four arrays). With the block size alone, ptxas chose 72 registers for the backward and
+# spilled 16 bytes (sm_80, 128-thread blocks); with these promises nothing spills.
+FORWARD_PROMISED_THREADS_PER_SM = 1024
+BACKWARD_PROMISED_THREADS_PER_SM = 512
+ELEMENTWISE_THREADS = 256
+REDUCE_BLOCK = (32, 32, 1)  # columns x lanes of parts
+
+
+def vector_width(hidden: int, alignment: int = 16) -> int:
+    """Values a vector access carries: 8 (16 bytes) at most, dividing ``hidden`` (every
+    row then starts aligned) and fitting the base addresses' ``alignment`` in bytes."""
+    v = 8
+    while v > 1 and (hidden % v or alignment < 2 * v):
+        v //= 2
+    return v
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RowPlan:
+    """Layout of a row kernel: V-wide vectors, TPR threads a row, RPB rows a CTA, K
+    vectors a thread when the row is held in registers (``cached``)."""
+
+    vector: int
+    threads_per_row: int
+    rows_per_block: int
+    vectors_per_thread: int
+    cached: bool
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.threads_per_row, self.rows_per_block, 1)
+
+    @property
+    def block_threads(self) -> int:
+        return self.threads_per_row * self.rows_per_block
+
+    def min_blocks(self, threads_per_sm: int) -> int:
+        return max(1, threads_per_sm // self.block_threads)
+
+    def describe(self) -> str:
+        how = f"k{self.vectors_per_thread} in registers" if self.cached else "streamed"
+        return f"v{self.vector} t{self.threads_per_row}x{self.rows_per_block} {how}"
+
+
+@functools.lru_cache(maxsize=1024)
+def plan_row(hidden: int, alignment: int, cache_floats: int) -> RowPlan:
+    """The fewest threads a row (a warp at least, ``MAX_THREADS_PER_ROW`` at most) that
+    keep a thread's share of the row within ``cache_floats`` floats; streamed at
+    ``MAX_THREADS_PER_ROW`` when even that cannot."""
+    if hidden < 1:
+        raise LoweringError(f"seam kernel: hidden {hidden}: expected >= 1")
+    v = vector_width(hidden, alignment)
+    nvec = hidden // v
+    tpr = 32
+    while tpr < MAX_THREADS_PER_ROW and -(-nvec // tpr) * v > cache_floats:
+        tpr *= 2
+    k = -(-nvec // tpr)
+    cached = k * v <= cache_floats
+    rpb = max(1, MIN_BLOCK_THREADS // tpr)
+    return RowPlan(v, tpr, rpb, k if cached else 0, cached)
+
+
+def _check_common(dtype: str, hidden: int) -> None:
+    if dtype not in DTYPES:
+        raise LoweringError(f"seam kernel: dtype {dtype!r}: expected one of {DTYPES}")
+    if not isinstance(hidden, int) or hidden < 1 or hidden >= 2**31 // 16:
+        raise LoweringError(f"seam kernel: hidden {hidden!r}: expected an int in [1, 2^27)")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AddNormForwardSpec:
+    kind: str
+    dtype: str
+    hidden: int
+    residual: bool
+    bias: bool
+    alignment: int = 16
+
+    def __post_init__(self):
+        _check_common(self.dtype, self.hidden)
+        if self.kind not in NORM_KINDS:
+            raise LoweringError(f"seam kernel: norm kind {self.kind!r}: expected {NORM_KINDS}")
+        if self.bias and self.kind != "layer_norm":
+            raise LoweringError("seam kernel: a bias belongs to layer_norm only")
+
+    @property
+    def plan(self) -> RowPlan:
+        return plan_row(self.hidden, self.alignment, FORWARD_CACHE_FLOATS)
+
+    @property
+    def kernel_name(self) -> str:
+        add = "add_" if self.residual else ""
+        bias = "_bias" if self.bias else ""
+        return f"seam_{add}{self.kind}_fwd_{self.dtype}_h{self.hidden}{bias}"
+
+    def params(self) -> list[tuple[str, str]]:
+        u, cu = "unsigned short* __restrict__", "const unsigned short* __restrict__"
+        # h is read back (through `src`) after it is written: no __restrict__ on it, so
+        # that the compiler cannot route those reads through the read-only cache
+        return [(cu, "x"), (cu, "residual"), (cu, "weight"), (cu, "bias"), ("unsigned short*", "h"),
+                (u, "y"), ("float* __restrict__", "mean_out"),
+                ("float* __restrict__", "rstd_out"), ("float", "eps"), ("int", "rows")]
+
+    def bytes_moved(self, rows: int) -> int:
+        """Bytes a call must move at least: x (+ residual) in, h (when added) and y out,
+        the weights once, mean / rstd."""
+        streams = 2 + (2 if self.residual else 0)
+        params = 1 + int(self.bias)
+        return 2 * self.hidden * (rows * streams + params) + 4 * rows * (
+            2 if self.kind == "layer_norm" else 1)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class AddNormBackwardSpec:
+    kind: str
+    dtype: str
+    hidden: int
+    dh: bool
+    alignment: int = 16
+
+    def __post_init__(self):
+        _check_common(self.dtype, self.hidden)
+        if self.kind not in NORM_KINDS:
+            raise LoweringError(f"seam kernel: norm kind {self.kind!r}: expected {NORM_KINDS}")
+
+    @property
+    def plan(self) -> RowPlan:
+        return plan_row(self.hidden, self.alignment, BACKWARD_CACHE_FLOATS)
+
+    @property
+    def sums_in_registers(self) -> bool:
+        """Whether a thread's weight-gradient sums stay in registers (its K vectors of
+        each, `STREAMED_SUM_FLOATS` floats at most where the row itself is streamed);
+        else they live in the workspace row, read-modify-written each row (the widest)."""
+        p = self.plan
+        per_thread = -(-(self.hidden // p.vector) // p.threads_per_row) * p.vector
+        return p.cached or per_thread <= STREAMED_SUM_FLOATS
+
+    @property
+    def sets(self) -> int:
+        """Weight-gradient arrays: dweight, and dbias for layer_norm."""
+        return 2 if self.kind == "layer_norm" else 1
+
+    @property
+    def kernel_name(self) -> str:
+        return f"seam_{self.kind}_bwd_{self.dtype}_h{self.hidden}" + ("_dh" if self.dh else "")
+
+    def params(self) -> list[tuple[str, str]]:
+        u, cu = "unsigned short* __restrict__", "const unsigned short* __restrict__"
+        cf = "const float* __restrict__"
+        return [(cu, "dy"), (cu, "h"), (cu, "weight"), (cf, "mean"), (cf, "rstd"), (cu, "dh"),
+                (u, "dx"), ("float* __restrict__", "ws"), ("int", "rows")]
+
+    def bytes_moved(self, rows: int) -> int:
+        """dy and h in (and dh), dx out, mean / rstd in, the weight in and its gradients
+        out once; the workspace is overhead, not counted."""
+        streams = 3 + int(self.dh)
+        return 2 * self.hidden * (rows * streams + 1 + self.sets) + 4 * rows * (
+            2 if self.kind == "layer_norm" else 1)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ColumnReduceSpec:
+    dtype: str
+    sets: int
+
+    def __post_init__(self):
+        _check_common(self.dtype, 1)
+        if self.sets not in (1, 2):
+            raise LoweringError(f"seam kernel: column reduce of {self.sets} sets: expected 1 or 2")
+
+    @property
+    def kernel_name(self) -> str:
+        return f"seam_column_reduce_{self.dtype}_s{self.sets}"
+
+    def params(self) -> list[tuple[str, str]]:
+        return [("const float* __restrict__", "ws"), ("unsigned short*", "out0"),
+                ("unsigned short*", "out1"), ("int", "parts"), ("int", "hidden")]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ElementwiseSpec:
+    op: str
+    dtype: str
+    alignment: int = 16  # of every base address and of the element count, in bytes
+
+    def __post_init__(self):
+        _check_common(self.dtype, 1)
+        if self.op not in ELEMENTWISE_OPS:
+            raise LoweringError(f"seam kernel: op {self.op!r}: expected one of "
+                                f"{sorted(ELEMENTWISE_OPS)}")
+
+    @property
+    def vector(self) -> int:
+        return vector_width(8, self.alignment)
+
+    @property
+    def arity(self) -> tuple[int, int]:
+        return ELEMENTWISE_OPS[self.op]
+
+    @property
+    def kernel_name(self) -> str:
+        return f"seam_{self.op}_{self.dtype}_v{self.vector}"
+
+    def params(self) -> list[tuple[str, str]]:
+        nin, nout = self.arity
+        return ([("const unsigned short* __restrict__", f"in{i}") for i in range(nin)]
+                + [("unsigned short* __restrict__", f"out{i}") for i in range(nout)]
+                + [("long long", "n")])
+
+    def bytes_moved(self, n: int) -> int:
+        return 2 * n * sum(self.arity)
+
+
+Spec = AddNormForwardSpec | AddNormBackwardSpec | ColumnReduceSpec | ElementwiseSpec
+
+
+def _dtype_functions(dtype: str) -> str:
+    """to_f / from_f / pack2 / unpack2 of the spec's dtype (the kernels' only view of it)."""
+    return (T.DTYPE_FUNCTIONS.replace("@TO@", TO_FLOAT[dtype]).replace("@FROM@", FROM_FLOAT[dtype])
+            .replace("@PACK@", PACK2[dtype]).replace("@UNPACK@", T.UNPACK2[dtype]))
+
+
+_RENDERER = Renderer()
+
+
+def _row_constants(spec, plan: RowPlan, layer: bool) -> str:
+    nvec = spec.hidden // plan.vector
+    return _RENDERER.constants({
+        "HIDDEN": spec.hidden, "V": plan.vector, "NVEC": nvec,
+        "TPR": plan.threads_per_row, "RPB": plan.rows_per_block,
+        "WARPS": plan.threads_per_row // 32, "K": -(-nvec // plan.threads_per_row),
+        "LAYER": layer}) + f"\n#define SEAM_CACHED {int(plan.cached)}"
+
+
+def _bounded_kernel(name, params, body, threads: int, min_blocks: int) -> str:
+    """`Renderer.kernel` with both `__launch_bounds__` arguments (it writes the first only)."""
+    text = _RENDERER.kernel(name, params, body)
+    head = '__global__ void '
+    assert text.count(head) == 1
+    return text.replace(head, f"{head}__launch_bounds__({threads}, {min_blocks}) ")
+
+
+def render(spec: Spec) -> str:
+    """The whole CUDA C++ translation unit of ``spec``'s kernel."""
+    r = _RENDERER
+    if isinstance(spec, AddNormForwardSpec):
+        plan = spec.plan
+        consts = _row_constants(spec, plan, spec.kind == "layer_norm") + "\n" + r.constants(
+            {"RESIDUAL": spec.residual, "BIAS": spec.bias})
+        return r.source(["convert"], _dtype_functions(spec.dtype), consts, T.DEPENDENT_ENTRY,
+                        T.VEC_IO, T.ROW_SUM,
+                        _bounded_kernel(spec.kernel_name, spec.params(), T.ADD_NORM_FORWARD,
+                                        plan.block_threads,
+                                        plan.min_blocks(FORWARD_PROMISED_THREADS_PER_SM)))
+    if isinstance(spec, AddNormBackwardSpec):
+        plan = spec.plan
+        consts = _row_constants(spec, plan, spec.kind == "layer_norm") + "\n" + r.constants(
+            {"HAS_DH": spec.dh}) + f"\n#define SEAM_ACC_REGS {int(spec.sums_in_registers)}"
+        return r.source(["convert"], _dtype_functions(spec.dtype), consts, T.DEPENDENT_ENTRY,
+                        T.VEC_IO, T.ROW_SUM,
+                        _bounded_kernel(spec.kernel_name, spec.params(), T.ADD_NORM_BACKWARD,
+                                        plan.block_threads,
+                                        plan.min_blocks(BACKWARD_PROMISED_THREADS_PER_SM)))
+    if isinstance(spec, ColumnReduceSpec):
+        return r.source(["convert"], _dtype_functions(spec.dtype),
+                        r.constants({"SETS": spec.sets, "REDUCE_LANES": REDUCE_BLOCK[1]}),
+                        T.DEPENDENT_ENTRY,
+                        r.kernel(spec.kernel_name, spec.params(), T.COLUMN_REDUCE,
+                                 threads=REDUCE_BLOCK[0] * REDUCE_BLOCK[1]))
+    if isinstance(spec, ElementwiseSpec):
+        nin, nout = spec.arity
+        ins = ", ".join(f"in{i}" for i in range(nin))
+        outs = ", ".join(f"out{i}" for i in range(nout))
+        prelude = (f"const unsigned short* ins[NIN] = {{{ins}}};\n"
+                   f"unsigned short* outs[NOUT] = {{{outs}}};\n")
+        pointwise = (f"__device__ __forceinline__ void pointwise(const float* in, float* out) {{"
+                     f"{T.POINTWISE[spec.op]}}}")
+        return r.source(["convert"], _dtype_functions(spec.dtype),
+                        r.constants({"V": spec.vector, "NIN": nin, "NOUT": nout}),
+                        T.GELU_CONSTANTS, T.DEPENDENT_ENTRY, T.VEC_IO, pointwise,
+                        r.kernel(spec.kernel_name, spec.params(), prelude + T.ELEMENTWISE,
+                                 threads=ELEMENTWISE_THREADS))
+    raise LoweringError(f"seam kernel: no renderer for {type(spec).__name__}")
+
+
+def every_variant(hidden: int, dtype: str = "bf16", alignment: int = 16) -> list[Spec]:
+    """Every kernel a width needs (both norms, with and without residual / bias / dh),
+    the column reduces and the elementwise ops: what the unit tests compile."""
+    specs: list[Spec] = []
+    for kind in NORM_KINDS:
+        for residual in (False, True):
+            for bias in ((False, True) if kind == "layer_norm" else (False,)):
+                specs.append(AddNormForwardSpec(kind, dtype, hidden, residual, bias, alignment))
+        for dh in (False, True):
+            specs.append(AddNormBackwardSpec(kind, dtype, hidden, dh, alignment))
+    specs += [ColumnReduceSpec(dtype, s) for s in (1, 2)]
+    specs += [ElementwiseSpec(op, dtype, alignment) for op in ELEMENTWISE_OPS]
+    return specs

@@ -1,0 +1,472 @@
+"""CUDA C++ text of the transformer-seam kernels (`lowering.kernels.seams` assembles it).
+
+Every kernel carries 16-bit floats as raw bits (`render.SNIPPETS["convert"]`) and does
+its math in fp32. The pieces:
+
+- ``vec_io``: loads and stores of V = 1, 2, 4 or 8 consecutive 16-bit values as one
+  2-, 4-, 8- or 16-byte access, converted to / from floats through ``to_f`` / ``from_f``
+  and ``pack2`` (defined per dtype by the renderer).
+- ``row_sum``: the sum of N floats over the TPR threads of one row (a ``threadIdx.y``
+  slot of the block): warp shuffles, then one shared-memory exchange between the warps.
+- the kernels' bodies (`ADD_NORM_FORWARD`, `ADD_NORM_BACKWARD`, `COLUMN_REDUCE`,
+  `ELEMENTWISE`) and the pointwise math of the elementwise ops (`POINTWISE`).
+
+The row kernels are persistent: a grid of a few CTAs per SM strides over groups of RPB
+rows, so that the backward can keep each thread's weight-gradient partial sums in
+registers over all of its rows and write them once per CTA.
+"""
+
+from __future__ import annotations
+
+# The kernels' only view of their dtype: to_f / from_f / pack2 over render's conversions
+# (@TO@, @FROM@, @PACK@ filled per dtype), unpack2 from `UNPACK2`.
+DTYPE_FUNCTIONS = r"""
+__device__ __forceinline__ float to_f(unsigned short x) { return @TO@(x); }
+__device__ __forceinline__ unsigned short from_f(float x) { return @FROM@(x); }
+__device__ __forceinline__ unsigned int pack2(float lo, float hi) { return @PACK@(lo, hi); }
+__device__ __forceinline__ void unpack2(unsigned int w, float& lo, float& hi) { @UNPACK@ }
+"""
+UNPACK2 = {
+    "bf16": "lo = __uint_as_float(w << 16); hi = __uint_as_float(w & 0xffff0000u);",
+    "fp16": "lo = f16_to_f32((unsigned short)(w & 0xffffu)); "
+            "hi = f16_to_f32((unsigned short)(w >> 16));",
+}
+
+VEC_IO = r"""
+// V consecutive 16-bit values as one access of 2*V bytes (the caller keeps it aligned).
+template <int V> __device__ __forceinline__ void load_vec(const unsigned short* p, float* f) {
+  if constexpr (V == 8) {
+    const uint4 r = *reinterpret_cast<const uint4*>(p);
+    unpack2(r.x, f[0], f[1]); unpack2(r.y, f[2], f[3]);
+    unpack2(r.z, f[4], f[5]); unpack2(r.w, f[6], f[7]);
+  } else if constexpr (V == 4) {
+    const uint2 r = *reinterpret_cast<const uint2*>(p);
+    unpack2(r.x, f[0], f[1]); unpack2(r.y, f[2], f[3]);
+  } else if constexpr (V == 2) {
+    unpack2(*reinterpret_cast<const unsigned int*>(p), f[0], f[1]);
+  } else {
+    f[0] = to_f(*p);
+  }
+}
+template <int V> __device__ __forceinline__ void store_vec(unsigned short* p, const float* f) {
+  if constexpr (V == 8) {
+    uint4 r;
+    r.x = pack2(f[0], f[1]); r.y = pack2(f[2], f[3]);
+    r.z = pack2(f[4], f[5]); r.w = pack2(f[6], f[7]);
+    *reinterpret_cast<uint4*>(p) = r;
+  } else if constexpr (V == 4) {
+    uint2 r;
+    r.x = pack2(f[0], f[1]); r.y = pack2(f[2], f[3]);
+    *reinterpret_cast<uint2*>(p) = r;
+  } else if constexpr (V == 2) {
+    *reinterpret_cast<unsigned int*>(p) = pack2(f[0], f[1]);
+  } else {
+    *p = from_f(f[0]);
+  }
+}
+// The value as the dtype holds it (the residual stream is stored rounded, and the norm
+// is taken of what was stored, as the reference does).
+__device__ __forceinline__ float rounded(float v) { return to_f(from_f(v)); }
+"""
+
+# Programmatic dependent launch (sm_90+; runtime.fused launches so there): the next
+# kernel on the stream may launch now, its launch overlapping this one's last rows; then
+# wait until the kernel before this one has completed and its writes are visible, before
+# any global memory is touched. Without the launch attribute both are no-ops, so every
+# seam kernel calls this first and is as safe as a plain launch.
+DEPENDENT_ENTRY = r"""
+__device__ __forceinline__ void dependent_launch_entry() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+"""
+
+ROW_SUM = r"""
+// Sums N floats over the TPR threads of this row; every thread gets the totals. `red`
+// is this row's shared slot of WARPS * N floats. All threads of the block call it the
+// same number of times (rows past the end contribute zeros), so the barriers match.
+template <int N> __device__ __forceinline__ void row_sum(float (&v)[N], float* red) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
+  }
+  if constexpr (WARPS > 1) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) red[warp * N + i] = v[i];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      float s = 0.f;
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) s += red[w * N + i];
+      v[i] = s;
+    }
+    __syncthreads();  // the slot is written again by the next call
+  }
+}
+"""
+
+# h = x (+ residual), stored rounded; y = (h - mean) * rstd * w (+ b); mean, rstd saved.
+# CACHED: the row's values stay in registers (K vectors a thread); else each pass reads
+# the row again (the second and third reads hit L2: the row was just touched).
+ADD_NORM_FORWARD = r"""
+dependent_launch_entry();
+__shared__ float red[RPB][WARPS * 2];
+const int tx = threadIdx.x, ty = threadIdx.y;
+const int groups = (rows + RPB - 1) / RPB;
+// the stream the norm reads back: h where it is written, else x itself
+const unsigned short* src = RESIDUAL ? (const unsigned short*)h : x;
+for (int g = blockIdx.x; g < groups; g += gridDim.x) {
+  const int row = g * RPB + ty;
+  const bool live = row < rows;
+  const size_t base = (size_t)(live ? row : 0) * HIDDEN;
+  float s[1] = {0.f};
+#if SEAM_CACHED
+  float v[K][V];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int c = tx + k * TPR;
+    if (live && c < NVEC) {
+      load_vec<V>(x + base + (size_t)c * V, v[k]);
+      if constexpr (RESIDUAL) {
+        float r[V];
+        load_vec<V>(residual + base + (size_t)c * V, r);
+#pragma unroll
+        for (int i = 0; i < V; ++i) v[k][i] = rounded(v[k][i] + r[i]);
+        store_vec<V>(h + base + (size_t)c * V, v[k]);
+      }
+#pragma unroll
+      for (int i = 0; i < V; ++i) s[0] += LAYER ? v[k][i] : v[k][i] * v[k][i];
+    } else {
+#pragma unroll
+      for (int i = 0; i < V; ++i) v[k][i] = 0.f;
+    }
+  }
+#else
+  for (int c = tx; c < NVEC; c += TPR) {
+    if (!live) break;
+    float v[V];
+    load_vec<V>(x + base + (size_t)c * V, v);
+    if constexpr (RESIDUAL) {
+      float r[V];
+      load_vec<V>(residual + base + (size_t)c * V, r);
+#pragma unroll
+      for (int i = 0; i < V; ++i) v[i] = rounded(v[i] + r[i]);
+      store_vec<V>(h + base + (size_t)c * V, v);
+    }
+#pragma unroll
+    for (int i = 0; i < V; ++i) s[0] += LAYER ? v[i] : v[i] * v[i];
+  }
+#endif
+  row_sum<1>(s, red[ty]);
+  float mean = 0.f, rstd;
+  if constexpr (LAYER) {
+    mean = s[0] * (1.f / HIDDEN);
+    // two-pass (centered) variance: no cancellation for rows with a large mean
+    float q[1] = {0.f};
+#if SEAM_CACHED
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int c = tx + k * TPR;
+      if (live && c < NVEC) {
+#pragma unroll
+        for (int i = 0; i < V; ++i) { const float d = v[k][i] - mean; q[0] += d * d; }
+      }
+    }
+#else
+    for (int c = tx; c < NVEC; c += TPR) {
+      if (!live) break;
+      float v[V];
+      load_vec<V>(src + base + (size_t)c * V, v);
+#pragma unroll
+      for (int i = 0; i < V; ++i) { const float d = v[i] - mean; q[0] += d * d; }
+    }
+#endif
+    row_sum<1>(q, red[ty]);
+    rstd = rsqrtf(q[0] * (1.f / HIDDEN) + eps);
+  } else {
+    rstd = rsqrtf(s[0] * (1.f / HIDDEN) + eps);
+  }
+  if (!live) continue;
+  if (tx == 0) {
+    rstd_out[row] = rstd;
+    if constexpr (LAYER) mean_out[row] = mean;
+  }
+#if SEAM_CACHED
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int c = tx + k * TPR;
+    if (c < NVEC) {
+      float* hv = v[k];
+#else
+  for (int c = tx; c < NVEC; c += TPR) {
+    {
+      float hv[V];
+      load_vec<V>(src + base + (size_t)c * V, hv);
+#endif
+      float w[V], out[V];
+      load_vec<V>(weight + (size_t)c * V, w);
+#pragma unroll
+      for (int i = 0; i < V; ++i) out[i] = (hv[i] - mean) * rstd * w[i];
+      if constexpr (BIAS) {
+        float b[V];
+        load_vec<V>(bias + (size_t)c * V, b);
+#pragma unroll
+        for (int i = 0; i < V; ++i) out[i] += b[i];
+      }
+      store_vec<V>(y + base + (size_t)c * V, out);
+    }
+  }
+}
+"""
+
+# dx = rstd * (g - mean(g) - n * mean(g * n)) (+ dh), g = dy * w, n = (h - mean) * rstd
+# (rms: no mean(g) term, mean = 0). Each thread sums dy * n (and dy) of its columns (the
+# K vectors c = tx + k * TPR) over all rows it visits and writes the sums once, to its CTA
+# row slot's row of the fp32 workspace [sets][parts][HIDDEN], parts = gridDim.x * RPB;
+# `COLUMN_REDUCE` then sums the parts. The row is held in registers (CACHED) or read
+# twice (the second read from L2); the sums are held in registers (ACC_REGS, always when
+# CACHED) or, for the widest rows, in the workspace row itself (zeroed first, then
+# read-modify-written by the one thread that owns the column).
+ADD_NORM_BACKWARD = r"""
+dependent_launch_entry();
+__shared__ float red[RPB][WARPS * 2];
+const int tx = threadIdx.x, ty = threadIdx.y;
+const int groups = (rows + RPB - 1) / RPB;
+const int parts = gridDim.x * RPB;
+const int part = blockIdx.x * RPB + ty;
+float* __restrict__ ws_w = ws + (size_t)part * HIDDEN;
+float* __restrict__ ws_b = ws + ((size_t)parts + part) * HIDDEN;
+#if SEAM_ACC_REGS
+float aw[K][V], ab[LAYER ? K : 1][V];
+#pragma unroll
+for (int k = 0; k < K; ++k) {
+#pragma unroll
+  for (int i = 0; i < V; ++i) { aw[k][i] = 0.f; ab[LAYER ? k : 0][i] = 0.f; }
+}
+#else
+for (int c = tx; c < NVEC; c += TPR) {
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    ws_w[(size_t)c * V + i] = 0.f;
+    if constexpr (LAYER) ws_b[(size_t)c * V + i] = 0.f;
+  }
+}
+#endif
+for (int g = blockIdx.x; g < groups; g += gridDim.x) {
+  const int row = g * RPB + ty;
+  const bool live = row < rows;
+  const size_t base = (size_t)(live ? row : 0) * HIDDEN;
+  const float r = live ? rstd[row] : 0.f;
+  const float m = (LAYER && live) ? mean[row] : 0.f;
+  float s[2] = {0.f, 0.f};  // sum(g * n), sum(g)
+#if SEAM_CACHED
+  // dh is loaded with dy and h, before the row's sums: its latency then hides behind
+  // theirs instead of following the barrier
+  float nv[K][V], gv[K][V], ev[HAS_DH ? K : 1][V];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int c = tx + k * TPR;
+    if (live && c < NVEC) {
+      float w[V];
+      load_vec<V>(dy + base + (size_t)c * V, gv[k]);
+      load_vec<V>(h + base + (size_t)c * V, nv[k]);
+      if constexpr (HAS_DH) load_vec<V>(dh + base + (size_t)c * V, ev[k]);
+      load_vec<V>(weight + (size_t)c * V, w);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        nv[k][i] = (nv[k][i] - m) * r;
+        aw[k][i] += gv[k][i] * nv[k][i];
+        if constexpr (LAYER) ab[k][i] += gv[k][i];
+        gv[k][i] *= w[i];
+        s[0] += gv[k][i] * nv[k][i];
+        s[1] += gv[k][i];
+      }
+    }
+  }
+#else
+  for (int c = tx; c < NVEC; c += TPR) {
+    if (!live) break;
+    float d[V], hv[V], w[V];
+    load_vec<V>(dy + base + (size_t)c * V, d);
+    load_vec<V>(h + base + (size_t)c * V, hv);
+    load_vec<V>(weight + (size_t)c * V, w);
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const float n = (hv[i] - m) * r, gg = d[i] * w[i];
+      s[0] += gg * n;
+      s[1] += gg;
+    }
+  }
+#endif
+  row_sum<2>(s, red[ty]);
+  if (!live) continue;
+  const float dot = s[0] * (1.f / HIDDEN), gmean = LAYER ? s[1] * (1.f / HIDDEN) : 0.f;
+#if SEAM_ACC_REGS
+#pragma unroll
+#endif
+  for (int k = 0; k < K; ++k) {
+    const int c = tx + k * TPR;
+    if (c < NVEC) {
+#if SEAM_CACHED
+      const float* n = nv[k];
+      const float* gg = gv[k];
+#else
+      float n[V], gg[V], w[V];
+      load_vec<V>(dy + base + (size_t)c * V, gg);
+      load_vec<V>(h + base + (size_t)c * V, n);
+      load_vec<V>(weight + (size_t)c * V, w);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        n[i] = (n[i] - m) * r;
+#if SEAM_ACC_REGS
+        aw[k][i] += gg[i] * n[i];
+        if constexpr (LAYER) ab[k][i] += gg[i];
+#else
+        ws_w[(size_t)c * V + i] += gg[i] * n[i];
+        if constexpr (LAYER) ws_b[(size_t)c * V + i] += gg[i];
+#endif
+        gg[i] *= w[i];
+      }
+#endif
+      float out[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) out[i] = r * (gg[i] - gmean - n[i] * dot);
+      if constexpr (HAS_DH) {
+#if SEAM_CACHED
+        const float* e = ev[k];
+#else
+        float e[V];
+        load_vec<V>(dh + base + (size_t)c * V, e);
+#endif
+#pragma unroll
+        for (int i = 0; i < V; ++i) out[i] += e[i];
+      }
+      store_vec<V>(dx + base + (size_t)c * V, out);
+    }
+  }
+}
+#if SEAM_ACC_REGS
+#pragma unroll
+for (int k = 0; k < K; ++k) {
+  const int c = tx + k * TPR;
+  if (c < NVEC) {
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      ws_w[(size_t)c * V + i] = aw[k][i];
+      if constexpr (LAYER) ws_b[(size_t)c * V + i] = ab[k][i];
+    }
+  }
+}
+#endif
+"""
+
+# out[set][col] = sum over parts of ws[set][part][col], in the weight's dtype. A block is
+# 32 columns x 32 lanes of parts (each lane keeps four loads in flight: the sum is a few
+# MB read once, and latency, not bandwidth, bounds a loop of dependent loads); the lanes
+# meet in shared memory.
+COLUMN_REDUCE = r"""
+dependent_launch_entry();
+__shared__ float part_sums[REDUCE_LANES][33];
+const int tx = threadIdx.x, ty = threadIdx.y;
+const int col = blockIdx.x * 32 + tx;
+for (int set = 0; set < SETS; ++set) {
+  float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+  if (col < hidden) {
+    const float* __restrict__ p = ws + (size_t)set * parts * hidden + col;
+    int q = ty;
+    for (; q + 3 * REDUCE_LANES < parts; q += 4 * REDUCE_LANES) {
+      s0 += p[(size_t)q * hidden];
+      s1 += p[(size_t)(q + REDUCE_LANES) * hidden];
+      s2 += p[(size_t)(q + 2 * REDUCE_LANES) * hidden];
+      s3 += p[(size_t)(q + 3 * REDUCE_LANES) * hidden];
+    }
+    for (; q < parts; q += REDUCE_LANES) s0 += p[(size_t)q * hidden];
+  }
+  part_sums[ty][tx] = (s0 + s1) + (s2 + s3);
+  __syncthreads();
+  if (ty == 0 && col < hidden) {
+    float s = 0.f;
+#pragma unroll 8
+    for (int q = 0; q < REDUCE_LANES; ++q) s += part_sums[q][tx];
+    (set == 0 ? out0 : out1)[col] = from_f(s);
+  }
+  __syncthreads();
+}
+"""
+
+# Pointwise math of the elementwise ops: `in` holds the inputs' values of one element,
+# `out` receives the outputs'. sigmoid and tanh through __expf: both saturate correctly
+# (exp to inf or 0) and their error is far below a 16-bit output's rounding.
+POINTWISE = {
+    "swiglu_forward": r"""
+  const float g = in[0], u = in[1];
+  out[0] = g / (1.f + __expf(-g)) * u;
+""",
+    "swiglu_backward": r"""
+  const float d = in[0], g = in[1], u = in[2];
+  const float sig = 1.f / (1.f + __expf(-g));
+  const float silu = g * sig;
+  out[0] = d * u * sig * (1.f + g * (1.f - sig));
+  out[1] = d * silu;
+""",
+    "gelu_forward": r"""
+  const float x = in[0];
+  const float t = 1.f - 2.f / (__expf(2.f * GELU_K0 * (x + GELU_K1 * x * x * x)) + 1.f);
+  out[0] = 0.5f * x * (1.f + t);
+""",
+    "gelu_backward": r"""
+  const float d = in[0], x = in[1];
+  const float t = 1.f - 2.f / (__expf(2.f * GELU_K0 * (x + GELU_K1 * x * x * x)) + 1.f);
+  // where tanh has saturated its derivative is 0: skip the product, whose x * x term
+  // overflows to inf (and 0 * inf to nan) for |x| past 1e19, which bf16 can hold
+  const float sech2 = 1.f - t * t;
+  const float slope =
+      sech2 == 0.f ? 0.f : 0.5f * x * sech2 * GELU_K0 * (1.f + 3.f * GELU_K1 * x * x);
+  out[0] = d * (0.5f * (1.f + t) + slope);
+""",
+}
+
+GELU_CONSTANTS = r"""
+constexpr float GELU_K0 = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float GELU_K1 = 0.044715f;
+"""
+
+# n elements, NIN inputs and NOUT outputs, V a vector; grid-stride over the vectors, then
+# the n % V elements past the last whole vector one by one (the scalar tail).
+ELEMENTWISE = r"""
+dependent_launch_entry();
+const long long nvec = n / V;
+const long long stride = (long long)gridDim.x * blockDim.x;
+const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+for (long long j = first; j < nvec; j += stride) {
+  float a[NIN][V], b[NOUT][V];
+#pragma unroll
+  for (int q = 0; q < NIN; ++q) load_vec<V>(ins[q] + j * V, a[q]);
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    float in[NIN], out[NOUT];
+#pragma unroll
+    for (int q = 0; q < NIN; ++q) in[q] = a[q][i];
+    pointwise(in, out);
+#pragma unroll
+    for (int q = 0; q < NOUT; ++q) b[q][i] = out[q];
+  }
+#pragma unroll
+  for (int q = 0; q < NOUT; ++q) store_vec<V>(outs[q] + j * V, b[q]);
+}
+for (long long e = nvec * V + first; e < n; e += stride) {
+  float in[NIN], out[NOUT];
+#pragma unroll
+  for (int q = 0; q < NIN; ++q) in[q] = to_f(ins[q][e]);
+  pointwise(in, out);
+#pragma unroll
+  for (int q = 0; q < NOUT; ++q) outs[q][e] = from_f(out[q]);
+}
+"""

@@ -1,0 +1,522 @@
+"""Transformer-seam kernels without a GPU: plans, NVRTC compiles (no spills), and the torch
+reference path of runtime.fused against float64 autograd of torch's own ops."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hostir.errors import LoweringError
+from lowering.kernels import seams as S
+from runtime import fused
+
+MAIN_HIDDEN = (768, 4096, 8192)
+ODD_HIDDEN = (1, 7, 100, 5140, 12288, 16384, 20000)
+
+
+# --------------------------------------------------------------------------- plans
+
+
+@pytest.mark.parametrize("hidden, alignment, vector", [
+    (4096, 16, 8), (5140, 16, 4), (7, 16, 1), (100, 16, 4), (4098, 16, 2), (4096, 8, 4),
+    (4096, 2, 1), (20000, 16, 8),
+])
+def test_vector_width_divides_the_row_and_fits_the_alignment(hidden, alignment, vector):
+    assert S.vector_width(hidden, alignment) == vector
+
+
+@pytest.mark.parametrize("hidden", MAIN_HIDDEN + ODD_HIDDEN)
+def test_row_plans_cover_the_row(hidden):
+    for floats in (S.FORWARD_CACHE_FLOATS, S.BACKWARD_CACHE_FLOATS):
+        p = S.plan_row(hidden, 16, floats)
+        nvec = hidden // p.vector
+        assert p.vector * nvec == hidden
+        assert p.threads_per_row % 32 == 0 and p.threads_per_row <= S.MAX_THREADS_PER_ROW
+        assert p.block_threads >= min(S.MIN_BLOCK_THREADS, p.threads_per_row)
+        if p.cached:
+            # the thread's K vectors reach every vector of the row, within the budget
+            assert p.vectors_per_thread * p.threads_per_row >= nvec
+            assert p.vectors_per_thread * p.vector <= floats
+        else:
+            assert p.threads_per_row == S.MAX_THREADS_PER_ROW
+            assert -(-nvec // p.threads_per_row) * p.vector > floats
+
+
+def test_the_main_widths_hold_rows_in_registers():
+    for hidden in (4096, 8192):
+        assert S.AddNormForwardSpec("rms_norm", "bf16", hidden, True, False).plan.cached
+        assert S.AddNormBackwardSpec("layer_norm", "bf16", hidden, True).plan.cached
+    assert not S.AddNormBackwardSpec("rms_norm", "bf16", 20000, False).plan.cached
+    assert S.AddNormBackwardSpec("layer_norm", "bf16", 16384, False).sums_in_registers
+    assert not S.AddNormBackwardSpec("layer_norm", "bf16", 20000, False).sums_in_registers
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: S.AddNormForwardSpec("rms_norm", "fp32", 64, False, False), "dtype"),
+    (lambda: S.AddNormForwardSpec("batch_norm", "bf16", 64, False, False), "kind"),
+    (lambda: S.AddNormForwardSpec("rms_norm", "bf16", 64, False, True), "bias"),
+    (lambda: S.AddNormBackwardSpec("rms_norm", "bf16", 0, False), "hidden"),
+    (lambda: S.ColumnReduceSpec("bf16", 3), "sets"),
+    (lambda: S.ElementwiseSpec("relu", "bf16"), "op"),
+])
+def test_specs_refuse_bad_fields(make, message):
+    with pytest.raises(LoweringError, match=message):
+        make()
+
+
+def test_sources_include_no_header_and_name_their_kernel():
+    for spec in S.every_variant(4096):
+        src = S.render(spec)
+        assert "#include" not in src
+        assert "void __launch_bounds__(" in src and f" {spec.kernel_name}(" in src
+
+
+def test_kernel_names_differ_between_variants():
+    names = [s.kernel_name for s in S.every_variant(4096)]
+    assert len(names) == len(set(names))
+
+
+# --------------------------------------------------------------------------- NVRTC
+
+def _assert_compiles_clean(spec, arch):
+    pytest.importorskip("cupy")  # NVRTC through CuPy; the rest of this file needs neither
+    from runtime import jit
+
+    ck = jit.compile(S.render(spec), [spec.kernel_name], arch)
+    sym = ck.lowered[spec.kernel_name]
+    assert ck.registers[sym] > 0, ck.log
+    assert ck.spill_bytes.get(sym, 0) == 0, (spec, ck.log)
+    assert ck.local_bytes.get(sym, 0) == 0, (spec, ck.log)
+    return ck
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+@pytest.mark.parametrize("dtype", S.DTYPES)
+@pytest.mark.parametrize("hidden", MAIN_HIDDEN)
+def test_main_widths_compile_without_spills(arch, dtype, hidden):
+    for spec in S.every_variant(hidden, dtype):
+        if isinstance(spec, (S.AddNormForwardSpec, S.AddNormBackwardSpec)):
+            _assert_compiles_clean(spec, arch)
+
+
+@pytest.mark.parametrize("dtype, hidden", [("bf16", h) for h in ODD_HIDDEN] + [("fp16", 7)])
+def test_odd_widths_compile(dtype, hidden):
+    for spec in S.every_variant(hidden, dtype):
+        if isinstance(spec, (S.AddNormForwardSpec, S.AddNormBackwardSpec)):
+            _assert_compiles_clean(spec, "sm_90")
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+@pytest.mark.parametrize("dtype", S.DTYPES)
+def test_elementwise_and_reduce_kernels_compile(arch, dtype):
+    for alignment in ((16, 8, 4, 2) if (arch, dtype) == ("sm_90", "bf16") else (16,)):
+        for op in S.ELEMENTWISE_OPS:
+            spec = S.ElementwiseSpec(op, dtype, alignment)
+            assert spec.vector == {16: 8, 8: 4, 4: 2, 2: 1}[alignment]
+            _assert_compiles_clean(spec, arch)
+    for sets in (1, 2):
+        _assert_compiles_clean(S.ColumnReduceSpec(dtype, sets), arch)
+
+
+def test_misaligned_rows_compile_with_narrow_vectors():
+    for alignment in (8, 4, 2):
+        spec = S.AddNormBackwardSpec("layer_norm", "fp16", 4096, True, alignment)
+        assert spec.plan.vector == alignment // 2
+        _assert_compiles_clean(spec, "sm_90")
+
+
+# --------------------------------------------------------------------------- the torch path
+
+
+def _torch_norm(h, w, b, eps, kind):
+    if kind == "rms_norm":
+        return F.rms_norm(h, (h.shape[-1],), w, eps)
+    return F.layer_norm(h, (h.shape[-1],), w, b, eps)
+
+
+def _inputs(shape, dtype, seed, residual=True):
+    g = torch.Generator().manual_seed(seed)
+    width = shape[-1]
+    x = torch.randn(shape, generator=g, dtype=torch.float64)
+    x[..., ::3, :] += 20.0  # a large mean in some rows: the centered variance matters
+    r = torch.randn(shape, generator=g, dtype=torch.float64) if residual else None
+    w = torch.rand(width, generator=g, dtype=torch.float64) + 0.5
+    b = torch.randn(width, generator=g, dtype=torch.float64)
+    dy = torch.randn(shape, generator=g, dtype=torch.float64)
+    dh = torch.randn(shape, generator=g, dtype=torch.float64)
+    cast = lambda t: None if t is None else t.to(dtype)  # noqa: E731
+    return [cast(t) for t in (x, r, w, b, dy, dh)]
+
+
+TOL = {torch.float32: 2e-5, torch.float64: 1e-10}
+
+
+def _close(got, want, dtype):
+    err = (got.double() - want).abs().max().item()
+    scale = want.abs().max().item() + 1e-30
+    assert err <= TOL[dtype] * scale, (err, scale)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", fused.NORM_KINDS)
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("with_dh", [False, True])
+def test_add_norm_reference_matches_float64_autograd(dtype, kind, residual, with_dh):
+    eps = 1e-5
+    x, r, w, b, dy, dh = _inputs((2, 9, 48), dtype, seed=3, residual=residual)
+    bias = b if kind == "layer_norm" else None
+    y, h, mean, rstd = fused.add_norm_forward(x, r, w, bias, eps, kind)
+    assert y.dtype == dtype and h.dtype == dtype and rstd.dtype == torch.float32
+    assert rstd.shape == x.shape[:-1] and (mean is None) == (kind == "rms_norm")
+
+    # float64 autograd through torch's own norm
+    leaves = [t.double().requires_grad_() for t in (x, w)]
+    x64, w64 = leaves
+    r64 = None if r is None else r.double().requires_grad_()
+    b64 = None if bias is None else bias.double().requires_grad_()
+    h64 = x64 if r64 is None else x64 + r64
+    y64 = _torch_norm(h64, w64, b64, eps, kind)
+    loss = (y64 * dy.double()).sum() + ((h64 * dh.double()).sum() if with_dh else 0)
+    loss.backward()
+    _close(y, y64.detach(), dtype)
+    _close(h, h64.detach(), dtype)
+    h_mean = h64.detach().mean(-1)
+    centered = h64.detach() - (h_mean.unsqueeze(-1) if kind == "layer_norm" else 0)
+    want_rstd = torch.rsqrt(centered.pow(2).mean(-1) + eps)
+    assert (rstd.double() - want_rstd).abs().max() <= 1e-5 * want_rstd.abs().max()
+    if mean is not None:
+        assert (mean.double() - h_mean).abs().max() <= 1e-5 * h_mean.abs().max()
+
+    dx, dw, db = fused.add_norm_backward(dy, h, w, mean, rstd, kind, dh if with_dh else None)
+    # rstd / mean are saved in float32: the float64 path carries their rounding too (a mean
+    # near 20 is off by up to 20 * 2^-24 ~ 1.2e-6, and so is every centered value)
+    tol = 2e-5 if dtype == torch.float32 else 2e-6
+    for got, want in ((dx, x64.grad), (dw, w64.grad)):
+        err = (got.double() - want).abs().max().item()
+        assert err <= tol * want.abs().max().item(), (err, want.abs().max())
+    if r64 is not None:
+        assert torch.equal(r64.grad, x64.grad)  # the same gradient reaches both summands
+    if kind == "layer_norm":
+        err = (db.double() - b64.grad).abs().max().item()
+        assert err <= tol * b64.grad.abs().max().item()
+    else:
+        assert db is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_swiglu_and_gelu_reference_match_float64_autograd(dtype):
+    g = torch.Generator().manual_seed(5)
+    gate, up, x, d = (torch.randn(3, 67, generator=g, dtype=torch.float64) * 4 for _ in range(4))
+    gate64, up64, x64 = (t.clone().requires_grad_() for t in (gate, up, x))
+    a64 = F.silu(gate64) * up64
+    (a64 * d).sum().backward()
+    a = fused.swiglu_forward(gate.to(dtype), up.to(dtype))
+    dgate, dup = fused.swiglu_backward(d.to(dtype), gate.to(dtype), up.to(dtype))
+    _close(a, a64.detach(), dtype)
+    _close(dgate, gate64.grad, dtype)
+    _close(dup, up64.grad, dtype)
+
+    y64 = F.gelu(x64, approximate="tanh")
+    (y64 * d).sum().backward()
+    _close(fused.gelu_forward(x.to(dtype)), y64.detach(), dtype)
+    _close(fused.gelu_backward(d.to(dtype), x.to(dtype)), x64.grad, dtype)
+
+
+def test_cpu_calls_take_the_torch_path():
+    x, r, w, b, dy, dh = _inputs((4, 16), torch.bfloat16, seed=1)
+    assert not fused.kernel_path("add_norm_forward", x, r, w, b, 1e-5, "layer_norm")
+    assert not fused.kernel_path("swiglu_forward", x, r)
+    y, h, mean, rstd = fused.add_norm_forward(x, r, w, b, 1e-5, "layer_norm")
+    ry, rh, rmean, rrstd = fused.add_norm_forward_reference(x, r, w, b, 1e-5, "layer_norm")
+    assert torch.equal(y, ry) and torch.equal(h, rh) and torch.equal(rstd, rrstd)
+    assert y.dtype == torch.bfloat16
+
+
+def test_unknown_norm_kind_is_refused():
+    x = torch.randn(2, 8)
+    with pytest.raises(ValueError, match="norm kind"):
+        fused.add_norm_forward(x, None, torch.ones(8), None, 1e-5, "group_norm")
+    with pytest.raises(ValueError, match="op"):
+        fused.kernel_path("softmax", x)
+
+
+# --------------------------------------------------------------------------- on the host
+#
+# The kernels' logic (indexing, the row loops, the shuffle / shared-memory sums, the
+# workspace and its column reduce, the scalar tail) run on the CPU: the rendered source is
+# compiled as C++ by the host compiler against a few definitions of CUDA's built-ins (a
+# block's threads are std::threads meeting at std::barriers, a warp's shuffle an exchange
+# through memory; blocks run one after another, so a `static` stands for `__shared__`).
+# What only the GPU can say (timing, the PTX conversions, alignment faults) is
+# tests/gpu/test_fused_gpu.py's.
+
+import ctypes  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from lowering.kernels.render import SNIPPETS  # noqa: E402
+
+HOST_PRELUDE = r"""
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+#include <vector>
+struct dim3h { unsigned x, y, z; };
+struct uint4 { unsigned x, y, z, w; };
+struct uint2 { unsigned x, y; };
+thread_local dim3h threadIdx, blockIdx;
+static dim3h blockDim, gridDim;
+thread_local int t_lane, t_warp;
+static std::barrier<>* g_block;
+struct WarpExchange { std::barrier<> bar{32}; float buf[32]; };
+static WarpExchange* g_warps;
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __shared__ static
+#define __launch_bounds__(...)
+static void __syncthreads() { g_block->arrive_and_wait(); }
+static float __shfl_xor_sync(unsigned, float v, int o) {
+  WarpExchange& w = g_warps[t_warp];
+  w.buf[t_lane] = v; w.bar.arrive_and_wait();
+  float r = w.buf[t_lane ^ o]; w.bar.arrive_and_wait();
+  return r;
+}
+static float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+#define __expf(x) std::exp(x)  // glibc declares its own __expf
+static float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+static float bf16_to_f32(unsigned short x) { return __uint_as_float(((unsigned)x) << 16); }
+static float f16_to_f32(unsigned short x) { _Float16 h; std::memcpy(&h, &x, 2); return (float)h; }
+static float f32_to_f32(float x) { return x; }
+static unsigned short f32_to_bf16(float x) {
+  unsigned u; std::memcpy(&u, &x, 4);
+  if (std::isnan(x)) return 0x7fc0;
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return (unsigned short)(u >> 16);
+}
+static unsigned short f32_to_f16(float x) { _Float16 h = (_Float16)x; unsigned short r; std::memcpy(&r, &h, 2); return r; }
+static unsigned pack_bf16x2(float lo, float hi) { return f32_to_bf16(lo) | ((unsigned)f32_to_bf16(hi) << 16); }
+static unsigned pack_f16x2(float lo, float hi) { return f32_to_f16(lo) | ((unsigned)f32_to_f16(hi) << 16); }
+"""
+
+HOST_LAUNCH = r"""
+// One std::thread per thread of a block, for the whole grid: the threads run the blocks
+// one after another and meet at the block barrier in between.
+extern "C" void host_launch(int grid_x, int block_x, int block_y, @PARAMS@) {
+  blockDim = {(unsigned)block_x, (unsigned)block_y, 1};
+  gridDim = {(unsigned)grid_x, 1, 1};
+  const int block_threads = block_x * block_y;
+  std::barrier<> block_barrier(block_threads);
+  g_block = &block_barrier;
+  std::unique_ptr<WarpExchange[]> warps(new WarpExchange[(block_threads + 31) / 32]);
+  g_warps = warps.get();
+  std::vector<std::thread> threads;
+  for (int t = 0; t < block_threads; ++t)
+    threads.emplace_back([=] {
+      threadIdx = {(unsigned)(t % block_x), (unsigned)(t / block_x), 0};
+      t_lane = t % 32; t_warp = t / 32;
+      for (int b = 0; b < grid_x; ++b) {
+        blockIdx = {(unsigned)b, 0, 0};
+        @KERNEL@(@ARGS@);
+        g_block->arrive_and_wait();
+      }
+    });
+  for (auto& th : threads) th.join();
+}
+"""
+
+_HOST_BUILDS: dict = {}
+
+
+def _host_kernel(spec):
+    """``spec``'s kernel built for the host: a ctypes function host_launch(grid, bx, by,
+    *the kernel's arguments)."""
+    if spec in _HOST_BUILDS:
+        return _HOST_BUILDS[spec]
+    compiler = shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no host C++ compiler")
+    src = S.render(spec).replace(SNIPPETS["convert"].strip(), "")
+    src = src.replace('extern "C" ', "")
+    params = spec.params()
+    launch = (HOST_LAUNCH.replace("@PARAMS@", ", ".join(f"{t} {n}" for t, n in params))
+              .replace("@KERNEL@", spec.kernel_name)
+              .replace("@ARGS@", ", ".join(n for _, n in params)))
+    work = Path(tempfile.mkdtemp(prefix="seams_host_"))
+    (work / "k.cpp").write_text(HOST_PRELUDE + src + launch)
+    subprocess.run([compiler, "-std=c++20", "-O0", "-w", "-shared", "-fPIC", "-pthread",
+                    str(work / "k.cpp"), "-o", str(work / "k.so")], check=True)
+    fn = ctypes.CDLL(str(work / "k.so")).host_launch
+    kinds = {"float": ctypes.c_float, "int": ctypes.c_int, "long long": ctypes.c_longlong}
+    fn.argtypes = [ctypes.c_int] * 3 + [kinds.get(t, ctypes.c_void_p) for t, _ in params]
+    fn.restype = None
+    _HOST_BUILDS[spec] = fn
+    return fn
+
+
+def _p(t):
+    return None if t is None else t.data_ptr()
+
+
+HOST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _host_close(name, got, want, dtype):
+    want = want.double()
+    err = (got.double() - want).abs()
+    rtol = {torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10}[dtype]
+    bound = rtol * want.abs() + 2e-3 * want.abs().max()
+    assert (err <= bound).all(), (name, (err - bound).max().item())
+
+
+@pytest.mark.parametrize("dtype, hidden, rows, grid, kind, residual", [
+    ("bf16", 4096, 5, 2, "layer_norm", True),    # register-held, a block of 128 a row
+    ("fp16", 7, 11, 2, "rms_norm", True),        # single values, 4 rows a block
+    ("bf16", 100, 9, 1, "layer_norm", False),    # 8-byte vectors, no residual
+    ("bf16", 20000, 3, 2, "rms_norm", True),     # streamed (the row read again)
+    ("fp16", 20000, 2, 1, "layer_norm", True),
+])
+def test_forward_runs_on_the_host(dtype, hidden, rows, grid, kind, residual):
+    tdt = HOST_DTYPES[dtype]
+    g = torch.Generator().manual_seed(hidden + rows)
+    x = (torch.randn(rows, hidden, generator=g) * 2 + 30 * (torch.arange(rows) % 2)[:, None]).to(tdt)
+    r = torch.randn(rows, hidden, generator=g).to(tdt) if residual else None
+    w = (torch.rand(hidden, generator=g) + 0.5).to(tdt)
+    b = torch.randn(hidden, generator=g).to(tdt) if kind == "layer_norm" else None
+    spec = S.AddNormForwardSpec(kind, dtype, hidden, residual, b is not None)
+    h = torch.empty_like(x) if residual else None
+    y = torch.full_like(x, float("nan"))
+    mean = torch.full((rows,), float("nan"))
+    rstd = torch.full((rows,), float("nan"))
+    plan = spec.plan
+    _host_kernel(spec)(grid, *plan.block[:2], _p(x), _p(r), _p(w), _p(b), _p(h), _p(y),
+                       _p(mean), _p(rstd), 1e-5, rows)
+    # the norm of the residual stream as stored (x + r rounded to the dtype)
+    stream = x if r is None else x + r
+    ry, _, rmean, rrstd = fused.add_norm_forward_reference(
+        stream.double(), None, w.double(), None if b is None else b.double(), 1e-5, kind)
+    if residual:
+        assert torch.equal(h, x + r)
+    _host_close("y", y, ry, tdt)
+    assert torch.allclose(rstd.double(), rrstd.double(), rtol=1e-5)
+    if kind == "layer_norm":
+        assert torch.allclose(mean.double(), rmean.double(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype, hidden, rows, grid, kind, with_dh", [
+    ("bf16", 4096, 5, 2, "layer_norm", True),
+    ("fp16", 768, 9, 3, "rms_norm", False),      # 64 threads a row, 2 rows a block
+    ("bf16", 7, 10, 2, "layer_norm", False),
+    ("bf16", 16384, 3, 2, "layer_norm", True),   # streamed, sums in registers
+    ("bf16", 20000, 3, 2, "layer_norm", True),   # streamed: sums in the workspace
+    ("fp16", 20000, 3, 1, "rms_norm", True),
+])
+def test_backward_and_column_reduce_run_on_the_host(dtype, hidden, rows, grid, kind, with_dh):
+    tdt = HOST_DTYPES[dtype]
+    g = torch.Generator().manual_seed(hidden * 3 + rows)
+    h = (torch.randn(rows, hidden, generator=g) + 10 * (torch.arange(rows) % 3)[:, None]).to(tdt)
+    w = (torch.rand(hidden, generator=g) + 0.5).to(tdt)
+    dy = torch.randn(rows, hidden, generator=g).to(tdt)
+    dh = torch.randn(rows, hidden, generator=g).to(tdt) if with_dh else None
+    _, _, mean, rstd = fused.add_norm_forward_reference(h, None, w, None, 1e-5, kind)
+    spec = S.AddNormBackwardSpec(kind, dtype, hidden, with_dh)
+    plan = spec.plan
+    parts = grid * plan.rows_per_block
+    ws = torch.full((spec.sets * parts * hidden,), float("nan"))
+    dx = torch.full_like(h, float("nan"))
+    _host_kernel(spec)(grid, *plan.block[:2], _p(dy), _p(h), _p(w), _p(mean), _p(rstd), _p(dh),
+                       _p(dx), _p(ws), rows)
+    assert not ws.isnan().any()  # every slot wrote its whole row, rows met or not
+    dw = torch.full_like(w, float("nan"))
+    db = torch.full_like(w, float("nan")) if kind == "layer_norm" else None
+    red = S.ColumnReduceSpec(dtype, spec.sets)
+    _host_kernel(red)(-(-hidden // S.REDUCE_BLOCK[0]), *S.REDUCE_BLOCK[:2], _p(ws), _p(dw),
+                      _p(db), parts, hidden)
+    want = fused.add_norm_backward_reference(dy.double(), h.double(), w.double(),
+                                             None if mean is None else mean.double(),
+                                             rstd.double(), kind,
+                                             None if dh is None else dh.double())
+    _host_close("dx", dx, want[0], tdt)
+    _host_close("dweight", dw, want[1], tdt)
+    if kind == "layer_norm":
+        _host_close("dbias", db, want[2], tdt)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("op", sorted(S.ELEMENTWISE_OPS))
+@pytest.mark.parametrize("n, alignment", [(1003, 16), (37, 2)])
+def test_elementwise_runs_on_the_host(dtype, op, n, alignment):
+    tdt = HOST_DTYPES[dtype]
+    g = torch.Generator().manual_seed(n)
+    nin, nout = S.ELEMENTWISE_OPS[op]
+    ins = [(torch.randn(n, generator=g) * 3).to(tdt) for _ in range(nin)]
+    outs = [torch.full((n,), float("nan"), dtype=tdt) for _ in range(nout)]
+    spec = S.ElementwiseSpec(op, dtype, alignment)
+    _host_kernel(spec)(3, S.ELEMENTWISE_THREADS, 1, *(_p(t) for t in ins + outs), n)
+    ref = getattr(fused, op + "_reference")(*(t.double() for t in ins))
+    ref = ref if isinstance(ref, tuple) else (ref,)
+    for k, (got, want) in enumerate(zip(outs, ref)):
+        _host_close(f"{op}[{k}]", got, want, tdt)
+
+
+def _host_dispatch(monkeypatch, grid=3):
+    """runtime.fused's launches sent to the host builds (CPU tensors, a grid of ``grid``):
+    the arguments it packs must be the kernel's parameters, in order."""
+    def launch(spec, device, grid_, block, args):
+        values = [a.item() if a.dtype.kind in "iuf" else a for a in args]
+        values = [None if (isinstance(v, int) and v == 0 and t.endswith("*")) else v
+                  for v, (t, _) in zip(values, spec.params())]
+        _host_kernel(spec)(grid_[0], block[0], block[1], *values)
+
+    monkeypatch.setattr(fused, "_launch", launch)
+    monkeypatch.setattr(fused, "_row_grid", lambda spec, rows, device, threads: grid)
+
+
+@pytest.mark.parametrize("kind", fused.NORM_KINDS)
+def test_dispatch_packs_the_kernels_arguments(monkeypatch, kind):
+    _host_dispatch(monkeypatch)
+    rows, hidden, dt = 6, 256, torch.bfloat16
+    g = torch.Generator().manual_seed(2)
+    x, r, dy, dh = (torch.randn(2, rows // 2, hidden, generator=g).to(dt) for _ in range(4))
+    w = (torch.rand(hidden, generator=g) + 0.5).to(dt)
+    b = torch.randn(hidden, generator=g).to(dt) if kind == "layer_norm" else None
+    y, h, mean, rstd = fused.add_norm_forward_fused(x, r, w, b, 1e-5, kind)
+    assert torch.equal(h, x + r) and rstd.shape == (2, rows // 2)
+    ry, _, rmean, rrstd = fused.add_norm_forward_reference(h.double(), None, w.double(),
+                                                           None if b is None else b.double(),
+                                                           1e-5, kind)
+    _host_close("y", y, ry, dt)
+    assert torch.allclose(rstd.double(), rrstd.double(), rtol=1e-5)
+    dx, dw, db = fused.add_norm_backward_fused(dy, h, w, mean, rstd, kind, dh)
+    want = fused.add_norm_backward_reference(dy.double(), h.double(), w.double(),
+                                             None if mean is None else mean.double(),
+                                             rstd.double(), kind, dh.double())
+    _host_close("dx", dx, want[0], dt)
+    _host_close("dweight", dw, want[1], dt)
+    assert (db is None) == (kind == "rms_norm")
+    if db is not None:
+        _host_close("dbias", db, want[2], dt)
+
+
+def test_dispatch_packs_the_elementwise_arguments(monkeypatch):
+    _host_dispatch(monkeypatch)
+    monkeypatch.setattr(fused, "_sm_count", lambda device: 2)
+    monkeypatch.setattr(fused, "kernel_path", lambda op, *args: True)
+    g = torch.Generator().manual_seed(4)
+    gate, up, d = (torch.randn(5, 41, generator=g).to(torch.float16) for _ in range(3))
+    _host_close("swiglu", fused.swiglu_forward(gate, up),
+                fused.swiglu_forward_reference(gate.double(), up.double()), torch.float16)
+    for got, want in zip(fused.swiglu_backward(d, gate, up),
+                         fused.swiglu_backward_reference(d.double(), gate.double(), up.double())):
+        _host_close("dswiglu", got, want, torch.float16)
+    _host_close("gelu", fused.gelu_forward(gate), fused.gelu_forward_reference(gate.double()),
+                torch.float16)
+    _host_close("dgelu", fused.gelu_backward(d, gate),
+                fused.gelu_backward_reference(d.double(), gate.double()), torch.float16)
