@@ -339,7 +339,8 @@ class KernelCache:
             self._memory[key] = ck
         return ck
 
-    def _read(self, key: str, names: Sequence[str], arch: str) -> CompiledKernel | None:
+    def _read(self, key: str, names: Sequence[str] | None = None,
+              arch: str | None = None) -> CompiledKernel | None:
         p = self.path(key)
         try:
             blob = store.read_regular(p, store.MAX_ENTRY_BYTES)
