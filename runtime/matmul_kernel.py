@@ -21,7 +21,7 @@ import torch
 from hostir.options import options
 from lowering.kernels.matmul import (MODE_CODE, KernelSource, MatmulSpec, launch_config,
                                      reduce_launch, render, tiles)
-from runtime import jit, workspace
+from runtime import jit, tma, workspace
 
 TORCH_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 DTYPE_TORCH = {v: k for k, v in TORCH_DTYPES.items()}
@@ -184,7 +184,6 @@ def launch(spec: MatmulSpec, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     args = (u64(a.data_ptr()), u64(b.data_ptr()), u64(out.data_ptr()), bias_ptr, u64(ws),
             u64(sems)) + p.consts
     if spec.tma:
-        from runtime import tma
         args += (u64(tma.tensor_maps(spec, a, b, M, N, K, dev)),)
     with jit.on_device(dev):
         p.main.launch_raw(p.grid, p.block, args, p.smem_bytes, handle)
