@@ -1,17 +1,22 @@
-"""Opt-in autotuning of generated matmuls: time every candidate, keep the fastest.
+"""The matmul autotuner: time every candidate spec, keep the fastest, store it.
 
 Candidates are `lowering.kernels.heuristics.candidates` (tiles x split factors x modes).
 Each is checked once against torch (a wrong kernel never wins), then timed with CUDA events:
 median of `reps` after `warmup` launches. That first round is quick and noisy (the chip's
 clock drifts with its power draw, and a kernel timed right after an idle spell runs
-fast), so the `finalists` fastest are timed again side by side: their samples take turns,
-on input copies rotated so that together they overflow L2 the way a real call's operands
-do, and the winner is the fastest median of that round. Winners persist in
-`<cache_dir>/autotune.json`, keyed by device name, shape, dtypes, layout and bias, written
-atomically (temp file + os.replace) so that ranks tuning at once never leave half a file.
+fast), so the `finalists` fastest are timed again side by side (`runtime.timing`): their
+samples take turns, on input copies rotated so that together they overflow L2 the way a
+real call's operands do, and the winner is the fastest median of that round.
 
-HOSTIR_ENABLE=autotune tunes unknown problems on first use; HOSTIR_DUMP=autotune prints
-the table of timings.
+Winners persist in the tuners' table `<cache_dir>/autotune.json` (`TUNED`, a
+`runtime.store.JsonTable`: private directory, merged under a lock, every entry checked),
+keyed by device name, shape, dtypes, layout and bias; the normalization tuner
+(`runtime.normalization`) stores its plans there too. A stored winner is used only if
+every field checks and it fits the problem and arch it is keyed under; else the call
+falls back to the heuristics (or tunes again).
+
+HOSTIR_ENABLE=autotune tunes unknown problems on first use (`runtime.matmul`);
+HOSTIR_DUMP=autotune prints the table of timings.
 
 Example:
     >>> spec = tune(Problem(1024, 2048, 50304, "bf16", "bf16", "TN", False))  # doctest: +SKIP
@@ -20,204 +25,138 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import json
-import statistics
 import sys
-from pathlib import Path
 
 import torch
 
-from hostir.options import dump, options
+from hostir.options import dump
 from lowering.kernels import heuristics
-from lowering.kernels.matmul import MatmulSpec
-from runtime import jit
+from lowering.kernels.matmul import (CLUSTER_SPLITS, IN_DTYPES, INSTRS, LAYOUTS, OUT_DTYPES,
+                                     SPLIT_MODES, MatmulSpec, supports_wgmma)
+from lowering.kernels.normalization import L2_HINTS, PARAM_CACHES, PLAN_FIELDS
+from runtime import store
+from runtime.matmul_kernel import DTYPE_TORCH, Problem, matmul_with, tuning_arch
+# The timing harness moved to runtime.timing; its names stay importable from here.
+from runtime.timing import (GRAPH_LAUNCHES, balanced_orders, balanced_rounds,  # noqa: F401
+                            graph_of, graph_side_by_side, input_copies, side_by_side,
+                            time_replay, time_us)
 
 FILE_NAME = "autotune.json"
 
+# What a stored matmul winner may hold: the tiles the generator has configs for, the
+# split factors the tuner sweeps (cluster splits too); MatmulSpec's own checks bound
+# the rest (stages 2-6, warps, shared memory, feed combinations).
+KNOWN_TILES = frozenset(c[:5] for c in heuristics.TILE_CONFIGS + heuristics.WGMMA_CONFIGS)
+KNOWN_SPLITS = frozenset(heuristics.SPLITS) | frozenset(CLUSTER_SPLITS)
+_SPEC_CHOICES = {"a_dtype": IN_DTYPES, "b_dtype": IN_DTYPES, "out_dtype": OUT_DTYPES,
+                 "acc_dtype": ("fp32",), "layout": LAYOUTS, "split_mode": SPLIT_MODES,
+                 "instr": INSTRS}
+MAX_MICROSECONDS = 1e12
+# A normalization plan's integer fields (threads, rows, bytes, vector width, ...): the
+# NormalizationSpec checks them exactly; this bound only keeps absurd values out.
+MAX_PLAN_INT = 1 << 20
 
-def _path() -> Path:
-    return options().cache_dir / FILE_NAME
+
+def _device_name(device=None) -> str:
+    return torch.cuda.get_device_name(device)
 
 
 def _key(p, device=None) -> str:
-    name = torch.cuda.get_device_name(device)
-    return (f"{name}|{p.M}x{p.N}x{p.K}|{p.a_dtype}->{p.out_dtype}|{p.layout}|"
+    return (f"{_device_name(device)}|{p.M}x{p.N}x{p.K}|{p.a_dtype}->{p.out_dtype}|{p.layout}|"
             f"bias={int(p.bias)}")
 
 
-def _read() -> dict:
-    try:
-        return json.loads(_path().read_text())
-    except (FileNotFoundError, ValueError):
-        return {}
+def check_spec_fields(raw) -> MatmulSpec:
+    """A MatmulSpec from a stored dict: exactly its fields, each of its type and range,
+    a known tile and split factor, then the spec's own checks."""
+    fields = {f.name: f for f in dataclasses.fields(MatmulSpec)}
+    store.need_dict(raw, "spec")
+    store.need(set(raw) == set(fields), f"spec fields {sorted(raw)[:40]} are not MatmulSpec's")
+    for name, value in raw.items():
+        default = fields[name].default
+        if name in _SPEC_CHOICES:
+            store.need_str(value, f"spec.{name}", _SPEC_CHOICES[name])
+        elif isinstance(default, bool):
+            store.need_bool(value, f"spec.{name}")
+        else:
+            store.need_int(value, f"spec.{name}", 1, 1024)
+    tile = (raw["tile_m"], raw["tile_n"], raw["tile_k"], raw["warps_m"], raw["warps_n"])
+    store.need(tile in KNOWN_TILES, f"tile {tile} is not one the generator has a config for")
+    store.need(raw["split_k"] in KNOWN_SPLITS, f"split_k {raw['split_k']} is not one of "
+                                               f"{sorted(KNOWN_SPLITS)}")
+    return MatmulSpec(**raw)
+
+
+def check_winner(raw: dict, p: Problem, arch: str | None) -> MatmulSpec:
+    """The stored matmul winner ``raw`` if it fits problem ``p`` on ``arch``: the
+    problem's dtypes, layout and bias, a shape the kernel takes, an instruction the arch
+    runs, and the arch it was tuned for."""
+    spec = check_spec_fields(raw.get("spec"))
+    store.need_number(raw.get("us"), "us", 0, MAX_MICROSECONDS)
+    got = (spec.a_dtype, spec.out_dtype, spec.layout, spec.bias)
+    want = (p.a_dtype, p.out_dtype, p.layout, p.bias)
+    store.need(got == want, f"winner for {got}, not the problem's {want}")
+    spec.check_shape(p.M, p.N, p.K)
+    store.need(spec.instr != "wgmma" or supports_wgmma(arch),
+               f"a wgmma winner on arch {arch} (HOSTIR_DISABLE=wgmma, or not sm_90)")
+    store.need(raw.get("arch") == arch, f"tuned for arch {raw.get('arch')!r}, not {arch!r}")
+    return spec
+
+
+def check_plan_entry(raw: dict) -> dict:
+    """A stored normalization plan: known plan fields only, each None or of its type
+    (names of known parameter caches and L2 hints; integers bounded); NormalizationSpec
+    checks the combination when the plan is applied."""
+    plan = store.need_dict(raw.get("plan"), "plan")
+    store.need(set(plan) <= set(PLAN_FIELDS),
+               f"unknown plan fields {sorted(set(plan) - set(PLAN_FIELDS))[:10]}")
+    for name, value in plan.items():
+        if value is None:
+            continue
+        if name == "param_cache":
+            store.need_str(value, "plan.param_cache", PARAM_CACHES)
+        elif name == "l2_hint":
+            store.need_str(value, "plan.l2_hint", L2_HINTS)
+        elif type(value) is bool:
+            pass
+        else:
+            store.need_int(value, f"plan.{name}", 0, MAX_PLAN_INT)
+    return raw
+
+
+def _check_entry(key: str, raw: dict) -> dict:
+    """The default check of the tuners' table: a normalization plan's shape; a matmul
+    winner's fields (the fit to a problem is `check_winner`'s, in `stored_winner`)."""
+    if key.startswith("normalization|"):
+        return check_plan_entry(raw)
+    check_spec_fields(raw.get("spec"))
+    return raw
+
+
+TUNED = store.JsonTable("autotune store", FILE_NAME, _check_entry)
 
 
 def stored_entry(key: str) -> dict | None:
-    """The entry stored under ``key`` (any tuner's), if any."""
-    return _read().get(key)
+    """The checked entry stored under ``key`` (any tuner's), if any."""
+    return TUNED.get(key)
 
 
 def store_entry(key: str, entry: dict) -> None:
-    """Store ``entry`` under ``key``. Re-reads the file just before writing, so that
-    winners stored by other processes survive; the last writer of the same key wins,
-    which is fine (both timed a valid winner)."""
-    table = _read()
-    table[key] = entry
-    jit.write_atomically(_path(), json.dumps(table, indent=1, sort_keys=True).encode())
+    """Store ``entry`` under ``key``, merged with the entries other processes stored
+    meanwhile (`runtime.store.JsonTable.put`)."""
+    TUNED.put(key, entry)
 
 
-def stored_winner(p, device=None) -> MatmulSpec | None:
-    """The persisted winner for problem `p` on this device, if any."""
-    entry = stored_entry(_key(p, device))
-    if entry is None:
-        return None
-    try:
-        return MatmulSpec(**entry["spec"])
-    except (TypeError, ValueError, KeyError):
-        return None  # written by another version of the spec: tune again
+def stored_winner(p: Problem, device=None) -> MatmulSpec | None:
+    """The persisted winner for problem `p` on this device, if one is stored and fits
+    (`check_winner`); None sends the caller to the heuristics."""
+    arch = tuning_arch(device)
+    return TUNED.get(_key(p, device), lambda raw: check_winner(raw, p, arch))
 
 
 def _store(p, spec: MatmulSpec, us: float, device=None) -> None:
-    store_entry(_key(p, device), {"spec": dataclasses.asdict(spec), "us": us})
-
-
-def time_us(fn, warmup: int = 3, reps: int = 10, per_group: int = 8) -> float:
-    """Median microseconds of `fn()` on the current stream, by CUDA events.
-
-    Each sample times `per_group` back-to-back calls: with one call between two events
-    the GPU idles while the host enqueues it, and a kernel of tens of microseconds would
-    be timed as host overhead (two launches would lose to one for the wrong reason).
-    """
-    return side_by_side({0: lambda i: fn()}, reps=reps, per_group=per_group, warmup=warmup)[0]
-
-
-def side_by_side(fns: dict, reps: int = 15, per_group: int = 8, warmup: int = 2) -> dict:
-    """Median microseconds per call of each of `fns` (callables taking the call's index in
-    its group), timed side by side: one sample of each in turn, `reps` rounds, so that
-    clock and power drift over the run weigh on each alike. The rounds follow a
-    carryover-balanced order (`balanced_rounds`; `reps` rounds up to whole cycles of it),
-    so that each candidate comes right after every other equally often: a kernel run
-    right after a power-hungry one inherits its lowered clock (in one fixed order the
-    same kernel, timed twice, came out 3.7% apart at 8192^3 and 7% at 16384x8192x4096;
-    feed_probe_nvidia-h200_134d458.json)."""
-    for fn in fns.values():
-        for i in range(warmup):
-            fn(i)
-    times = {k: [] for k in fns}
-    for labels in balanced_rounds(list(fns), reps):
-        for label in labels:
-            fn = fns[label]
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for i in range(per_group):
-                fn(i)
-            end.record()
-            end.synchronize()
-            times[label].append(start.elapsed_time(end) * 1e3 / per_group)
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
-# Launches a timing graph holds (`graph_of`): enough that one replay of the shortest
-# normalization kernel (~8 us) spans hundreds of microseconds, so the events' own cost
-# and the host's replay call vanish from the per-call time.
-GRAPH_LAUNCHES = 48
-
-
-def graph_of(calls, launches: int = GRAPH_LAUNCHES):
-    """(replay, calls a replay): a CUDA graph cycling through ``calls`` (one callable
-    per input set, so that consecutive calls read different memory), about ``launches``
-    calls long, warmed outside the graph first (compiles, allocator pools); back-to-back
-    launches if capture is refused. For kernels of a few microseconds, which a host
-    timing loop of plain launches cannot keep fed."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for call in calls:
-            call()
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    rounds = max(1, launches // len(calls))
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            for _ in range(rounds):
-                for call in calls:
-                    call()
-        replay = graph.replay
-    except RuntimeError as e:
-        print(f"graph capture failed ({e}); timing back-to-back launches", file=sys.stderr)
-        torch.cuda.synchronize()
-
-        def replay():
-            for _ in range(rounds):
-                for call in calls:
-                    call()
-    replay()
-    torch.cuda.synchronize()
-    return replay, rounds * len(calls)
-
-
-def time_replay(replay, n: int) -> float:
-    """Microseconds a call of one replay of a `graph_of` graph of ``n`` calls."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / n
-
-
-def graph_side_by_side(candidates: dict, reps: int) -> dict:
-    """Median microseconds a call of each candidate (label -> one call per input set),
-    timed side by side: one `graph_of` replay of each a round, ``reps`` rounds rounded
-    up to whole cycles of a carryover-balanced order (`balanced_rounds`), so that clock
-    and power drift weigh on each alike and none always follows the same neighbour."""
-    graphs = {k: graph_of(v) for k, v in candidates.items()}
-    samples = {k: [] for k in candidates}
-    for labels in balanced_rounds(list(candidates), reps):
-        for k in labels:
-            samples[k].append(time_replay(*graphs[k]))
-    return {k: statistics.median(v) for k, v in samples.items()}
-
-
-def balanced_orders(n: int) -> list[list[int]]:
-    """Orders of n candidates, one a round, in which each candidate directly follows every
-    other exactly once over the rounds (a Williams design, as crossover trials use against
-    carryover): n rounds for even n; for odd n the mirrored rounds too, each pair twice.
-
-    Example:
-        >>> balanced_orders(4)
-        [[0, 1, 3, 2], [1, 2, 0, 3], [2, 3, 1, 0], [3, 0, 2, 1]]
-    """
-    first, lo, hi = [0], 1, n - 1
-    for j in range(1, n):
-        if j % 2:
-            first.append(lo)
-            lo += 1
-        else:
-            first.append(hi)
-            hi -= 1
-    rows = [[(x + r) % n for x in first] for r in range(n)]
-    return rows + [row[::-1] for row in rows] if n % 2 else rows
-
-
-def balanced_rounds(labels: list, reps: int) -> list[list]:
-    """The order of `labels` in each round of a side-by-side timing: `balanced_orders`,
-    `reps` rounded up to whole cycles of it, so that the balance holds. The same on every
-    rank (a multi-rank benchmark's collectives must match)."""
-    orders = balanced_orders(len(labels))
-    rounds = -(-reps // len(orders)) * len(orders)
-    return [[labels[j] for j in orders[r % len(orders)]] for r in range(rounds)]
-
-
-def input_copies(nbytes: int, dev, limit: int = 8) -> int:
-    """Copies of a problem's operands (`nbytes` together) that overflow L2 three times
-    over, at most `limit` and at most a quarter of the free memory: a call whose
-    operands sit in L2 from the previous call is not the call a model makes."""
-    l2 = getattr(torch.cuda.get_device_properties(dev), "L2_cache_size", 50 << 20) or (50 << 20)
-    free, _ = torch.cuda.mem_get_info(dev)
-    want = -(-3 * l2 // max(1, nbytes))
-    return max(1, min(limit, want, free // 4 // max(1, nbytes)))
+    store_entry(_key(p, device), {"spec": dataclasses.asdict(spec), "us": us,
+                                  "arch": tuning_arch(device)})
 
 
 def tune(p, *, device=None, candidates: list[MatmulSpec] | None = None, warmup: int = 3,
@@ -227,8 +166,6 @@ def tune(p, *, device=None, candidates: list[MatmulSpec] | None = None, warmup: 
     quick round over all, then the `finalists` fastest, and the heuristics' pick, side by
     side (`final_reps` rounds, rotated input copies); ``finalists=1`` skips the second
     round unless the heuristics' pick is not the first round's winner."""
-    from runtime.matmul import DTYPE_TORCH, matmul, tuning_arch
-
     dev = torch.device("cuda", torch.cuda.current_device() if device is None else device)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     cands = candidates or heuristics.candidates(p.M, p.N, p.K, a_dtype=p.a_dtype,
@@ -250,12 +187,12 @@ def tune(p, *, device=None, candidates: list[MatmulSpec] | None = None, warmup: 
               flush=True)
         try:
             out.fill_(float("nan"))
-            matmul(a, b, layout=p.layout, out=out, bias=bias, spec=spec)
+            matmul_with(spec, a, b, layout=p.layout, out=out, bias=bias)
             err = ((out.float() - ref).norm() / ref.norm()).item()
             if not err < 1e-2:
                 rows.append((spec, float("inf"), f"wrong (rel err {err:.2e})"))
                 continue
-            us = time_us(lambda: matmul(a, b, layout=p.layout, out=out, bias=bias, spec=spec),
+            us = time_us(lambda: matmul_with(spec, a, b, layout=p.layout, out=out, bias=bias),
                          warmup, reps)
             rows.append((spec, us, ""))
         except Exception as e:  # a candidate that fails to compile or launch just loses
@@ -292,14 +229,12 @@ def tune(p, *, device=None, candidates: list[MatmulSpec] | None = None, warmup: 
 def _final_round(p, final: list, a, b, bias, out, dev, reps: int) -> list:
     """`final` (spec, us, note) rows timed again side by side on rotated input copies;
     returned fastest first, each noting its first-round time."""
-    from runtime.matmul import matmul
-
     copies = input_copies(a.numel() * a.element_size() + b.numel() * b.element_size(), dev)
     ins = [(a, b)] + [(torch.randn_like(a), torch.randn_like(b)) for _ in range(copies - 1)]
 
     def run(spec):
-        return lambda i: matmul(*ins[i % len(ins)], layout=p.layout, out=out, bias=bias,
-                                spec=spec)
+        return lambda i: matmul_with(spec, *ins[i % len(ins)], layout=p.layout, out=out,
+                                     bias=bias)
 
     timed = side_by_side({k: run(spec) for k, (spec, _, _) in enumerate(final)}, reps=reps)
     again = [(spec, timed[k], f"final round ({copies} input copies); first round {us:.1f} us")

@@ -6,11 +6,14 @@ Three layers, each usable alone:
    compileProgram, getCUBIN). That needs no GPU and no driver, so CI compiles every
    generated kernel. ptxas' verbose output is parsed for registers and spills.
 2. `KernelCache`: memory by key, then disk under `options().cache_dir / "kernels"`. The key
-   is sha256 of (source, options, arch, NVRTC version). Writes go to a temp file in the
-   same folder and `os.replace` onto the final name; every entry carries a sha256 of its
-   payload, so a truncated or corrupt file is detected and rebuilt, never loaded.
+   is sha256 of (source, options, arch, NVRTC version). Entries are read and written
+   through `runtime.store`: the directory must be private (else the disk is bypassed,
+   since a cubin read back runs in this process), only a regular file of at most
+   `runtime.store.MAX_ENTRY_BYTES` is read, writes are atomic. Every entry carries a
+   sha256 of its payload (corruption, not trust) and its own key, names and arch; any
+   field out of shape or range is a miss, rebuilt, never loaded.
 3. `load(compiled)` / `Kernel.launch(...)`: the cubin becomes a `cupy.RawModule` and is
-   launched on the current torch stream (`cupy.cuda.ExternalStream`) over `data_ptr()`s.
+   launched on the current torch stream (CuPy's `Stream.from_external`) over `data_ptr()`s.
 
 Dumps: HOSTIR_DUMP=cuda_kernel (source), ptxas (registers, spills), launch_params.
 
@@ -32,17 +35,25 @@ import os
 import re
 import struct
 import sys
-import tempfile
 import threading
 from pathlib import Path
 from typing import Sequence
 
 from hostir.errors import CompilationError
 from hostir.options import dump, options
+from runtime import store
+from runtime.store import write_atomically  # noqa: F401 - the writers' one way, named here too
 
 DEFAULT_ARCH = "sm_90"
 BASE_OPTIONS = ("-std=c++17", "--ptxas-options=-v")
-_ENTRY_MAGIC = b"HOSTIRK1"
+# Entries of the format before the key, names and arch were in the header read as misses.
+_ENTRY_MAGIC = b"HOSTIRK2"
+MAX_HEADER_BYTES = 1 << 20   # an entry's JSON header (ptxas' log is most of it)
+MAX_KERNELS_AN_ENTRY = 256
+MAX_REGISTERS = 255          # a thread's registers on every arch ptxas targets
+MAX_FRAME_BYTES = 1 << 24    # spill and stack bytes a kernel may report
+_ARCH = re.compile(r"sm_[0-9]{2,3}a?")
+_KEY = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -195,16 +206,52 @@ def cache_key(source: str, names: Sequence[str], arch: str, options: Sequence[st
     return h.hexdigest()
 
 
-def _encode(ck: CompiledKernel) -> bytes:
+def _encode(ck: CompiledKernel, key: str = "") -> bytes:
     meta = dataclasses.asdict(ck)
     meta.pop("cubin")
+    meta["key"] = key
     header = json.dumps(meta, sort_keys=True).encode()
     payload = len(header).to_bytes(8, "little") + header + ck.cubin
     return _ENTRY_MAGIC + hashlib.sha256(payload).digest() + payload
 
 
-def _decode(blob: bytes) -> CompiledKernel | None:
-    """The entry, or None when it is truncated, corrupt or of another format."""
+def _check_meta(meta, key: str | None, names: Sequence[str] | None,
+                arch: str | None) -> CompiledKernel:
+    """The header's fields, each type- and range-checked, and compared with what the
+    entry was looked up for (key, names, arch). Raises `store.Invalid`."""
+    need, need_int, need_str = store.need, store.need_int, store.need_str
+    fields = {f.name for f in dataclasses.fields(CompiledKernel)} - {"cubin"} | {"key"}
+    need(type(meta) is dict and set(meta) == fields, "header fields are not an entry's")
+    got_names = meta["names"]
+    need(type(got_names) is list and 1 <= len(got_names) <= MAX_KERNELS_AN_ENTRY,
+         f"names must be a list of 1 to {MAX_KERNELS_AN_ENTRY} names")
+    for n in got_names:
+        need_str(n, "a kernel name", max_len=4096)
+    lowered = store.need_dict(meta["lowered"], "lowered")
+    need(set(lowered) == set(got_names), "lowered names are not the entry's names")
+    for v in lowered.values():
+        need_str(v, "a lowered name", max_len=4096)
+    for what, hi in (("registers", MAX_REGISTERS), ("spill_bytes", MAX_FRAME_BYTES),
+                     ("local_bytes", MAX_FRAME_BYTES)):
+        for sym, v in store.need_dict(meta[what], what).items():
+            need_str(sym, f"a symbol of {what}", max_len=4096)
+            need_int(v, f"{what}[{sym[:60]}]", 0, hi)
+    need_str(meta["log"], "log", max_len=MAX_HEADER_BYTES)
+    need(type(meta["arch"]) is str and _ARCH.fullmatch(meta["arch"]) is not None,
+         f"arch {str(meta['arch'])[:40]!r} is not sm_XY")
+    need(type(meta["key"]) is str and _KEY.fullmatch(meta["key"]) is not None,
+         "key is not a sha256")
+    need(key is None or meta["key"] == key, "entry written for another key")
+    need(names is None or tuple(got_names) == tuple(names), "entry for other kernel names")
+    need(arch is None or meta["arch"] == arch, f"entry for {meta['arch']}, not {arch}")
+    fields = {k: v for k, v in meta.items() if k != "key"}
+    return CompiledKernel(cubin=b"", **{**fields, "names": tuple(got_names)})
+
+
+def _decode(blob: bytes, key: str | None = None, names: Sequence[str] | None = None,
+            arch: str | None = None) -> CompiledKernel | None:
+    """The entry, or None when it is truncated, corrupt, of another format, out of shape
+    or range in any field, or written for another key, names or arch than asked for."""
     n = len(_ENTRY_MAGIC)
     if len(blob) < n + 32 + 8 or blob[:n] != _ENTRY_MAGIC:
         return None
@@ -212,35 +259,20 @@ def _decode(blob: bytes) -> CompiledKernel | None:
     if hashlib.sha256(payload).digest() != digest:
         return None
     hlen = int.from_bytes(payload[:8], "little")
-    try:
-        meta = json.loads(payload[8:8 + hlen])
-        meta["names"] = tuple(meta["names"])
-        ck = CompiledKernel(cubin=whole_elf(payload[8 + hlen:]), **meta)
-    except (ValueError, TypeError, KeyError):
+    if hlen > min(MAX_HEADER_BYTES, len(payload) - 8):
         return None
-    # an entry without ptxas' report of a kernel (written before `compile` checked for
-    # one): its spills are unknown, so it is rebuilt like a corrupt one
-    if any(ck.lowered.get(n) not in ck.registers for n in ck.names):
+    cubin = payload[8 + hlen:]
+    if cubin[:4] != b"\x7fELF":
         return None
-    return ck
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that readers see the old file or the whole new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+        ck = _check_meta(json.loads(payload[8:8 + hlen]), key, names, arch)
+    except store.SCHEMA_ERRORS:
+        return None
+    # an entry without ptxas' report of a kernel: its spills are unknown, so it is
+    # rebuilt like a corrupt one
+    if any(ck.lowered[n] not in ck.registers for n in ck.names):
+        return None
+    return dataclasses.replace(ck, cubin=whole_elf(cubin))
 
 
 @dataclasses.dataclass
@@ -248,14 +280,19 @@ class CacheStats:
     memory_hits: int = 0
     disk_hits: int = 0
     compiles: int = 0
-    rebuilt_corrupt: int = 0
+    rebuilt_corrupt: int = 0   # entries read but not valid (decode, schema, key): rebuilt
+    refused: int = 0           # paths not read: symlink, directory, FIFO, oversized, foreign
+    bypassed: int = 0          # lookups that skipped the disk: directory not private
 
 
 class KernelCache:
     """Two levels: a dict in memory, then one file per key on disk.
 
-    HOSTIR_DISABLE=kernel_cache skips the disk (the memory level still dedups a process).
+    HOSTIR_DISABLE=kernel_cache skips the disk (the memory level still dedups a process);
+    so does a cache directory that is not private (`runtime.store.trusted_dir`).
     """
+
+    STORE = "kernel cache"
 
     def __init__(self, directory: Path | None = None):
         self._directory = directory
@@ -270,6 +307,15 @@ class KernelCache:
     def path(self, key: str) -> Path:
         return self.directory / f"{key}.cubin"
 
+    def _use_disk(self) -> bool:
+        if options().disable("kernel_cache"):
+            return False
+        root = self._directory if self._directory is not None else options().cache_dir
+        if not store.trusted_dir(self.directory, root, store=self.STORE):
+            self.stats.bypassed += 1
+            return False
+        return True
+
     def get(self, source: str, names: Sequence[str], arch: str = DEFAULT_ARCH,
             options_: Sequence[str] = ()) -> CompiledKernel:
         """The compiled kernel, from memory, disk, or NVRTC (then stored on disk)."""
@@ -279,8 +325,8 @@ class KernelCache:
         if hit is not None:
             self.stats.memory_hits += 1
             return hit
-        use_disk = not options().disable("kernel_cache")
-        ck = self._read(key) if use_disk else None
+        use_disk = self._use_disk()
+        ck = self._read(key, names, arch) if use_disk else None
         if ck is not None:
             self.stats.disk_hits += 1
             dump("cuda_kernel", f"// ---- hostir kernel {', '.join(names)}: disk cache {key}")
@@ -288,21 +334,33 @@ class KernelCache:
             ck = compile(source, names, arch, options_)
             self.stats.compiles += 1
             if use_disk:
-                write_atomically(self.path(key), _encode(ck))
+                self._write(key, ck)
         with self._lock:
             self._memory[key] = ck
         return ck
 
-    def _read(self, key: str) -> CompiledKernel | None:
+    def _read(self, key: str, names: Sequence[str] | None = None,
+              arch: str | None = None) -> CompiledKernel | None:
         p = self.path(key)
         try:
-            blob = p.read_bytes()
-        except FileNotFoundError:
+            blob = store.read_regular(p, store.MAX_ENTRY_BYTES)
+        except store.Refused as e:
+            self.stats.refused += 1
+            store.warn_once(self.STORE, f"{e}; compiling instead")
             return None
-        ck = _decode(blob)
+        if blob is None:
+            return None
+        ck = _decode(blob, key, names, arch)
         if ck is None:
             self.stats.rebuilt_corrupt += 1
+            store.warn_once(self.STORE, f"{p}: not a valid entry for its key; rebuilt")
         return ck
+
+    def _write(self, key: str, ck: CompiledKernel) -> None:
+        try:
+            write_atomically(self.path(key), _encode(ck, key))
+        except OSError as e:  # e.g. a directory at the entry's path: the kernel still runs
+            store.warn_once(self.STORE, f"{self.path(key)} not written ({e})")
 
     def clear_memory(self) -> None:
         with self._lock:
@@ -507,11 +565,29 @@ def current_stream_handle(device_index: int) -> int:
 _STREAMS: dict[int, object] = {}
 
 
+class _RawStream:
+    """A raw cudaStream_t offered through the CUDA stream protocol (``__cuda_stream__``:
+    version 0 and the handle), which CuPy 14's `Stream.from_external` takes."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def __cuda_stream__(self) -> tuple[int, int]:
+        return (0, self.handle)
+
+
 def _external_stream(ptr: int):
+    """A CuPy stream object over the raw handle ``ptr`` (cached: one per handle).
+    CuPy 14 deprecates `cupy.cuda.ExternalStream` for `Stream.from_external`; CuPy 13,
+    which has no `from_external`, keeps the old class."""
     import cupy
     s = _STREAMS.get(ptr)
     if s is None:
-        s = _STREAMS[ptr] = cupy.cuda.ExternalStream(ptr)
+        from_external = getattr(cupy.cuda.Stream, "from_external", None)
+        s = _STREAMS[ptr] = (from_external(_RawStream(ptr)) if from_external is not None
+                             else cupy.cuda.ExternalStream(ptr))
     return s
 
 

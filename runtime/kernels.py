@@ -109,7 +109,7 @@ class MatmulChoice:
         (M, N, K) and remember the faster (``auto``). Synchronizes: call it from prepare."""
         if self.mode != "auto" or device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
             return
-        from runtime.autotune import time_us
+        from runtime.timing import time_us
         from runtime.matmul import matmul
 
         for m, n, k in sorted(set(shapes)):

@@ -1,9 +1,10 @@
 """Autotuned schedules of AllGather+GEMM, persisted per device, world size, shape, dtype.
 
 The overlap benchmark (``--bench --autotune``) stores the fastest correct schedule it
-measured; ``choose`` returns it when one is stored, else the heuristic of
-``lowering.schedule``. Writes are atomic (temp file + os.replace), so ranks or jobs
-writing at once leave a whole file.
+measured; ``choose`` returns it when one is stored and fits the problem, else the
+heuristic of ``lowering.schedule``. The table (``SCHEDULES``) is a
+`runtime.store.JsonTable`: private directory, merged under a lock (ranks or jobs writing
+at once lose no entry), every field checked (`check_schedule`).
 
     >>> choose(8192, 8192, 8192, world_size=2, device="cuda", dtype="bfloat16")  # doctest: +SKIP
     Schedule(schedule='ring', stages=1, streams=2, transport='copy_engine')
@@ -11,19 +12,20 @@ writing at once leave a whole file.
 
 from __future__ import annotations
 
-import json
-
 import torch
 
-from hostir.options import dump, options
+from hostir.options import dump
 from lowering.schedule import Schedule, choose_schedule
-from runtime.jit import write_atomically
+from runtime.store import JsonTable, need, need_int, need_number, need_str
 
 FILE = "pipelined_matmul_schedules.json"
 
-
-def _path():
-    return options().cache_dir / FILE
+SCHEDULES_KNOWN = ("pipelined", "ring")
+TRANSPORTS = ("nccl", "copy_engine", "mpi", "torch")
+CPU_TRANSPORTS = ("mpi", "torch")   # nccl and the copy engine need GPUs
+MAX_STAGES = 1024
+MAX_STREAMS = 64
+MAX_MICROSECONDS = 1e12
 
 
 def _key(m, k, n, world_size, device_name, dtype) -> str:
@@ -34,33 +36,37 @@ def _device_name(device: str) -> str:
     return torch.cuda.get_device_name() if device == "cuda" else "cpu"
 
 
-def load() -> dict:
-    try:
-        with open(_path()) as f:
-            data = json.load(f)
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}  # missing or unreadable: fall back to the heuristic
+def check_schedule(raw: dict, m: int, world_size: int, device: str) -> Schedule:
+    """The stored schedule ``raw`` if every field checks and it fits the problem it is
+    keyed under: a known schedule and transport (one the device has), 1 <= stages <=
+    MAX_STAGES with stages * world_size dividing m, 1 <= streams <= MAX_STREAMS."""
+    schedule = need_str(raw.get("schedule"), "schedule", SCHEDULES_KNOWN)
+    stages = need_int(raw.get("stages"), "stages", 1, MAX_STAGES)
+    streams = need_int(raw.get("streams"), "streams", 1, MAX_STREAMS)
+    transport = need_str(raw.get("transport"), "transport",
+                               TRANSPORTS if device == "cuda" else CPU_TRANSPORTS)
+    need_number(raw.get("us"), "us", 0, MAX_MICROSECONDS)
+    need(m % (stages * world_size) == 0,
+               f"stages {stages} x world {world_size} do not divide m={m}")
+    return Schedule(schedule, stages, streams, transport)
+
+
+SCHEDULES = JsonTable("schedule store", FILE)
 
 
 def store(m, k, n, world_size, device, dtype, schedule: Schedule, us: float) -> None:
-    data = load()
-    data[_key(m, k, n, world_size, _device_name(device), dtype)] = {
-        **schedule.__dict__, "us": us}
-    write_atomically(_path(), json.dumps(data, indent=1, sort_keys=True).encode())
+    """Store ``schedule`` (timed at ``us`` microseconds) for this problem."""
+    SCHEDULES.put(_key(m, k, n, world_size, _device_name(device), dtype),
+                  {**schedule.__dict__, "us": us})
 
 
 def choose(m, k, n, world_size, device, dtype) -> Schedule:
-    """The stored winner for this problem, else the heuristic."""
-    entry = load().get(_key(m, k, n, world_size, _device_name(device), dtype))
-    if entry:
-        try:
-            s = Schedule(entry["schedule"], int(entry["stages"]), int(entry["streams"]),
-                         entry["transport"])
-            dump("autotune", f"pipelined_matmul {m}x{k}x{n}: tuned {s.key()} ({entry.get('us')} us)")
-            return s
-        except (KeyError, TypeError, ValueError):
-            pass
+    """The stored winner for this problem if it checks, else the heuristic."""
+    s = SCHEDULES.get(_key(m, k, n, world_size, _device_name(device), dtype),
+                      lambda raw: check_schedule(raw, m, world_size, device))
+    if s is not None:
+        dump("autotune", f"pipelined_matmul {m}x{k}x{n}: tuned {s.key()}")
+        return s
     s = choose_schedule(m, k, n, world_size, device)
     dump("autotune", f"pipelined_matmul {m}x{k}x{n}: heuristic {s.key()}")
     return s

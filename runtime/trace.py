@@ -4,13 +4,54 @@
 
 The picture draws one row per (rank, CUDA stream) and one bar per kernel or copy,
 coloured by what it is (GEMM, NCCL, copy engine, other), so the hidden transfers show.
+
+Files: without a path given, traces go to a private per-user directory
+(`default_trace_base`: ``<cache dir>/traces``, 0700; see `runtime.store.private_dir`),
+never to a fixed name in a shared temp directory, where another user could create or
+symlink it first. Every file is written to a fresh temp file beside its final name
+(mkstemp: O_EXCL, 0600) and renamed onto it, so a link planted at the name is replaced,
+never followed; each write prints where it went.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
 
 import torch
+
+from runtime.store import private_dir
+
+
+def default_trace_base() -> str:
+    """A trace path no other user can have created: ``trace-<time>-<pid>.json`` in the
+    private traces directory (a job adds ``.rank<N>`` before the suffix)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return str(private_dir("traces") / f"trace-{stamp}-{os.getpid()}.json")
+
+
+@contextlib.contextmanager
+def _exclusive_target(path: str, what: str):
+    """Yield a fresh temp path beside ``path`` (created exclusively, 0600); when the block
+    ends, rename it onto ``path`` and say where ``what`` went."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    suffix = "".join(target.suffixes[-2:]) or ".tmp"   # the writers pick format by suffix
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=suffix)
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    print(f"hostir: {what} written to {target}", file=sys.stderr, flush=True)
 
 
 def record(step, iters: int, path: str, warmup: int = 3) -> None:
@@ -31,7 +72,8 @@ def record(step, iters: int, path: str, warmup: int = 3) -> None:
             prof.step()
         if cuda:
             torch.cuda.synchronize()
-    prof.export_chrome_trace(path)
+    with _exclusive_target(path, "trace") as tmp:
+        prof.export_chrome_trace(tmp)
 
 
 def _kind(name: str, cat: str) -> str:
@@ -95,5 +137,6 @@ def draw(traces: dict, png: str, title: str = "") -> None:
               ncol=5, fontsize=8, frameon=False)
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    with _exclusive_target(png, "timeline") as tmp:
+        fig.savefig(tmp, dpi=110, format=Path(png).suffix[1:] or "png")
     plt.close(fig)

@@ -246,7 +246,7 @@ def time_per_call(calls, replays: int) -> float:
 
     ``calls`` has one callable per input set; the graph cycles through them.
     """
-    from runtime.autotune import graph_of, time_replay
+    from runtime.timing import graph_of, time_replay
 
     graph = graph_of(calls)
     return statistics.median([time_replay(*graph) for _ in range(replays)])
@@ -293,7 +293,7 @@ def bench(rows: int, hidden: int, eps: float, replays: int, sweep: bool, tune: b
 
     from lowering.kernels.normalization import NormalizationSpec
     from runtime import normalization as rn
-    from runtime.autotune import graph_side_by_side
+    from runtime.timing import graph_side_by_side
 
     spec = NormalizationSpec.reference_fusion(rows, hidden, eps)
     nbytes = spec.bytes_moved()

@@ -58,7 +58,7 @@ def _time_side_by_side(fns: dict, inputs, reps, per_group=10, warmup=3) -> dict:
     back-to-back calls on rotating inputs, and the candidates take turns sample by
     sample, so clock and power drift over the run (the chip is power-limited: a kernel
     timed right after an idle spell runs faster) weigh on each alike."""
-    from runtime.autotune import side_by_side
+    from runtime.timing import side_by_side
 
     calls = {k: (lambda i, fn=fn: fn(*inputs[i % len(inputs)])) for k, fn in fns.items()}
     return side_by_side(calls, reps=reps, per_group=per_group, warmup=warmup)

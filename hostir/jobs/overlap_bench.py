@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from hostir.jobs.results import commit
-from runtime.autotune import balanced_rounds
+from runtime.timing import balanced_rounds
 from runtime.jit import write_atomically
 
 SHAPES = [(8192, 8192, 8192), (16384, 8192, 8192), (32768, 8192, 4096),

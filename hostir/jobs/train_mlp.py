@@ -317,7 +317,7 @@ def _side_by_side(steps: dict, iters: int, warmup: int) -> dict:
     """Median milliseconds of each step, samples interleaved in carryover-balanced rounds
     (`runtime.autotune.balanced_rounds`: each step right after every other equally often;
     CUDA events on the current stream, the host clock on the CPU)."""
-    from runtime.autotune import balanced_rounds
+    from runtime.timing import balanced_rounds
 
     for step in steps.values():
         for _ in range(warmup):

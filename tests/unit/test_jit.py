@@ -224,7 +224,7 @@ def test_a_cached_entry_without_ptxas_report_is_rebuilt(tmp_path):
     ck = jit.compile(SRC_K, ["k"])
     key = jit.cache_key(SRC_K, ["k"], ck.arch)
     silent = jit.CompiledKernel(ck.cubin, ck.names, ck.lowered, {}, {}, {}, "", ck.arch)
-    jit.write_atomically(cache.path(key), jit._encode(silent))
+    jit.write_atomically(cache.path(key), jit._encode(silent, key))
     got = cache.get(SRC_K, ["k"], ck.arch)
     assert got.registers["k"] > 0
     assert cache.stats.rebuilt_corrupt == 1 and cache.stats.compiles == 1

@@ -8,12 +8,12 @@ import itertools
 import pytest
 import torch
 
-from runtime import autotune
+from runtime import timing
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 7, 10])
 def test_balanced_orders_put_every_candidate_after_every_other(n):
-    rows = autotune.balanced_orders(n)
+    rows = timing.balanced_orders(n)
     assert all(sorted(r) == list(range(n)) for r in rows)
     pairs = [(x, y) for r in rows for x, y in zip(r, r[1:])]
     want = 1 if n % 2 == 0 else 2
@@ -44,7 +44,7 @@ def test_side_by_side_samples_each_candidate_a_round_in_balanced_order(monkeypat
     order = []
     labels = ["a", "b", "c", "d"]
     fns = {k: (lambda i, k=k: order.append(k) if i == 0 else None) for k in labels}
-    timed = autotune.side_by_side(fns, reps=3, per_group=3, warmup=0)  # rounds up to 4
+    timed = timing.side_by_side(fns, reps=3, per_group=3, warmup=0)  # rounds up to 4
     assert set(timed) == set(labels) and all(t > 0 for t in timed.values())
     rounds = [order[i:i + 4] for i in range(0, len(order), 4)]
     assert len(rounds) == 4 and all(sorted(r) == labels for r in rounds)
