@@ -129,16 +129,23 @@ def end_after_error(exc: BaseException, code: int) -> int:
     collective, or a peer that says nothing) the MPI job is aborted here."""
     if world_size() <= 1 or getattr(exc, "on_every_rank", False):
         return code
-    rank_local = (getattr(exc, "_hostir_where", False) or isinstance(exc, CommTimeoutError)
-                  or not isinstance(exc, HostIrError))
-    if not rank_local and every_rank_failed(code):
+    if not _rank_local(exc) and every_rank_failed(code):
         return code
     end_job(code)
     return code  # not reached
 
 
+def _rank_local(exc: BaseException) -> bool:
+    """An error only this rank can have: raised while executing a statement (its peers
+    are in the program, maybe in a collective), a timed-out collective, or an error that
+    is not hostir's own (a bug, an interrupt)."""
+    return (getattr(exc, "_hostir_where", False) or isinstance(exc, CommTimeoutError)
+            or not isinstance(exc, HostIrError))
+
+
 def _hook(tp, value, tb):
-    if getattr(value, "on_every_rank", False) or world_size() <= 1:
+    if (getattr(value, "on_every_rank", False) or world_size() <= 1
+            or (not _rank_local(value) and every_rank_failed(1))):
         # Every rank raises this one (or there is one rank): no peer is left waiting.
         report(value)
         _previous_hook(tp, value, tb)
