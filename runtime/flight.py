@@ -63,20 +63,18 @@ def capacity_from_environ(environ=None) -> int:
 
 
 class Entry:
-    """One statement as this rank ran it. ``poll``: a non-blocking completion check
-    (a CUDA event's ``query``), asked when the record is written; None once known."""
+    """One statement as this rank ran it. ``meta``: what is the same every time the
+    statement runs (program id, statement index and text, loop index names, kind,
+    communicator), made once per statement; ``loops``: the loop indices' values now.
+    ``poll``: a non-blocking completion check (a CUDA event's ``query``), asked when the
+    record is written; None once known."""
 
-    __slots__ = ("n", "program", "index", "statement", "loops", "kind", "comm", "seq",
-                 "nbytes", "stream", "started", "ended", "poll")
+    __slots__ = ("meta", "loops", "n", "seq", "nbytes", "stream", "started", "ended", "poll")
 
-    def __init__(self, n, program, index, statement, loops, kind, comm, seq, nbytes, stream):
-        self.n = n
-        self.program = program
-        self.index = index
-        self.statement = statement
+    def __init__(self, meta, loops, n, seq, nbytes, stream):
+        self.meta = meta
         self.loops = loops
-        self.kind = kind
-        self.comm = comm
+        self.n = n
         self.seq = seq
         self.nbytes = nbytes
         self.stream = stream
@@ -103,6 +101,12 @@ class Entry:
     def state(self) -> str:
         return ("started" if self.ended is None else
                 "captured" if self.ended == CAPTURED else "completed")
+
+
+def statement_meta(program: int, index: int, statement: str, loops: tuple = (),
+                   kind: str = "", comm: str = "") -> tuple:
+    """The ``meta`` of ``Entry``: what is the same every time a statement runs."""
+    return (program, index, statement, tuple(loops), kind, comm)
 
 
 class FlightRecorder:
@@ -140,11 +144,12 @@ class FlightRecorder:
         seq = self._seq[key] = self._seq.get(key, 0) + 1
         return seq
 
-    def start(self, program: int, index: int, statement: str, loops=(), kind: str = "",
-              comm: str = "", seq: int = 0, nbytes: int = 0, stream=None) -> Entry:
+    def start(self, meta: tuple, loops: tuple = (), seq: int = 0, nbytes: int = 0,
+              stream=None) -> Entry:
+        """Record a statement starting now (``meta``: ``statement_meta``; ``loops``: the
+        values of its loop indices)."""
         self.recorded += 1
-        entry = Entry(self.recorded, program, index, statement, loops, kind, comm, seq,
-                      nbytes, stream)
+        entry = Entry(meta, loops, self.recorded, seq, nbytes, stream)
         self.entries.append(entry)
         return entry
 
@@ -170,10 +175,11 @@ class FlightRecorder:
                         e.complete()
                 except Exception:  # noqa: BLE001 - a failed device: leave it started
                     pass
+            program, index, statement, names, kind, comm = e.meta
             out.append({
-                "n": e.n, "program_id": e.program, "program": self.programs.get(e.program, ""),
-                "index": e.index, "statement": e.statement,
-                "loops": dict(e.loops), "kind": e.kind, "comm": e.comm, "seq": e.seq,
+                "n": e.n, "program_id": program, "program": self.programs.get(program, ""),
+                "index": index, "statement": statement,
+                "loops": dict(zip(names, e.loops)), "kind": kind, "comm": comm, "seq": e.seq,
                 "bytes": e.nbytes, "stream": _stream_name(e.stream),
                 "state": e.state, "started_s_ago": round(now - e.started, 6),
                 "took_s": (round(e.ended - e.started, 6) if e.state == "completed"

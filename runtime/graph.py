@@ -35,6 +35,8 @@ class GraphedProgram:
         self.watchdog = watchdog
         self._event = event
         self.replays = 0
+        self._meta = flight.statement_meta(0, -1, "CUDA-graph replay of a host program",
+                                           kind="GraphReplay")
 
     def __call__(self):
         self.graph.replay()
@@ -45,7 +47,7 @@ class GraphedProgram:
             what = f"CUDA-graph replay {self.replays} of a host program"
             rec = flight.recorder()
             if rec.enabled:
-                entry = rec.start(0, -1, what, kind="GraphReplay", seq=self.replays)
+                entry = rec.start(self._meta, seq=self.replays)
                 entry.poll = done.query
             self.watchdog.watch(what, done.query)
         return self.outputs

@@ -213,32 +213,35 @@ class Interpreter:
         """Number the statements the flight recorder records (walk order, the same on
         every rank) and note the loop indices around each."""
         self.flight = flight.recorder()
-        self._recorded: dict[int, tuple[int, tuple[str, ...], str]] = {}
+        self._recorded: dict[int, tuple] = {}  # id(statement) -> its flight.statement_meta
         if not self.flight.enabled:
             return
         if communicator is not None:
             self.flight.bind(communicator.rank, communicator.world_size)
+        pid = self.flight.add_program(program.provenance or "program")
+        comm = getattr(communicator, "name", "")
 
         def walk(body, loops):
             for s in body:
                 if isinstance(s, (ir.Communication, ir.Wait, ir.Synchronize)):
-                    self._recorded[id(s)] = (len(self._recorded), loops, format_statement(s))
+                    kind = (s.type.name if isinstance(s, ir.Communication)
+                            else type(s).__name__)
+                    self._recorded[id(s)] = flight.statement_meta(
+                        pid, len(self._recorded), format_statement(s), loops, kind,
+                        "" if isinstance(s, ir.Synchronize) else comm)
                 elif isinstance(s, ir.ForLoop):
                     walk(s.body, loops + (s.index.name,))
 
         walk(program.body, ())
-        self._flight_program = self.flight.add_program(program.provenance or "program")
 
-    def record(self, s, frame: _Frame, kind: str, comm: str = "", seq: int = 0,
-               nbytes: int = 0):
+    def record(self, s, frame: _Frame, seq: int = 0, nbytes: int = 0):
         """Start a flight-recorder entry for ``s`` (None when the recorder is off)."""
-        where = self._recorded.get(id(s))
-        if where is None:
+        meta = self._recorded.get(id(s))
+        if meta is None:
             return None
-        index, loops, text = where
-        return self.flight.start(self._flight_program, index, text,
-                                 tuple((n, frame.env[n]) for n in loops), kind, comm, seq,
-                                 nbytes, frame.current)
+        env = frame.env
+        return self.flight.start(meta, tuple([env[n] for n in meta[3]]), seq, nbytes,
+                                 frame.current)
 
     def _direct_sendrecv_roots(self, communicator) -> dict[str, str]:
         """SendRecv outputs whose buffer the sender can write directly: {output: root}.
@@ -408,7 +411,7 @@ def _set_current_stream(it: Interpreter, s: ir.SetCurrentStream, f: _Frame) -> N
 
 
 def _synchronize(it: Interpreter, s: ir.Synchronize, f: _Frame) -> None:
-    entry = it.record(s, f, "Synchronize")
+    entry = it.record(s, f)
     it.backend.wait_stream(f.current, it.stream(s.stream, f))
     if entry is not None:  # CUDA: an event wait, issued (the collectives carry events)
         entry.complete()
@@ -437,8 +440,7 @@ def _select(it: Interpreter, s: ir.Select, f: _Frame) -> None:
 def _communication(it: Interpreter, s: ir.Communication, f: _Frame) -> None:
     inp, out = f.env[s.input.name], f.env[s.output.name]
     c, t = it.comm, s.type
-    entry = it.record(s, f, t.name, c.name, it.flight.next_seq(c),
-                      inp.numel() * inp.element_size())
+    entry = it.record(s, f, it.flight.next_seq(c), inp.numel() * inp.element_size())
     T = ir.CommunicationType
     if t is T.Allgather:
         work = c.allgather(out, inp, f.current)
@@ -478,7 +480,7 @@ def _wait(it: Interpreter, s: ir.Wait, f: _Frame) -> None:
     work = f.env.pop(s.handle.name)
     posted = f.posted.pop(s.handle.name, None)
     entry = (None if posted is None else
-             it.record(s, f, "Wait", posted.comm, posted.seq, posted.nbytes))
+             it.record(s, f, posted.seq, posted.nbytes))
     work.wait(f.current)
     if entry is not None:
         entry.poll = posted.poll

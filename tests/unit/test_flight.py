@@ -63,7 +63,7 @@ def test_the_interpreter_records_collectives_waits_and_synchronizes(recorder):
 def test_the_ring_buffer_keeps_the_last_entries():
     rec = flight.FlightRecorder(3)
     for k in range(5):
-        rec.start(1, k, f"s{k}", kind="Allgather", comm="c", seq=k + 1)
+        rec.start(flight.statement_meta(1, k, f"s{k}", (), "Allgather", "c"), seq=k + 1)
     data = rec.as_json("test")
     assert [e["seq"] for e in data["entries"]] == [3, 4, 5]
     assert data["recorded"] == 5 and data["capacity"] == 3
@@ -71,11 +71,12 @@ def test_the_ring_buffer_keeps_the_last_entries():
 
 def test_a_started_entry_completes_when_its_event_says_so():
     rec = flight.FlightRecorder(10)
-    done = rec.start(1, 0, "C0", kind="Allgather", comm="c", seq=1)
+    meta = flight.statement_meta(1, 0, "C0", (), "Allgather", "c")
+    done = rec.start(meta, seq=1)
     done.poll = lambda: True
-    pending = rec.start(1, 1, "C1", kind="Allgather", comm="c", seq=2)
+    pending = rec.start(meta, seq=2)
     pending.poll = lambda: False
-    captured = rec.start(1, 2, "C2", kind="Allgather", comm="c", seq=3)
+    captured = rec.start(meta, seq=3)
     captured.mark_captured()
     states = [e["state"] for e in rec.as_json("test")["entries"]]
     assert states == ["completed", "started", "captured"]
@@ -96,7 +97,7 @@ def test_dumps_are_private_exclusive_and_never_follow_a_symlink(tmp_path, monkey
     monkeypatch.delenv("HOSTIR_FLIGHT_DIR", raising=False)
     rec = flight.FlightRecorder(10)
     rec.bind(3, 4)
-    rec.start(1, 0, "C0", kind="Allgather", comm="c", seq=1)
+    rec.start(flight.statement_meta(1, 0, "C0", (), "Allgather", "c"), seq=1)
     where = tmp_path / "records"
     target = tmp_path / "victim"
     target.write_text("keep")
@@ -120,7 +121,7 @@ def test_the_default_directory_is_private_and_per_job(tmp_path, monkeypatch):
     set_options(None)
     try:
         rec = flight.FlightRecorder(10)
-        rec.start(1, 0, "C0", kind="Allgather", comm="c", seq=1)
+        rec.start(flight.statement_meta(1, 0, "C0", (), "Allgather", "c"), seq=1)
         where = rec.dump("test")
         assert where == tmp_path / "cache" / "flight" / "prterun-host-1_1"
         for d in (where, where.parent):
@@ -207,3 +208,23 @@ def test_a_missing_or_empty_directory_is_a_one_line_error(tmp_path, capsys):
                                  "expected a directory of flight records (rank<R>.json)"]
     rc, lines = _report(tmp_path, capsys)
     assert rc == 1 and "no flight records" in lines[0]
+
+
+def test_flight_dump_at_exit_on_request(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    program = ("from runtime import flight\n"
+               "rec = flight.recorder()\n"
+               "rec.start(flight.statement_meta(1, 0, 'Wait C0', (), 'Wait', 'mpi'), seq=1)\n")
+    env = {**os.environ, "PYTHONPATH": str(root), "HOSTIR_FLIGHT_DUMP": "1",
+           "HOSTIR_FLIGHT_DIR": str(tmp_path / "out")}
+    proc = subprocess.run([sys.executable, "-c", program], env=env, cwd=root, timeout=120,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    assert proc.returncode == 0, proc.stdout
+    assert f"flight record written to {tmp_path / 'out'}" in proc.stdout.decode()
+    data = json.loads((tmp_path / "out" / "rank0.json").read_text())
+    assert data["reason"] == "at exit (HOSTIR_FLIGHT_DUMP=1)"
+    assert [(e["statement"], e["state"]) for e in data["entries"]] == [("Wait C0", "started")]
