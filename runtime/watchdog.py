@@ -43,10 +43,12 @@ import threading
 import time
 import traceback
 
+import numpy as np
+
 from hostir.errors import CommTimeoutError, CommunicationError, HostIrError
 from hostir.options import options
 from runtime import flight
-from runtime.comm.bootstrap import mpi_world, process_rank, world_size
+from runtime.comm.bootstrap import mpi_world, poll_requests, process_rank, world_size
 
 __all__ = ["Watchdog", "end_job", "end_after_error", "install_excepthook", "process_rank",
            "report", "world_size"]
@@ -99,10 +101,6 @@ def every_rank_failed(code: int, timeout_s: float | None = None) -> bool:
     theirs. When all arrive, nobody is left waiting in a collective and the job can end
     by a normal exit (MPI_Finalize); when one does not, that rank is still running, and
     only an abort reaches it."""
-    import numpy as np
-
-    from runtime.comm.bootstrap import _poll
-
     world = mpi_world()
     if world is None or world.Get_size() <= 1:
         return True
@@ -115,10 +113,10 @@ def every_rank_failed(code: int, timeout_s: float | None = None) -> bool:
     theirs = {r: np.zeros(1, dtype=np.int32) for r in peers}
     recvs = [world.Irecv(theirs[r], source=r, tag=ERROR_TAG) for r in peers]
     sends = [world.Isend(mine, dest=r, tag=ERROR_TAG) for r in peers]
-    if not all(_poll(recvs, time.monotonic() + timeout_s)):
+    if not all(poll_requests(recvs, time.monotonic() + timeout_s)):
         return False
     # Every peer posted its receive (it sent to this rank from the same code path).
-    return all(_poll(sends, time.monotonic() + timeout_s))
+    return all(poll_requests(sends, time.monotonic() + timeout_s))
 
 
 def end_after_error(exc: BaseException, code: int) -> int:

@@ -28,6 +28,8 @@ import sys
 import threading
 import time
 
+import numpy as np
+
 from hostir.errors import CommunicationError
 from hostir.options import options
 
@@ -76,7 +78,7 @@ def local_rank() -> int:
     return 0
 
 
-def _poll(requests, deadline: float | None) -> list[bool]:
+def poll_requests(requests, deadline: float | None) -> list[bool]:
     """Which of ``requests`` completed by ``deadline`` (None: wait for all). Polls with a
     sleep that grows from 10 us to 10 ms: a blocking wait could not be given up."""
     done = [False] * len(requests)
@@ -103,8 +105,6 @@ def exchange_over_mpi(comm, make_value, what: str, timeout_s: float | None = Non
     within ``timeout_s`` (default HOSTIR_COMM_TIMEOUT; 0 or less waits forever), naming
     the ranks that did not; a rank whose answer from rank 0 never comes names rank 0.
     """
-    import numpy as np
-
     timeout_s = options().comm_timeout_s if timeout_s is None else timeout_s
     deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
     rank, world = comm.Get_rank(), comm.Get_size()
@@ -114,7 +114,7 @@ def exchange_over_mpi(comm, make_value, what: str, timeout_s: float | None = Non
         value = make_value()
         tokens = [np.zeros(1, dtype=np.int32) for _ in range(world)]
         recvs = [comm.Irecv(tokens[r], source=r, tag=BOOTSTRAP_TAG) for r in range(1, world)]
-        joined = _poll(recvs, deadline)
+        joined = poll_requests(recvs, deadline)
         absent = [r for r, ok in zip(range(1, world), joined) if not ok]
         for req, ok in zip(recvs, joined):
             if not ok:  # withdrawn, so that MPI finalizes without it
@@ -123,7 +123,7 @@ def exchange_over_mpi(comm, make_value, what: str, timeout_s: float | None = Non
         answer = pickle.dumps(("absent", absent) if absent else ("value", value))
         sends = [comm.isend(answer, dest=r, tag=BOOTSTRAP_TAG)
                  for r, ok in zip(range(1, world), joined) if ok]
-        _poll(sends, time.monotonic() + 1.0)  # small: sent eagerly; never block on it
+        poll_requests(sends, time.monotonic() + 1.0)  # small: sent eagerly; never block on it
     else:
         token = np.ones(1, dtype=np.int32)
         joining = comm.Isend(token, dest=0, tag=BOOTSTRAP_TAG)
@@ -143,7 +143,7 @@ def exchange_over_mpi(comm, make_value, what: str, timeout_s: float | None = Non
                 f"rank {rank}: bootstrap of {what}: rank 0 did not join within "
                 f"{timeout_s:g} s (HOSTIR_COMM_TIMEOUT); expected every rank to start "
                 "the communicator: a rank failed, died or is stuck")
-        _poll([joining], None)  # rank 0 received it: complete at once
+        poll_requests([joining], None)  # rank 0 received it: complete at once
         answer = pickle.loads(answer)
         absent = answer[1] if answer[0] == "absent" else []
         value = answer[1]

@@ -94,12 +94,14 @@ class NcclCommunicator:
         """NCCL's asynchronous error on this communicator, as text; None while healthy
         (or when this CuPy cannot ask)."""
         check = getattr(self.comm, "check_async_error", None)
-        if check is None:
+        if check is None or not getattr(self, "_can_ask", True):
             return None
         try:
             check()
         except self.nccl.NcclError as e:
             return f"NCCL error: {e}"
+        except RuntimeError:  # an NCCL before 2.4 cannot be asked: stop asking
+            self._can_ask = False
         return None
 
     def _posted(self, what: str, s: torch.cuda.Stream, t: torch.Tensor) -> _EventWork:

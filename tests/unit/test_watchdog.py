@@ -149,6 +149,17 @@ def test_the_nccl_communicator_reads_cupys_async_error_state():
     comm.comm = object()  # a CuPy without check_async_error: only the timeout is left
     assert comm.async_error() is None
 
+    class OldNccl:
+        calls = 0
+
+        def check_async_error(self):
+            OldNccl.calls += 1
+            raise RuntimeError("ncclCommGetAsyncError is not available in this version")
+
+    comm.comm = OldNccl()
+    assert comm.async_error() is None and comm.async_error() is None
+    assert OldNccl.calls == 1  # asked once, then left to the timeout
+
 
 def test_a_graph_replay_that_never_finishes_is_bounded_by_the_watchdog(monkeypatch):
     from runtime import flight
