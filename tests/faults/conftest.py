@@ -12,3 +12,16 @@ def fault_matrix():
     path = os.environ.get("HOSTIR_FAULTS_JSON")
     if path and matrix.ROWS:
         matrix.write(path)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def flight_records(tmp_path_factory):
+    """The jobs' flight records (ranks ended by a fault write theirs) go to a temporary
+    directory, not the user's cache; a test that reads them sets its own."""
+    before = os.environ.get("HOSTIR_FLIGHT_DIR")
+    os.environ["HOSTIR_FLIGHT_DIR"] = str(tmp_path_factory.mktemp("flight"))
+    yield
+    if before is None:
+        os.environ.pop("HOSTIR_FLIGHT_DIR", None)
+    else:
+        os.environ["HOSTIR_FLIGHT_DIR"] = before

@@ -90,3 +90,5 @@ def test_fault_under_nccl(name):
         return
     assert rc != 0, out
     assert took < TIMEOUT_S + 30, (took, out)
+    if name.startswith("rank_stuck"):  # the watchdog wrote the flight record and names it
+        assert "flight records in " in out, out
