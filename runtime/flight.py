@@ -28,7 +28,6 @@ compares the ranks' records.
 from __future__ import annotations
 
 import atexit
-import collections
 import datetime
 import json
 import os
@@ -71,16 +70,11 @@ class Entry:
 
     __slots__ = ("meta", "loops", "n", "seq", "nbytes", "stream", "started", "ended", "poll")
 
-    def __init__(self, meta, loops, n, seq, nbytes, stream):
-        self.meta = meta
-        self.loops = loops
-        self.n = n
-        self.seq = seq
-        self.nbytes = nbytes
-        self.stream = stream
-        self.started = time.monotonic()
-        self.ended = None
-        self.poll = None
+    def __init__(self):
+        self.n = 0  # not used yet: the recorder's slots are made once and reused
+        self.meta = self.loops = self.stream = self.ended = self.poll = None
+        self.seq = self.nbytes = 0
+        self.started = 0.0
 
     def complete(self) -> None:
         if self.ended is None:
@@ -111,11 +105,15 @@ def statement_meta(program: int, index: int, statement: str, loops: tuple = (),
 
 class FlightRecorder:
     """The ring buffer of one process (``recorder()``), and what it needs to describe
-    its entries: the programs' statements, this rank and the world size."""
+    its entries: the programs' names, this rank and the world size.
+
+    The ring's entries are made once and overwritten in turn, so recording allocates
+    nothing but the tuple of loop values, and a long run keeps the object count flat.
+    An entry is recycled after ``capacity`` newer ones: a holder checks ``n``."""
 
     def __init__(self, capacity: int = DEFAULT_ENTRIES):
         self.capacity = capacity
-        self.entries: collections.deque = collections.deque(maxlen=max(capacity, 1))
+        self._ring = [Entry() for _ in range(capacity)]
         self.recorded = 0
         self.rank: int | None = None
         self.world_size: int | None = None
@@ -148,21 +146,20 @@ class FlightRecorder:
               stream=None) -> Entry:
         """Record a statement starting now (``meta``: ``statement_meta``; ``loops``: the
         values of its loop indices)."""
-        self.recorded += 1
-        entry = Entry(meta, loops, self.recorded, seq, nbytes, stream)
-        self.entries.append(entry)
-        return entry
+        n = self.recorded = self.recorded + 1
+        e = self._ring[(n - 1) % self.capacity] if self.capacity else Entry()
+        e.meta, e.loops, e.n, e.seq, e.nbytes, e.stream = meta, loops, n, seq, nbytes, stream
+        e.started = time.monotonic()
+        e.ended = e.poll = None
+        return e
 
     # ------------------------------------------------------------------ writing out
 
     def snapshot(self) -> list[Entry]:
-        """The entries, oldest first (safe while the main thread appends)."""
-        for _ in range(100):
-            try:
-                return list(self.entries)
-            except RuntimeError:  # deque mutated during iteration: try again
-                continue
-        return []
+        """The entries in use, oldest first. Another thread may be recording meanwhile
+        (the watchdog writes while the main thread runs): at worst the newest entry is
+        half written."""
+        return sorted((e for e in list(self._ring) if e.n > 0), key=lambda e: e.n)
 
     def as_json(self, reason: str) -> dict:
         now = time.monotonic()

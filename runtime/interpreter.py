@@ -44,7 +44,7 @@ class _Frame:
         self.env = env
         self.current = current
         self.user = current
-        self.posted: dict = {}  # communication handle -> its flight-recorder entry
+        self.posted: dict = {}  # communication handle -> (its flight entry, the entry's n)
 
 
 def transposable_inputs(program: ir.Program) -> frozenset:
@@ -469,7 +469,7 @@ def _communication(it: Interpreter, s: ir.Communication, f: _Frame) -> None:
             work = c.sendrecv(out, inp, send_peer, recv_peer, f.current)
     f.env[s.handle.name] = work
     if entry is not None:
-        f.posted[s.handle.name] = entry
+        f.posted[s.handle.name] = (entry, entry.n)
         if it.backend.name == "cuda" and torch.cuda.is_current_stream_capturing():
             entry.mark_captured()  # its event exists only in the graph: not to be asked
         else:  # a non-blocking check (CUDA: the event), or None when only its Wait tells
@@ -478,11 +478,12 @@ def _communication(it: Interpreter, s: ir.Communication, f: _Frame) -> None:
 
 def _wait(it: Interpreter, s: ir.Wait, f: _Frame) -> None:
     work = f.env.pop(s.handle.name)
-    posted = f.posted.pop(s.handle.name, None)
-    entry = (None if posted is None else
-             it.record(s, f, posted.seq, posted.nbytes))
+    posted, n = f.posted.pop(s.handle.name, (None, 0))
+    if posted is not None and posted.n != n:
+        posted = None  # its slot was reused: more than the recorder keeps ran since
+    entry = it.record(s, f) if posted is None else it.record(s, f, posted.seq, posted.nbytes)
     work.wait(f.current)
-    if entry is not None:
+    if entry is not None and posted is not None:
         entry.poll = posted.poll
         if posted.captured:
             entry.mark_captured()

@@ -228,3 +228,20 @@ def test_flight_dump_at_exit_on_request(tmp_path):
     data = json.loads((tmp_path / "out" / "rank0.json").read_text())
     assert data["reason"] == "at exit (HOSTIR_FLIGHT_DUMP=1)"
     assert [(e["statement"], e["state"]) for e in data["entries"]] == [("Wait C0", "started")]
+
+
+@pytest.mark.parametrize("capacity", [1, 3])
+def test_a_small_ring_reuses_its_entries_and_keeps_the_newest(monkeypatch, capacity):
+    rec = flight.FlightRecorder(capacity)
+    monkeypatch.setattr(flight, "_RECORDER", rec)
+    program = lower(allgather_matmul(16, 4, 4, 2, 2), 2, 2)
+    run = Interpreter(program, make_backend("cpu"), _Comm())
+    shard, b = torch.randn(2, 1, 4, 4), torch.randn(4, 4)
+    slots = list(rec._ring)
+    run(shard, b)
+    run(shard, b)
+    assert rec._ring == slots  # the same objects, overwritten in turn
+    entries = rec.as_json("test")["entries"]
+    assert [e["n"] for e in entries] == list(range(17 - capacity, 17))  # 8 a call
+    last = entries[-1]
+    assert last["kind"] == "Synchronize" and last["loops"] == {"i": 1}
