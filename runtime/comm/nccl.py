@@ -20,6 +20,7 @@ import torch
 
 from hostir.errors import CommunicationError
 from runtime.comm.bootstrap import exchange_over_mpi, with_deadline
+from runtime.comm.mpi import agree_over_mpi, wait_requests
 from runtime.watchdog import Watchdog
 
 INSTALL_HINT = "pip install 'hostir[cuda13]' (CUDA 13; 'hostir[cuda12]' for CUDA 12)"
@@ -199,15 +200,11 @@ class NcclCommunicator:
     def barrier(self) -> None:
         from mpi4py import MPI
 
-        from runtime.comm.mpi import wait_requests
-
         wait_requests([MPI.COMM_WORLD.Ibarrier()], "MPI barrier", self.rank)
 
     def agree(self, obj) -> list:
         """Every rank's ``obj`` in rank order, over MPI (which bootstrapped this NCCL comm)."""
         from mpi4py import MPI
-
-        from runtime.comm.mpi import agree_over_mpi
 
         return agree_over_mpi(MPI.COMM_WORLD, obj, self.rank)
 
