@@ -162,6 +162,34 @@ def test_an_error_every_rank_agrees_on_ends_without_an_abort(job):
     assert "Traceback" not in out, out
 
 
+def test_a_one_line_error_on_one_rank_only_still_ends_the_job():
+    # Rank 0 alone has a malformed HOSTIR_INJECT_FAULT (two app contexts: only the first
+    # gets it); rank 1 goes on into the input agreement. Rank 0 hears no error from
+    # rank 1 within 10 s, so it aborts the job instead of exiting alone.
+    e = dict(os.environ)
+    e.pop("HOSTIR_INJECT_FAULT", None)
+    e.update({"PYTHONPATH": f"{ROOT}{os.pathsep}{e.get('PYTHONPATH', '')}",
+              "HOSTIR_COMM_TIMEOUT": str(TIMEOUT_S), "OMPI_ALLOW_RUN_AS_ROOT": "1",
+              "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+              "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+              "OMPI_MCA_rmaps_base_oversubscribe": "1"})
+    job = [sys.executable, "-m", "hostir.run", "fault_injection", "--device", "cpu"]
+    cmd = ["mpirun", "-np", "1", "env", "HOSTIR_INJECT_FAULT=1:x:hang", *job, ":",
+           "-np", "1", *job]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, env=e, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, timeout=TIMEOUT_S + 90)
+    took = time.monotonic() - start
+    out = proc.stdout.decode(errors="replace")
+    matrix.record("one-line error on one rank", "mpi", 2, "HOSTIR_INJECT_FAULT=1:x:hang on "
+                  "rank 0 only", proc.returncode, took, TIMEOUT_S)
+    ended_quickly(proc.returncode, out, took)
+    assert ("[rank 0] hostir fault_injection: error: OptionsError: HOSTIR_INJECT_FAULT=1:x:hang: "
+            "expected rank:statement:kind") in out, out
+    assert "[rank 0] hostir: aborting the MPI job" in out, out
+    assert "Traceback" not in out, out
+
+
 @pytest.mark.parametrize("value", ["1:x:hang", "1:19:explode"])  # more in tests/unit
 def test_a_malformed_fault_spec_is_a_one_line_error_on_every_rank(value):
     rc, out, took = mpirun(2, env={"HOSTIR_INJECT_FAULT": value})
