@@ -21,6 +21,7 @@ JOBS = {
     "layer_norm": "hostir.jobs.layer_norm",
     "train_mlp": "hostir.jobs.train_mlp",
     "fault_injection": "hostir.jobs.fault_injection",
+    "flight_report": "hostir.jobs.flight_report",
 }
 
 
@@ -38,7 +39,7 @@ def main(argv=None) -> int:
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     module.add_arguments(sub)
     args = sub.parse_args(argv[1:])
-    from runtime.watchdog import end_job, install_excepthook, process_rank, world_size
+    from runtime.watchdog import end_after_error, install_excepthook, process_rank
 
     install_excepthook()  # under mpirun: an uncaught error on one rank ends every rank
     try:
@@ -47,9 +48,7 @@ def main(argv=None) -> int:
         # Refusals are the user's to fix: one clear line, rank first, no traceback.
         print(f"[rank {process_rank()}] hostir {argv[0]}: error: {type(e).__name__}: {e}",
               file=sys.stderr, flush=True)
-        if world_size() > 1 and not getattr(e, "on_every_rank", False):
-            end_job(2)  # peers may be waiting in a collective this rank will never post
-        return 2
+        return end_after_error(e, 2)  # aborts only where a peer may be left waiting
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """Faults on purpose, for the fault tests: ``HOSTIR_INJECT_FAULT=rank:statement:kind``.
 
-The interpreter reads the variable once, when it is built; without it nothing here runs
-(the statement loop is the plain one). With it, the rank named runs the fault just before
-the ``statement``-th statement it executes in a call (0-based, FOR bodies counted once per
-iteration, the FOR itself counted too), on the first call only:
+A documented test feature (docs/RELIABILITY.md, "Fault injection"). The interpreter reads
+the variable once, when it is built; without it nothing here runs (the statement loop is
+the plain one); a malformed value is an ``OptionsError`` on every rank. With it, the rank
+named runs the fault just before the ``statement``-th statement it executes, counted over
+all its calls (0-based, FOR bodies counted once per iteration, the FOR itself counted
+too), once:
 
     raise   raise ExecutionError (an exception on one rank mid-program)
     exit    os._exit(3)            (a rank that dies without a word to MPI)
@@ -12,7 +14,7 @@ iteration, the FOR itself counted too), on the first call only:
 
 Example::
 
-    HOSTIR_INJECT_FAULT=1:6:raise mpirun -np 2 python -m hostir.jobs.fault_injection
+    HOSTIR_INJECT_FAULT=1:24:raise mpirun -np 2 python -m hostir.run fault_injection
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import signal
 import sys
 import time
 
-from hostir.errors import ExecutionError
+from hostir.errors import ExecutionError, OptionsError
 from hostir.printer import format_statement
 
 KINDS = ("raise", "exit", "kill", "hang")
@@ -39,12 +41,13 @@ class Fault:
     def parse(text: str) -> "Fault":
         try:
             rank, index, kind = text.split(":")
-            fault = Fault(int(rank), int(index), kind)
+            fault = Fault(int(rank), int(index), kind.strip())
         except ValueError:
             fault = None
-        if fault is None or fault.kind not in KINDS:
-            raise ValueError(f"HOSTIR_INJECT_FAULT={text!r}: expected rank:statement:kind with "
-                             f"kind one of {KINDS}")
+        if fault is None or fault.kind not in KINDS or fault.rank < 0 or fault.statement < 0:
+            raise OptionsError(
+                f"HOSTIR_INJECT_FAULT={text}: expected rank:statement:kind (rank and "
+                f"statement whole numbers >= 0, kind one of {', '.join(KINDS)}), e.g. 1:19:hang")
         return fault
 
     def trigger(self, statement) -> None:

@@ -16,24 +16,51 @@ from __future__ import annotations
 import torch
 
 from hostir.errors import ExecutionError
+from runtime import flight
+from runtime.watchdog import Watchdog
 
 
 class GraphedProgram:
-    def __init__(self, graph: torch.cuda.CUDAGraph, inputs, outputs, watchdog=None):
+    """A captured program. Each replay records an event after the graph's work, which
+    the communicator's watchdog polls like a collective's: a peer that fails during a
+    replay ends this rank after HOSTIR_COMM_TIMEOUT (with a flight record), not never.
+    The collectives inside the graph were not registered when captured (their events
+    exist only in the graph), so the replay is watched as a whole."""
+
+    def __init__(self, graph: torch.cuda.CUDAGraph, inputs, outputs, watchdog=None,
+                 event=torch.cuda.Event):
         self.graph = graph
         self.inputs = inputs
         self.outputs = outputs
         self.watchdog = watchdog
+        self._event = event
+        self.replays = 0
+        self._meta = flight.statement_meta(0, -1, "CUDA-graph replay of a host program",
+                                           kind="GraphReplay")
 
     def __call__(self):
         self.graph.replay()
+        self.replays += 1
         if self.watchdog is not None:
-            # The collectives inside a graph were not registered when captured: watch the
-            # replay as a whole, so a peer that fails during it cannot hang this rank.
-            done = torch.cuda.Event()
+            done = self._event()
             done.record()
-            self.watchdog.watch("a CUDA-graph replay of a host program", done.query)
+            what = f"CUDA-graph replay {self.replays} of a host program"
+            rec = flight.recorder()
+            if rec.enabled:
+                entry = rec.start(self._meta, seq=self.replays)
+                entry.poll = done.query
+            self.watchdog.watch(what, done.query)
         return self.outputs
+
+
+def graph_watchdog(comm) -> Watchdog | None:
+    """The watchdog that bounds replays: the communicator's (NCCL, the copy engine), or,
+    over a communicator without one (a torch process group, whose own watchdog does not
+    see collectives inside our graphs), one that ends the job on a timeout."""
+    if comm is None or getattr(comm, "world_size", 1) <= 1:
+        return None
+    dog = getattr(comm, "watchdog", None)
+    return dog if dog is not None else Watchdog(comm.rank, f"{comm.name} (CUDA graph)")
 
 
 def capture(interpreter, *args, warmup: int = 1) -> GraphedProgram:
@@ -52,5 +79,4 @@ def capture(interpreter, *args, warmup: int = 1) -> GraphedProgram:
     # thread_local: a watchdog thread may query events while this thread captures.
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         outputs = interpreter(*args)
-    return GraphedProgram(graph, list(args), outputs,
-                          getattr(interpreter.comm, "watchdog", None))
+    return GraphedProgram(graph, list(args), outputs, graph_watchdog(interpreter.comm))

@@ -11,6 +11,10 @@ streams are ordered by events only, and collectives are posted and waited on str
 Every value stays referenced until the program returns, and a verified program has joined
 every worker stream into the user's stream by then, so the caching allocator cannot hand
 out memory that a worker stream still uses. Errors name the statement being executed.
+
+Communication, Wait and Synchronize statements are also written to the process's flight
+recorder (``runtime.flight``) as they run, so a hang can be traced to the rank and
+statement where it started.
 """
 
 from __future__ import annotations
@@ -25,19 +29,22 @@ from hostir.errors import ExecutionError, HostIrError, InputMismatchError
 from hostir.options import options
 from hostir.printer import format_statement
 from hostir.verify import verify
+from runtime import fault_injection, flight
 from runtime.comm.base import check_team
 from runtime.device import DTYPE_NAMES, DTYPES
+from runtime.kernels import MatmulChoice, launcher, matmul_epilogue, matmul_shapes
 
 
 class _Frame:
     """The interpreter's state while one program runs."""
 
-    __slots__ = ("env", "current", "user")
+    __slots__ = ("env", "current", "user", "posted")
 
     def __init__(self, env, current):
         self.env = env
         self.current = current
         self.user = current
+        self.posted: dict = {}  # communication handle -> (its flight entry, the entry's n)
 
 
 def transposable_inputs(program: ir.Program) -> frozenset:
@@ -166,8 +173,6 @@ class Interpreter:
         ``KernelDef``s (compiled on first use, or in ``prepare``). ``matmul``: what runs
         ``Matmul`` statements: ``cublas``, ``codegen`` (the generated split-K kernel) or
         ``auto`` (the faster of the two per shape, measured in ``prepare``)."""
-        from runtime.kernels import MatmulChoice
-
         verify(program)
         self.program = program
         self.backend = backend
@@ -199,11 +204,44 @@ class Interpreter:
         self._agreed = (communicator is None or communicator.world_size == 1
                         or not hasattr(communicator, "agree")
                         or options().disable("input_agreement"))
-        from runtime import fault_injection
-
+        self._flight_setup(program, communicator)
         fault = fault_injection.from_environ()
         if fault is not None:  # tests only: the plain statement loop otherwise
             fault_injection.instrument(self, fault)
+
+    def _flight_setup(self, program: ir.Program, communicator) -> None:
+        """Number the statements the flight recorder records (walk order, the same on
+        every rank) and note the loop indices around each."""
+        self.flight = flight.recorder()
+        self._recorded: dict[int, tuple] = {}  # id(statement) -> its flight.statement_meta
+        if not self.flight.enabled:
+            return
+        if communicator is not None:
+            self.flight.bind(communicator.rank, communicator.world_size)
+        pid = self.flight.add_program(program.provenance or "program")
+        comm = getattr(communicator, "name", "")
+
+        def walk(body, loops):
+            for s in body:
+                if isinstance(s, (ir.Communication, ir.Wait, ir.Synchronize)):
+                    kind = (s.type.name if isinstance(s, ir.Communication)
+                            else type(s).__name__)
+                    self._recorded[id(s)] = flight.statement_meta(
+                        pid, len(self._recorded), format_statement(s), loops, kind,
+                        "" if isinstance(s, ir.Synchronize) else comm)
+                elif isinstance(s, ir.ForLoop):
+                    walk(s.body, loops + (s.index.name,))
+
+        walk(program.body, ())
+
+    def record(self, s, frame: _Frame, seq: int = 0, nbytes: int = 0):
+        """Start a flight-recorder entry for ``s`` (None when the recorder is off)."""
+        meta = self._recorded.get(id(s))
+        if meta is None:
+            return None
+        env = frame.env
+        return self.flight.start(meta, tuple([env[n] for n in meta[3]]), seq, nbytes,
+                                 frame.current)
 
     def _direct_sendrecv_roots(self, communicator) -> dict[str, str]:
         """SendRecv outputs whose buffer the sender can write directly: {output: root}.
@@ -288,8 +326,6 @@ class Interpreter:
             if nbytes:
                 reserve(max(nbytes))
         if self.backend.name == "cuda" and args:
-            from runtime.kernels import matmul_shapes
-
             self.matmul.measure(matmul_shapes(self.program), args[0].dtype, self.backend.device)
         self(*args)
         self.backend.synchronize()
@@ -302,8 +338,6 @@ class Interpreter:
             if defn is None:
                 raise ExecutionError(f"kernel {name!r} is not registered with this "
                                      f"interpreter nor defined by the program")
-            from runtime.kernels import launcher
-
             launch = self.kernels[name] = launcher(defn, self.backend.device)
         return launch
 
@@ -377,7 +411,10 @@ def _set_current_stream(it: Interpreter, s: ir.SetCurrentStream, f: _Frame) -> N
 
 
 def _synchronize(it: Interpreter, s: ir.Synchronize, f: _Frame) -> None:
+    entry = it.record(s, f)
     it.backend.wait_stream(f.current, it.stream(s.stream, f))
+    if entry is not None:  # CUDA: an event wait, issued (the collectives carry events)
+        entry.complete()
 
 
 def _allocate(it: Interpreter, s: ir.Allocate, f: _Frame) -> None:
@@ -403,6 +440,7 @@ def _select(it: Interpreter, s: ir.Select, f: _Frame) -> None:
 def _communication(it: Interpreter, s: ir.Communication, f: _Frame) -> None:
     inp, out = f.env[s.input.name], f.env[s.output.name]
     c, t = it.comm, s.type
+    entry = it.record(s, f, it.flight.next_seq(c), inp.numel() * inp.element_size())
     T = ir.CommunicationType
     if t is T.Allgather:
         work = c.allgather(out, inp, f.current)
@@ -430,17 +468,33 @@ def _communication(it: Interpreter, s: ir.Communication, f: _Frame) -> None:
         else:
             work = c.sendrecv(out, inp, send_peer, recv_peer, f.current)
     f.env[s.handle.name] = work
+    if entry is not None:
+        f.posted[s.handle.name] = (entry, entry.n)
+        if it.backend.name == "cuda" and torch.cuda.is_current_stream_capturing():
+            entry.mark_captured()  # its event exists only in the graph: not to be asked
+        else:  # a non-blocking check (CUDA: the event), or None when only its Wait tells
+            entry.poll = getattr(work, "query", None)
 
 
 def _wait(it: Interpreter, s: ir.Wait, f: _Frame) -> None:
-    f.env.pop(s.handle.name).wait(f.current)
+    work = f.env.pop(s.handle.name)
+    posted, n = f.posted.pop(s.handle.name, (None, 0))
+    if posted is not None and posted.n != n:
+        posted = None  # its slot was reused: more than the recorder keeps ran since
+    entry = it.record(s, f) if posted is None else it.record(s, f, posted.seq, posted.nbytes)
+    work.wait(f.current)
+    if entry is not None and posted is not None:
+        entry.poll = posted.poll
+        if posted.captured:
+            entry.mark_captured()
+        elif entry.poll is None and it.backend.name != "cuda":
+            entry.complete()  # the host waited: the request has finished
+            posted.complete()
 
 
 def _matmul(it: Interpreter, s: ir.Matmul, f: _Frame) -> None:
     a, b, out = f.env[s.a.name], f.env[s.b.name], f.env[s.out.name]
     if s.epilogue is not None:
-        from runtime.kernels import matmul_epilogue
-
         matmul_epilogue(a, b, out, s.epilogue, f.env[s.aux.name])
         return
     if a.is_contiguous() and out.is_contiguous():

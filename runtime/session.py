@@ -8,48 +8,17 @@
 from __future__ import annotations
 
 import collections
-import datetime
-import os
-import socket
 
 import torch
 
 from hostir import ir
-from hostir.options import options
 from runtime.comm.base import make_communicator
+from runtime.comm.bootstrap import init_torch_distributed_from_mpi, local_rank
 from runtime.device import make_backend, require_cuda
 from runtime.interpreter import Interpreter
+from runtime.watchdog import install_excepthook
 
-
-def init_torch_distributed_from_mpi(backend: str) -> None:
-    """``torch.distributed.init_process_group`` for ranks started by mpirun: rank 0 picks
-    an address and port and broadcasts them over MPI."""
-    import torch.distributed as dist
-    from mpi4py import MPI
-
-    if dist.is_initialized():
-        return
-    comm = MPI.COMM_WORLD
-    addr = None
-    if comm.Get_rank() == 0:
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            port = sock.getsockname()[1]
-        host = os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
-        addr = f"tcp://{host}:{port}"
-    addr = comm.bcast(addr, root=0)
-    # The group's collectives time out like ours (torch's own watchdog ends the rank).
-    timeout = options().comm_timeout_s
-    kw = {"timeout": datetime.timedelta(seconds=timeout)} if timeout > 0 else {}
-    dist.init_process_group(backend, init_method=addr, rank=comm.Get_rank(),
-                            world_size=comm.Get_size(), **kw)
-
-
-def local_rank() -> int:
-    for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID", "MPI_LOCALRANKID"):
-        if var in os.environ:
-            return int(os.environ[var])
-    return 0
+__all__ = ["Session", "init_torch_distributed_from_mpi", "local_rank"]
 
 
 class Session:
@@ -57,8 +26,6 @@ class Session:
     nccl, mpi, or torch (a torch.distributed group: the caller's, or one made from MPI)."""
 
     def __init__(self, device: str = "auto", comm: str = "auto", process_group=None):
-        from runtime.watchdog import install_excepthook
-
         install_excepthook()  # an uncaught error on one rank ends every rank
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -14,8 +14,17 @@ its partners forever. Two mechanisms end the job instead:
   first, and calls ``MPI.COMM_WORLD.Abort`` so that peers blocked in a collective end too.
   A rank that merely exits would leave them waiting: MPI_Finalize waits for them.
 
-Errors raised identically on every rank (the input agreement's ``InputMismatchError``
-carries ``on_every_rank = True``) are printed without aborting: every rank exits by itself.
+  A rank that the launcher ends with SIGTERM (Open MPI does, to every rank, when one
+  aborts) first writes its flight record (``runtime.flight``).
+- ``end_after_error``: a one-line error that no peer can be waiting on ends the job by a
+  normal exit (MPI finalizes, no abort banner): errors raised identically on every rank
+  (the input agreement's ``InputMismatchError`` carries ``on_every_rank = True``), or any
+  error that every rank reports within AGREE_S (``every_rank_failed``: point-to-point
+  messages, so a rank still running is found out, not waited for). A rank-local or
+  unknown failure aborts.
+
+The watchdog also polls the transport's own error state (NCCL's asynchronous error, as
+torch's c10d does), and on a timeout or error writes the flight record and names it.
 
 Example::
 
@@ -34,30 +43,18 @@ import threading
 import time
 import traceback
 
-from hostir.errors import CommTimeoutError
+import numpy as np
+
+from hostir.errors import CommTimeoutError, CommunicationError, HostIrError
 from hostir.options import options
+from runtime import flight
+from runtime.comm.bootstrap import mpi_world, poll_requests, process_rank, world_size
+
+__all__ = ["Watchdog", "end_job", "end_after_error", "install_excepthook", "process_rank",
+           "report", "world_size"]
 
 # After a timeout, how long the main thread gets to raise and exit by itself.
 GRACE_S = 5.0
-
-
-def process_rank() -> int:
-    """This process's rank: MPI's when MPI is up, else the launcher's variables, else 0."""
-    mpi = _mpi_world()
-    if mpi is not None:
-        return mpi.Get_rank()
-    for var in ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK", "SLURM_PROCID"):
-        if var in os.environ:
-            return int(os.environ[var])
-    return 0
-
-
-def _mpi_world():
-    """MPI.COMM_WORLD if this process already initialized MPI (never initializes it)."""
-    mod = sys.modules.get("mpi4py.MPI")
-    if mod is None or not mod.Is_initialized() or mod.Is_finalized():
-        return None
-    return mod.COMM_WORLD
 
 
 def report(exc: BaseException, with_traceback: bool = False) -> None:
@@ -79,7 +76,7 @@ def report(exc: BaseException, with_traceback: bool = False) -> None:
 
 def end_job(code: int = 1) -> None:
     """Abort the MPI job (every rank ends) or, without MPI, this process. Never returns."""
-    world = _mpi_world()
+    world = mpi_world()
     rank = process_rank()
     if world is not None and world.Get_size() > 1:
         sys.stderr.write(f"[rank {rank}] hostir: aborting the MPI job so that no rank waits "
@@ -90,8 +87,63 @@ def end_job(code: int = 1) -> None:
     os._exit(code)
 
 
+# How long a rank with an error waits to hear that every other rank has one too.
+AGREE_S = 10.0
+# Point-to-point messages on a tag of their own: they never match a collective.
+ERROR_TAG = 29_002
+
+
+def every_rank_failed(code: int, timeout_s: float | None = None) -> bool:
+    """True when every other rank of the MPI job also reports an error within
+    ``timeout_s`` (default: AGREE_S, at most HOSTIR_COMM_TIMEOUT when that is set).
+
+    Each rank on its way out sends its exit code to every other rank and waits for
+    theirs. When all arrive, nobody is left waiting in a collective and the job can end
+    by a normal exit (MPI_Finalize); when one does not, that rank is still running, and
+    only an abort reaches it."""
+    world = mpi_world()
+    if world is None or world.Get_size() <= 1:
+        return True
+    if timeout_s is None:
+        limit = options().comm_timeout_s
+        timeout_s = min(AGREE_S, limit) if limit > 0 else AGREE_S
+    rank, size = world.Get_rank(), world.Get_size()
+    peers = [r for r in range(size) if r != rank]
+    mine = np.array([code], dtype=np.int32)
+    theirs = {r: np.zeros(1, dtype=np.int32) for r in peers}
+    recvs = [world.Irecv(theirs[r], source=r, tag=ERROR_TAG) for r in peers]
+    sends = [world.Isend(mine, dest=r, tag=ERROR_TAG) for r in peers]
+    if not all(poll_requests(recvs, time.monotonic() + timeout_s)):
+        return False
+    # Every peer posted its receive (it sent to this rank from the same code path).
+    return all(poll_requests(sends, time.monotonic() + timeout_s))
+
+
+def end_after_error(exc: BaseException, code: int) -> int:
+    """The exit code for a one-line error already printed: ``code`` when no peer can be
+    left waiting (one rank, an error raised on every rank by construction, or every rank
+    reports an error within AGREE_S), so the caller returns it and MPI finalizes with no
+    abort banner. Otherwise (an error raised while executing a statement, a timed-out
+    collective, or a peer that says nothing) the MPI job is aborted here."""
+    if world_size() <= 1 or getattr(exc, "on_every_rank", False):
+        return code
+    if not _rank_local(exc) and every_rank_failed(code):
+        return code
+    end_job(code)
+    return code  # not reached
+
+
+def _rank_local(exc: BaseException) -> bool:
+    """An error only this rank can have: raised while executing a statement (its peers
+    are in the program, maybe in a collective), a timed-out collective, or an error that
+    is not hostir's own (a bug, an interrupt)."""
+    return (getattr(exc, "_hostir_where", False) or isinstance(exc, CommTimeoutError)
+            or not isinstance(exc, HostIrError))
+
+
 def _hook(tp, value, tb):
-    if getattr(value, "on_every_rank", False) or world_size() <= 1:
+    if (getattr(value, "on_every_rank", False) or world_size() <= 1
+            or (not _rank_local(value) and every_rank_failed(1))):
         # Every rank raises this one (or there is one rank): no peer is left waiting.
         report(value)
         _previous_hook(tp, value, tb)
@@ -100,23 +152,19 @@ def _hook(tp, value, tb):
     end_job(1)
 
 
-def world_size() -> int:
-    world = _mpi_world()
-    if world is not None:
-        return world.Get_size()
-    return int(os.environ.get("OMPI_COMM_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
-
-
 _previous_hook = sys.excepthook
 
 
 def install_excepthook() -> None:
-    """Make an uncaught error on one rank of a multi-rank job abort the whole job
-    (idempotent). ``hostir.run`` and ``Session`` install it."""
+    """Make an uncaught error on one rank of a multi-rank job abort the whole job, and a
+    rank that the launcher ends write its flight record (idempotent). ``hostir.run`` and
+    ``Session`` install it."""
     global _previous_hook
     if sys.excepthook is not _hook:
         _previous_hook = sys.excepthook
         sys.excepthook = _hook
+    if world_size() > 1:
+        flight.install_sigterm_dump()
 
 
 def _raise_in_main_thread(exc_type: type) -> None:
@@ -125,33 +173,39 @@ def _raise_in_main_thread(exc_type: type) -> None:
 
 
 class Watchdog:
-    """Deadlines for collectives in flight, checked by one daemon thread (started lazily).
+    """Deadlines for collectives in flight, and the health of the communicator, checked by
+    one daemon thread (started with the first collective).
 
     ``watch(what, done)`` registers a collective just posted; ``done()`` must be cheap and
     thread-safe (``torch.cuda.Event.query``). Collectives of one communicator complete in
     the order they were posted, so only the oldest is checked; finished ones are dropped.
-    ``timeout_s`` <= 0 turns the watchdog off.
+    ``health`` callables are polled every tick too: each returns None, or the text of an
+    error the transport reported by itself (NCCL's asynchronous error state), which ends
+    the job at once, with that text. ``timeout_s`` <= 0 turns the deadlines off (the
+    health checks stay).
     """
 
     def __init__(self, rank: int, what: str, on_timeout=(), timeout_s: float | None = None,
-                 grace_s: float = GRACE_S, end=end_job):
+                 grace_s: float = GRACE_S, end=end_job, health=()):
         self.rank = rank
         self.what = what
         self.on_timeout = list(on_timeout)
+        self.health = list(health)
         self.timeout_s = options().comm_timeout_s if timeout_s is None else timeout_s
         self.grace_s = grace_s
         self.end = end
-        self.error: CommTimeoutError | None = None
+        self.error: CommunicationError | None = None
         self._pending: collections.deque = collections.deque()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
     def watch(self, what: str, done) -> None:
-        if self.timeout_s <= 0:
+        if self.timeout_s <= 0 and not self.health:
             return
         with self._lock:
-            self._pending.append((time.monotonic() + self.timeout_s, what, done))
+            if self.timeout_s > 0:
+                self._pending.append((time.monotonic() + self.timeout_s, what, done))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="hostir-watchdog",
                                                 daemon=True)
@@ -175,22 +229,41 @@ class Watchdog:
         while self._pending and self._pending[0][2]():
             self._pending.popleft()
 
+    def _unhealthy(self) -> str | None:
+        for check in self.health:
+            try:
+                text = check()
+            except Exception as e:  # noqa: BLE001 - a check that fails is a failure
+                text = f"{type(e).__name__}: {e}"
+            if text:
+                return text
+        return None
+
     def _run(self) -> None:
-        tick = min(1.0, max(self.timeout_s / 20, 0.01))
+        timeout = self.timeout_s if self.timeout_s > 0 else 20.0
+        tick = min(1.0, max(timeout / 20, 0.01))
         while not self._stop.wait(tick):
+            failed = self._unhealthy()
+            if failed:
+                self._fire(f"rank {self.rank}: the {self.what} communicator reported an "
+                           f"asynchronous error: {failed}; the watchdog aborted it",
+                           CommunicationError)
+                return
             with self._lock:
                 self._drop_done()
                 expired = self._pending and self._pending[0][0] < time.monotonic()
                 what = self._pending[0][1] if expired else None
             if expired:
-                self._fire(what)
+                self._fire(f"rank {self.rank}: {what} did not complete within "
+                           f"{self.timeout_s:g} s (HOSTIR_COMM_TIMEOUT); the watchdog aborted "
+                           f"the {self.what} communicator. Expected every rank to post it: a "
+                           "peer rank failed, died or is stuck", CommTimeoutError)
                 return
 
-    def _fire(self, what: str) -> None:
-        message = (f"rank {self.rank}: {what} did not complete within {self.timeout_s:g} s "
-                   f"(HOSTIR_COMM_TIMEOUT); the watchdog aborted the {self.what} communicator. "
-                   "Expected every rank to post it: a peer rank failed, died or is stuck")
-        self.error = CommTimeoutError(message)
+    def _fire(self, message: str, kind: type = CommTimeoutError) -> None:
+        where = flight.dump(f"watchdog: {message}")
+        message += flight.describe(where)
+        self.error = kind(message)
         report(self.error)
         # Whatever the main thread does next, this rank must not exit 0 nor wait for its
         # peers in MPI_Finalize: at exit (before mpi4py finalizes), end the job.
@@ -209,8 +282,8 @@ class Watchdog:
         # The main thread gets the error at its next Python instruction (an exception type
         # is all CPython accepts here, so the message rides on a subclass).
         def init(exc, *args):
-            CommTimeoutError.__init__(exc, *(args or (message,)))
+            kind.__init__(exc, *(args or (message,)))
 
-        _raise_in_main_thread(type("CommTimeoutError", (CommTimeoutError,), {"__init__": init}))
+        _raise_in_main_thread(type(kind.__name__, (kind,), {"__init__": init}))
         self._stop.wait()  # the backstop ends the job unless the process exits first
         backstop.cancel()

@@ -137,19 +137,15 @@ def _async_tp(session, shard_rows_contig, b):
 
     run, reason = None, None
     try:
-        import warnings
-
         import torch.distributed as dist
-        import torch.distributed._symmetric_memory as symm_mem
+        import torch.distributed._symmetric_memory  # noqa: F401 - registers the fused ops
 
         from runtime.session import init_torch_distributed_from_mpi
 
         init_torch_distributed_from_mpi("nccl")
+        # The op finds the group's symmetric memory by name (torch >= 2.11 needs no
+        # enable_symm_mem_for_group, which it deprecates).
         name = dist.group.WORLD.group_name
-        if hasattr(symm_mem, "enable_symm_mem_for_group"):
-            with warnings.catch_warnings():  # deprecated (and needless) in newer torch
-                warnings.simplefilter("ignore")
-                symm_mem.enable_symm_mem_for_group(name)
         op = torch.ops.symm_mem.fused_all_gather_matmul
 
         def run():

@@ -21,7 +21,9 @@ captured epochs), torch's symmetric-memory barrier kernel is used
 one, or a ``TorchCommunicator`` over the caller's NCCL process group (``hostir.nn`` does
 that when ``torch.distributed`` is initialized). The symmetric memory is rendezvoused over
 ``group`` (default: the world group of ``torch.distributed``, initialized with NCCL from
-MPI when it is not), whose ranks must be the wrapped communicator's.
+MPI when it is not), whose ranks must be the wrapped communicator's. ``rendezvous`` takes
+the group by name and finds its store itself (torch >= 2.11), so no per-group set-up call
+precedes it (torch 2.11 deprecated ``enable_symm_mem_for_group`` as needless).
 
 When the receive buffer itself lives in symmetric memory (the interpreter allocates a
 program's gathered buffer there, see ``Interpreter._direct_sendrecv_roots``), the sender
@@ -38,6 +40,9 @@ import torch
 
 from hostir.errors import CommunicationError
 from hostir.options import options
+from runtime.comm.bootstrap import init_torch_distributed_from_mpi
+from runtime.comm.nccl import _EventWork
+from runtime.watchdog import Watchdog
 
 
 _CU = None
@@ -113,8 +118,6 @@ class CopyEngineCommunicator:
     def __init__(self, base, group=None):
         import torch.distributed as dist
 
-        from runtime.session import init_torch_distributed_from_mpi
-
         if group is None:
             init_torch_distributed_from_mpi("nccl")
             group = dist.group.WORLD
@@ -135,6 +138,17 @@ class CopyEngineCommunicator:
 
     def __getattr__(self, name):  # allgather, reduce_scatter, ... go to the wrapped NCCL
         return getattr(self.base, name)
+
+    @property
+    def watchdog(self) -> Watchdog:
+        """The wrapped NCCL communicator's watchdog, or one of this transport's own over a
+        torch group (whose collectives torch watches, but not these peer writes)."""
+        dog = getattr(self.base, "watchdog", None)
+        if dog is None:
+            if self._watchdog is None:
+                self._watchdog = Watchdog(self.rank, "copy engine")
+            dog = self._watchdog
+        return dog
 
     def reserve(self, nbytes: int) -> None:
         """Grow the symmetric buffer to ``nbytes`` (a collective: every rank calls it with
@@ -227,19 +241,13 @@ class CopyEngineCommunicator:
         posted = getattr(self.base, "_posted", None)
         if posted is not None:
             return posted("copy-engine SendRecv", s, inp)
-        from runtime.comm.nccl import _EventWork  # no cupy needed for this
-
         event = torch.cuda.Event()
         event.record(s)
         if torch.cuda.is_current_stream_capturing():
             return _EventWork(s, event)
         # A stream-memory wait has no timeout of its own: a peer that is gone would leave
         # it waiting forever, so a watchdog ends the job after HOSTIR_COMM_TIMEOUT.
-        if self._watchdog is None:
-            from runtime.watchdog import Watchdog
-
-            self._watchdog = Watchdog(self.rank, "copy engine")
-        self._watchdog.watch(f"copy-engine SendRecv of {inp.numel() * inp.element_size()} "
+        self.watchdog.watch(f"copy-engine SendRecv of {inp.numel() * inp.element_size()} "
                              "bytes", event.query)
         return _EventWork(s, event)
 

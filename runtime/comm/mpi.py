@@ -6,7 +6,8 @@ float32 (MPI has no bf16 type) and are rounded once at the end.
 
 No wait blocks forever: ``Work.wait`` polls ``Test`` with a growing sleep until
 HOSTIR_COMM_TIMEOUT passes, then raises ``CommTimeoutError`` (a peer that died or never
-posted the collective); the uncaught-error hook then aborts the MPI job.
+posted the collective), after writing this rank's flight record (``runtime.flight``),
+whose directory the error names; the uncaught-error hook then aborts the MPI job.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 
 from hostir.errors import CommTimeoutError, CommunicationError
 from hostir.options import options
+from runtime import flight
 
 _REDUCE = {"sum": "SUM", "max": "MAX", "min": "MIN"}
 
@@ -46,10 +48,11 @@ def wait_requests(requests, what: str, rank: int | None, timeout_s: float | None
         waited = time.monotonic() - start
         if waited > timeout_s:
             who = "" if rank is None else f"rank {rank}: "
-            raise CommTimeoutError(
-                f"{who}{what} did not complete within {timeout_s:g} s (HOSTIR_COMM_TIMEOUT); "
-                "expected every rank to post it, found it still pending: a peer rank "
-                "failed, died or is stuck")
+            message = (f"{who}{what} did not complete within {timeout_s:g} s "
+                       "(HOSTIR_COMM_TIMEOUT); expected every rank to post it, found it still "
+                       "pending: a peer rank failed, died or is stuck")
+            where = flight.dump(f"timeout: {message}")
+            raise CommTimeoutError(message + flight.describe(where))
         time.sleep(delay)
         delay = min(delay * 2, 0.01)
 

@@ -1,12 +1,17 @@
 """Collectives through NCCL (CuPy's bindings), bootstrapped by mpi4py.
 
-Rank 0 makes the NCCL unique id and broadcasts it over MPI; every rank then joins the
-communicator on its GPU. Collectives run on the *current* stream, so a Wait on the same
+Rank 0 makes the NCCL unique id and hands it to every rank over MPI; every rank then joins
+the communicator on its GPU. Both steps are bounded by HOSTIR_COMM_TIMEOUT
+(``runtime.comm.bootstrap``): a rank that never joins is named on every other rank. Collectives run on the *current* stream, so a Wait on the same
 stream is free and a Wait from another stream is an event wait: the host never blocks.
 
 Each collective records an event that a ``Watchdog`` (``runtime.watchdog``) checks: one
 not complete within HOSTIR_COMM_TIMEOUT aborts the NCCL communicator and raises
 ``CommTimeoutError`` on its rank, so a peer that failed never leaves this one hanging.
+The watchdog also polls NCCL's asynchronous error state (``ncclCommGetAsyncError``, CuPy's
+``check_async_error``), as torch's c10d does: a communicator that failed (a peer's
+network link, a remote abort) ends the job at once with NCCL's own text, not after the
+timeout. A CuPy without that call leaves only the timeout.
 """
 
 from __future__ import annotations
@@ -14,6 +19,26 @@ from __future__ import annotations
 import torch
 
 from hostir.errors import CommunicationError
+from runtime.comm.bootstrap import exchange_over_mpi, with_deadline
+from runtime.comm.mpi import agree_over_mpi, wait_requests
+from runtime.watchdog import Watchdog
+
+INSTALL_HINT = "pip install 'hostir[cuda13]' (CUDA 13; 'hostir[cuda12]' for CUDA 12)"
+
+
+def nccl_module():
+    """CuPy's NCCL bindings, or a one-line ``CommunicationError`` with the pip install
+    that provides them."""
+    try:
+        from cupy.cuda import nccl
+    except ImportError as e:
+        raise CommunicationError(
+            f"--comm nccl needs CuPy with NCCL, which is not installed ({e}); {INSTALL_HINT}"
+        ) from None
+    if not hasattr(nccl, "NcclCommunicator"):  # CuPy found no NCCL library at import
+        raise CommunicationError(
+            f"--comm nccl needs the NCCL library, which CuPy did not find; {INSTALL_HINT}")
+    return nccl
 
 # ncclDataType_t and ncclRedOp_t values of nccl.h
 _NCCL_DTYPE = {
@@ -31,6 +56,10 @@ class _EventWork:
         self.stream = stream
         self.event = event
 
+    def query(self) -> bool:
+        """Finished on the device (never blocks)."""
+        return self.event.query()
+
     def wait(self, stream) -> None:
         if stream is None or stream == self.stream:
             return
@@ -41,12 +70,7 @@ class NcclCommunicator:
     name = "nccl"
 
     def __init__(self, rank: int, world_size: int, unique_id, device: int):
-        try:
-            from cupy.cuda import nccl
-        except ImportError as e:  # pragma: no cover - needs a CUDA machine
-            raise CommunicationError(
-                "NCCL communicator needs CuPy with NCCL (pip install hostir[cuda13])"
-            ) from e
+        nccl = nccl_module()
         self.nccl = nccl
         self.rank = rank
         self.world_size = world_size
@@ -55,13 +79,31 @@ class NcclCommunicator:
         import cupy
 
         cupy.cuda.Device(device).use()
-        self.comm = nccl.NcclCommunicator(world_size, unique_id, rank)
+
+        def init():  # on the helper thread of with_deadline: the device is per thread
+            cupy.cuda.Device(device).use()
+            return nccl.NcclCommunicator(world_size, unique_id, rank)
+
+        self.comm = with_deadline(init, "NCCL communicator init", rank)
         # The communicator's own stream: see _stream.
         self.stream = torch.cuda.Stream(torch.device("cuda", device))
         self._ready = torch.cuda.Event()
-        from runtime.watchdog import Watchdog
+        self.watchdog = Watchdog(rank, "NCCL", on_timeout=[self.abort],
+                                 health=[self.async_error])
 
-        self.watchdog = Watchdog(rank, "NCCL", on_timeout=[self.abort])
+    def async_error(self) -> str | None:
+        """NCCL's asynchronous error on this communicator, as text; None while healthy
+        (or when this CuPy cannot ask)."""
+        check = getattr(self.comm, "check_async_error", None)
+        if check is None or not getattr(self, "_can_ask", True):
+            return None
+        try:
+            check()
+        except self.nccl.NcclError as e:
+            return f"NCCL error: {e}"
+        except RuntimeError:  # an NCCL before 2.4 cannot be asked: stop asking
+            self._can_ask = False
+        return None
 
     def _posted(self, what: str, s: torch.cuda.Stream, t: torch.Tensor) -> _EventWork:
         event = torch.cuda.Event()
@@ -77,17 +119,18 @@ class NcclCommunicator:
     def from_mpi(cls, mpi_comm=None) -> "NcclCommunicator":
         """One rank a GPU: the GPU is the rank's index among the ranks of its node."""
         from mpi4py import MPI
-        from cupy.cuda import nccl
 
+        nccl = nccl_module()
         comm = mpi_comm if mpi_comm is not None else MPI.COMM_WORLD
-        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-        local_rank = local.Get_rank()
-        local.Free()
         ngpu = torch.cuda.device_count()
         if ngpu == 0:
             raise CommunicationError("NCCL communicator: no CUDA device is visible")
-        uid = nccl.get_unique_id() if comm.Get_rank() == 0 else None
-        uid = comm.bcast(uid, root=0)
+        # First the bounded exchange: once it passed, every rank is here and the
+        # blocking Split_type below cannot wait for a rank that never comes.
+        uid = exchange_over_mpi(comm, nccl.get_unique_id, "the NCCL unique id")
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        local_rank = local.Get_rank()
+        local.Free()
         return cls(comm.Get_rank(), comm.Get_size(), uid, local_rank % ngpu)
 
     def _dtype(self, t: torch.Tensor) -> int:
@@ -157,15 +200,11 @@ class NcclCommunicator:
     def barrier(self) -> None:
         from mpi4py import MPI
 
-        from runtime.comm.mpi import wait_requests
-
         wait_requests([MPI.COMM_WORLD.Ibarrier()], "MPI barrier", self.rank)
 
     def agree(self, obj) -> list:
         """Every rank's ``obj`` in rank order, over MPI (which bootstrapped this NCCL comm)."""
         from mpi4py import MPI
-
-        from runtime.comm.mpi import agree_over_mpi
 
         return agree_over_mpi(MPI.COMM_WORLD, obj, self.rank)
 

@@ -1,15 +1,13 @@
 """The fault scenarios of test_faults.py under NCCL on 2 GPUs (skipped without them).
 
 Each scenario is an ``mpirun -np 2`` job of ``hostir.run fault_injection --device cuda``
-(NCCL bootstrapped by MPI, HOSTIR_COMM_TIMEOUT=10). With HOSTIR_FAULT_EVIDENCE=path.json
-the tests also write what was injected, what each rank printed and how long the job took
-(benchmarks/results/faults_<device>_x2.json, as benchmarks/run_gpu_evidence.sh names it).
+(NCCL bootstrapped by MPI, HOSTIR_COMM_TIMEOUT=10). Each job goes to the fault matrix
+(``matrix.py``), written with HOSTIR_FAULTS_JSON=benchmarks/results/faults_<device>_x2.json
+(docs/RELIABILITY.md, "Fault matrix").
 """
 
 from __future__ import annotations
 
-import json
-import os
 import re
 
 import pytest
@@ -62,7 +60,7 @@ SCENARIOS = {
     # The ring over the copy engine: rank 1 stops in its second call (the first set up
     # the symmetric buffers) just before its first SendRecv; rank 0's stream waits in a
     # stream-memory barrier that nothing times out but the watchdog.
-    "rank_stuck_copy_engine": (("--comm", "copy_engine", "--schedule", "ring"),
+    "rank_stuck_copy_engine": (("--schedule", "ring"),
                                f"1:{RING_STATEMENTS + RING_FIRST_SENDRECV}:hang",
                                r"\[rank 0\] hostir: CommTimeoutError: rank 0: NCCL copy-engine "
                                r"SendRecv of \d+ bytes did not complete within 10 s"),
@@ -74,17 +72,7 @@ SCENARIOS = {
     "non_dividing_shape": (("--m", "10", "--stages", "4"), None,
                            r"LoweringError: tensor T0 \(A\) axis 0: extent M=10 is not divisible"),
 }
-_EVIDENCE: dict = {}
 
-
-@pytest.fixture(scope="module", autouse=True)
-def evidence():
-    yield
-    path = os.environ.get("HOSTIR_FAULT_EVIDENCE")
-    if path and _EVIDENCE:
-        with open(path, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(0), "gpus": 2, "comm": "nccl",
-                       "comm_timeout_s": TIMEOUT_S, "scenarios": _EVIDENCE}, f, indent=1)
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
@@ -93,16 +81,14 @@ def test_fault_under_nccl(name):
     env = dict(NCCL_ENV)
     if inject:
         env["HOSTIR_INJECT_FAULT"] = inject
-    rc, out, took = mpirun(2, *flags, env=env, device="cuda")
-    _EVIDENCE[name] = {
-        "injected": inject or " ".join(flags) or "nothing", "exit_code": rc,
-        "seconds_to_exit": round(took, 2),
-        "rank_lines": [ln for ln in out.splitlines() if re.match(r"\[rank \d\]|rank \d: ok|"
-                                                                 r"prterun|mpirun", ln)][:12],
-    }
+    comm = "copy_engine" if name.endswith("copy_engine") else "nccl"
+    rc, out, took = mpirun(2, *flags, env=env, device="cuda", comm=comm,
+                           fault=name.replace("_", " ").removesuffix(" copy engine"))
     assert re.search(expect, out), out
     if name == "healthy":
         assert rc == 0, out
         return
     assert rc != 0, out
     assert took < TIMEOUT_S + 30, (took, out)
+    if name.startswith("rank_stuck"):  # the watchdog wrote the flight record and names it
+        assert "flight records in " in out, out
