@@ -278,7 +278,8 @@ class MLPBlock(torch.nn.Module):
 
 def _loss(y, target, args):
     """This rank's share of the mean squared error over all tokens."""
-    return ((y.float() - target.float()) ** 2).sum() / (args.tokens * args.hidden)
+    dt = torch.promote_types(y.dtype, torch.float32)  # half types in float32, float64 kept
+    return ((y.to(dt) - target.to(dt)) ** 2).sum() / (args.tokens * args.hidden)
 
 
 def train(args) -> list[float]:
