@@ -19,14 +19,14 @@ run 240 "${M[@]}" python3 -m pytest -q -p no:cacheprovider --color=no --with-mpi
   > "$OUT/multigpu.log" 2>&1; echo "rc=$?"; grep -a -E "passed|failed" "$OUT/multigpu.log" | tail -2
 # 2. the overlap benchmark (issue 3); stores autotuned schedules
 run 240 "${M[@]}" python3 -m hostir.run pipelined_matmul --bench --autotune --iters 8 --warmup 2 \
-  --shape-timeout 150 --out "$OUT/pipelined_matmul.json" 2>&1 | quiet > "$OUT/bench.log"
+  --shape-timeout 150 --json "$OUT/pipelined_matmul.json" 2>&1 | quiet > "$OUT/bench.log"
 tail -9 "$OUT/bench.log"
 # 3. the TP MLP block (issue 6): exact GELU (unfused), then the tanh GELU with the fused
 #    ParallelMLP (cuBLASLt GELU_AUX / DGELU epilogues) first among the variants
 run 200 "${M[@]}" python3 -m hostir.run train_mlp --bench --hidden 8192 --tokens 16384 \
-  --out "$OUT" 2>&1 | quiet | tail -2
+  --json "$OUT/" 2>&1 | quiet | tail -2
 run 240 "${M[@]}" python3 -m hostir.run train_mlp --bench --hidden 8192 --tokens 16384 \
-  --activation gelu_tanh --out "$OUT" 2>&1 | quiet | tail -2
+  --activation gelu_tanh --json "$OUT/" 2>&1 | quiet | tail -2
 # 4. a picture of the overlap: the default schedule at 8192^3
 run 60 "${M[@]}" python3 -m hostir.run pipelined_matmul --m 8192 --k 8192 --n 8192 \
   --dtype bfloat16 --check --trace /tmp/t_ring.json --timeline "$OUT/timeline_ring.png" 2>&1 \

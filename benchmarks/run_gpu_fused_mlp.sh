@@ -20,6 +20,6 @@ run 180 "${M[@]}" python3 -m pytest -q -p no:cacheprovider --color=no --with-mpi
   tests/multigpu/test_parallel_mlp_gpu.py > "$OUT/parallel_mlp_gpu.log" 2>&1; echo "rc=$?"
 grep -a -E "passed|failed|Error" "$OUT/parallel_mlp_gpu.log" | tail -4
 run 240 "${M[@]}" python3 -m hostir.run train_mlp --bench --hidden 8192 --tokens 16384 \
-  --activation gelu_tanh --out "$OUT" 2>&1 | quiet > "$OUT/tp_mlp_gelu_tanh.log"; tail -1 "$OUT/tp_mlp_gelu_tanh.log"
+  --activation gelu_tanh --json "$OUT/" 2>&1 | quiet > "$OUT/tp_mlp_gelu_tanh.log"; tail -1 "$OUT/tp_mlp_gelu_tanh.log"
 run 200 "${M[@]}" python3 -m hostir.run train_mlp --bench --hidden 8192 --tokens 16384 \
-  --out "$OUT" 2>&1 | quiet > "$OUT/tp_mlp_gelu.log"; tail -1 "$OUT/tp_mlp_gelu.log"
+  --json "$OUT/" 2>&1 | quiet > "$OUT/tp_mlp_gelu.log"; tail -1 "$OUT/tp_mlp_gelu.log"

@@ -12,7 +12,7 @@ matmul_work() {
   echo "== wgmma check"; timeout 200 python3 benchmarks/gpu_wgmma_check.py --out "$OUT/wgmma.json" \
     > "$OUT/wgmma.log" 2>&1; echo "rc=$?"
   echo "== matmul bench"; timeout 300 python3 -m hostir.run matmul --bench --tune \
-    --output "$OUT/matmul.json" > "$OUT/matmul.log" 2>&1; echo "rc=$?"
+    --json "$OUT/matmul.json" > "$OUT/matmul.log" 2>&1; echo "rc=$?"
   echo "== split-K: parallel, serial and cluster side by side"; timeout 150 python3 \
     benchmarks/split_k_probe.py --out "$OUT/split_k_probe.json" > "$OUT/split_k_probe.log" 2>&1; echo "rc=$?"
   echo "== matmul host time a call"; timeout 120 python3 benchmarks/matmul_host_probe.py \
@@ -22,7 +22,7 @@ matmul_work() {
 }
 norm_work() {
   echo "== layer_norm bench"; timeout 240 python3 -m hostir.run layer_norm --bench --sweep \
-    --out "$OUT/layer_norm.json" > "$OUT/layer_norm.log" 2>&1; echo "rc=$?"
+    --json "$OUT/layer_norm.json" > "$OUT/layer_norm.log" 2>&1; echo "rc=$?"
   echo "== normalization with fewer 1-D tensors"; timeout 120 python3 benchmarks/norm_params_probe.py \
     --out "$OUT/norm_params_probe.json" > "$OUT/norm_params_probe.log" 2>&1; echo "rc=$?"
   echo "== 16-bit pair adds off/on"; timeout 120 python3 benchmarks/norm_flag_probe.py --flag PACKED_HEAD \

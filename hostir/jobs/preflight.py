@@ -2,9 +2,10 @@
 optional packages; and the ranks' agreement on the outcome.
 
 A job's ``validate(args, world)`` raises one of the `JobError` classes below; each
-carries the exit code of its class (the constants of `hostir.run`). ``hostir.run`` then
-has every rank agree (`agree`) before the first collective, so that a refusal seen by one
-rank only ends every rank instead of leaving its peers waiting.
+carries the exit code of its class (`hostir.jobs.exit_codes`, which `hostir.run`
+exports). ``hostir.run`` then has every rank agree (`agree`) before the first
+collective, so that a refusal seen by one rank only ends every rank instead of leaving
+its peers waiting.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import re
 import tempfile
 from pathlib import Path
 
-from hostir.run import (EXIT_DEPENDENCY, EXIT_MEMORY, EXIT_NO_DEVICE, EXIT_OUTPUT,
-                        EXIT_USAGE, EXIT_WORLD_SIZE)
+from hostir.jobs.exit_codes import (EXIT_DEPENDENCY, EXIT_MEMORY, EXIT_NO_DEVICE,
+                                    EXIT_OUTPUT, EXIT_USAGE, EXIT_WORLD_SIZE)
 
 # The dtypes of the multi-rank jobs' --dtype (one list for all of them).
 DTYPES = ("float32", "float64", "bfloat16", "float16")
