@@ -368,7 +368,7 @@ def _write(args, device, world, first_call, results) -> Path:
                         "of all candidates of a shape interleaved (round robin); host_us "
                         "is the host time to issue one iteration",
               "shape_convention": "MxNxK: C[M, N] = A[M, K] @ B[K, N], M over all ranks",
-              "dtype": "bfloat16", "results": results}
+              "dtype": "bfloat16", "matmul": "cublas", "results": results}
     write_json(path, record)
     return path
 
