@@ -59,9 +59,11 @@ def main(argv=None) -> int:
         print(__doc__.rstrip() + "\n\njobs: " + ", ".join(sorted(JOBS)),
               file=sys.stdout if argv else sys.stderr)
         return 0 if argv else EXIT_USAGE
+    from runtime.watchdog import end_job, install_excepthook, process_rank, world_size
+
     job = argv[0]
     if job not in JOBS:
-        _say(job, 0, f"unknown job {job!r}: expected one of {', '.join(sorted(JOBS))}")
+        _say(job, process_rank(), f"unknown job {job!r}: expected one of {', '.join(sorted(JOBS))}")
         return EXIT_USAGE
 
     from hostir.errors import HostIrError
@@ -76,6 +78,7 @@ def main(argv=None) -> int:
     except preflight.JobError as e:
         problem = e
     world = preflight.launch_world()
+    install_excepthook()  # under mpirun: an uncaught error on one rank ends every rank
     if problem is None and hasattr(module, "validate"):
         try:
             module.validate(args, world)
@@ -88,9 +91,6 @@ def main(argv=None) -> int:
         _say(job, world.rank, str(problem), problem)
         return problem.code
 
-    from runtime.watchdog import end_job, install_excepthook, process_rank, world_size
-
-    install_excepthook()  # under mpirun: an uncaught error on one rank ends every rank
     try:
         return int(module.main(args) or 0)
     except (HostIrError, preflight.JobError) as e:
