@@ -1,19 +1,34 @@
 """``python -m hostir.run <job> [flags]``: the jobs users run.
 
-    mpirun -np 2 python -m hostir.run pipelined_matmul --m 8192 --k 8192 --n 8192 --check
+    mpirun -np 2 python -m hostir.run pipelined_matmul --m 8192 --n 8192 --k 8192 --check
+    mpirun -np 2 python -m hostir.run train_mlp --check
     python -m hostir.run matmul --bench          # generated split-K matmul vs cuBLAS, one GPU
     python -m hostir.run layer_norm --bench      # generated normalization kernels, one GPU
 
-``python -m hostir.run <job> --help`` lists each job's flags.
+``python -m hostir.run <job> --help`` lists each job's flags; docs/JOBS.md describes them,
+the MxNxK convention and the exit codes below.
+
+Every job checks its flags, the world size, its output paths, whether the problem fits
+in memory and whether the optional packages it needs are installed, all before it starts.
+A refusal prints one line ``[rank R] hostir <job>: error: ...`` on every rank and every
+rank exits with the same code (``HOSTIR_DEBUG=1`` adds the traceback):
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
+import os
 import sys
+import traceback
 
-from hostir.errors import HostIrError
+from hostir.jobs.exit_codes import (EXIT_CHECK_FAILED, EXIT_CODES, EXIT_DEPENDENCY,
+                                    EXIT_MEMORY, EXIT_NO_DEVICE, EXIT_OUTPUT, EXIT_RUN_FAILED,
+                                    EXIT_USAGE, EXIT_WORLD_SIZE)
+
+__all__ = ["main", "JOBS", "EXIT_CODES", "EXIT_CHECK_FAILED", "EXIT_USAGE", "EXIT_WORLD_SIZE",
+           "EXIT_OUTPUT", "EXIT_MEMORY", "EXIT_DEPENDENCY", "EXIT_NO_DEVICE", "EXIT_RUN_FAILED"]
+
+__doc__ += "".join(f"\n    {code}  {what}" for code, what in EXIT_CODES.items()) + "\n"
 
 JOBS = {
     "pipelined_matmul": "hostir.jobs.pipelined_matmul",
@@ -25,30 +40,67 @@ JOBS = {
 }
 
 
+def _say(job: str, rank: int, message: str, exc: BaseException | None = None) -> None:
+    if exc is not None and os.environ.get("HOSTIR_DEBUG") == "1":
+        traceback.print_exception(exc, file=sys.stderr)
+    print(f"[rank {rank}] hostir {job}: error: {message}", file=sys.stderr, flush=True)
+
+
+def _exit_code(e) -> int:
+    """Refusals of the problem as asked are usage errors; failures while running are not."""
+    from hostir.errors import CommunicationError, CompilationError, ExecutionError
+
+    return EXIT_RUN_FAILED if isinstance(e, (CommunicationError, CompilationError,
+                                             ExecutionError)) else EXIT_USAGE
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m hostir.run", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("job", choices=sorted(JOBS), help="what to run")
-    if not argv or argv[0] not in JOBS:
-        parser.parse_args(argv[:1] or ["--help"])
-        return 2
-    module = importlib.import_module(JOBS[argv[0]])
-    sub = argparse.ArgumentParser(prog=f"python -m hostir.run {argv[0]}",
-                                  description=module.__doc__,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    module.add_arguments(sub)
-    args = sub.parse_args(argv[1:])
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__.rstrip() + "\n\njobs: " + ", ".join(sorted(JOBS)),
+              file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else EXIT_USAGE
     from runtime.watchdog import end_after_error, install_excepthook, process_rank
 
+    job = argv[0]
+    if job not in JOBS:
+        _say(job, process_rank(), f"unknown job {job!r}: expected one of {', '.join(sorted(JOBS))}")
+        return EXIT_USAGE
+
+    from hostir.errors import HostIrError
+    from hostir.jobs import preflight
+
+    module = importlib.import_module(JOBS[job])
+    parser = preflight.JobParser(prog=f"python -m hostir.run {job}", description=module.__doc__)
+    module.add_arguments(parser)
+    problem, args = None, None
+    try:
+        args = parser.parse_args(argv[1:])  # --help prints and exits 0 here, before MPI
+    except preflight.JobError as e:
+        problem = e
+    world = preflight.launch_world()
     install_excepthook()  # under mpirun: an uncaught error on one rank ends every rank
+    if problem is None and hasattr(module, "validate"):
+        try:
+            module.validate(args, world)
+        except preflight.JobError as e:
+            problem = e
+    # A refusal that only some ranks see (a full disk, less free memory, a missing
+    # package on one node) must still end every rank: the ranks agree first.
+    problem = preflight.agree(problem, world)
+    if problem is not None:
+        _say(job, world.rank, str(problem), problem)
+        return problem.code
+
     try:
         return int(module.main(args) or 0)
-    except HostIrError as e:
+    except (HostIrError, preflight.JobError) as e:
         # Refusals are the user's to fix: one clear line, rank first, no traceback.
-        print(f"[rank {process_rank()}] hostir {argv[0]}: error: {type(e).__name__}: {e}",
-              file=sys.stderr, flush=True)
-        return end_after_error(e, 2)  # aborts only where a peer may be left waiting
+        code = e.code if isinstance(e, preflight.JobError) else _exit_code(e)
+        text = str(e) if isinstance(e, preflight.JobError) else f"{type(e).__name__}: {e}"
+        _say(job, process_rank(), text, e)
+        # aborts only where a peer may be left waiting in a collective this rank won't post
+        return end_after_error(e, code)
 
 
 if __name__ == "__main__":

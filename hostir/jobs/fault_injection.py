@@ -18,21 +18,34 @@ FAULTS = ("none", "divergent_shape", "bad_dtype")
 
 
 def add_arguments(p) -> None:
+    from hostir.jobs.preflight import DTYPES, at_least, device_name
+
     p.add_argument("--fault", default="none", choices=FAULTS)
-    p.add_argument("--fault-rank", type=int, default=1, help="the rank that misbehaves")
-    p.add_argument("--m", type=int, default=64)
-    p.add_argument("--k", type=int, default=32)
-    p.add_argument("--n", type=int, default=16)
-    p.add_argument("--stages", type=int, default=2)
-    p.add_argument("--streams", type=int, default=2)
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--device", default="auto")
+    p.add_argument("--fault-rank", type=at_least(0), default=1, help="the rank that misbehaves")
+    p.add_argument("--m", type=at_least(1), default=64)
+    p.add_argument("--n", type=at_least(1), default=16)
+    p.add_argument("--k", type=at_least(1), default=32)
+    p.add_argument("--stages", type=at_least(1), default=2)
+    p.add_argument("--streams", type=at_least(1), default=2)
+    p.add_argument("--dtype", default="float32", choices=DTYPES)
+    p.add_argument("--device", type=device_name, default="auto")
     p.add_argument("--comm", default="auto",
                    choices=["auto", "nccl", "torch", "mpi", "copy_engine"])
     p.add_argument("--schedule", default="pipelined", choices=["pipelined", "ring"],
                    help="ring: SendRecv beside the GEMMs (with --comm copy_engine: peer "
                         "writes and stream-memory barriers, which only the watchdog bounds)")
-    p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--iters", type=at_least(1), default=3)
+
+
+def validate(args, world) -> None:
+    """The flags only: shapes that do not divide are left to the lowering on purpose
+    (the fault tests check its refusal)."""
+    from hostir.jobs import preflight as pf
+
+    args.device = pf.resolve_device(args.device)
+    if args.fault != "none" and args.fault_rank >= world.size:
+        raise pf.WorldSizeError(f"--fault-rank {args.fault_rank}: the job has {world.size} "
+                                "ranks")
 
 
 def main(args) -> int:

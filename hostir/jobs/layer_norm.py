@@ -1,6 +1,6 @@
 """Generated normalization kernels vs torch, on one GPU.
 
-    python -m hostir.run layer_norm --bench --out $OUT/layer_norm.json   # all sizes + sweep
+    python -m hostir.run layer_norm --bench --json $OUT/layer_norm.json  # all sizes + sweep
     python -m hostir.run layer_norm --bench --no-sweep # the heuristic's plans only
     python -m hostir.run layer_norm --bench --tune     # autotune each size first
     python -m hostir.run layer_norm --check --hidden 5140 1600
@@ -39,7 +39,6 @@ import datetime
 import json
 import statistics
 import sys
-from pathlib import Path
 
 from hostir.jobs.results import commit
 
@@ -100,6 +99,8 @@ def _sm_copy_kernel(dev: int):
 
 
 def add_arguments(p) -> None:
+    from hostir.jobs.preflight import at_least, positive_float
+
     p.add_argument("--bench", action="store_true", help="check, then time every size")
     p.add_argument("--check", action="store_true", help="check correctness only")
     p.add_argument("--sweep", action="store_true", default=True,
@@ -110,24 +111,50 @@ def add_arguments(p) -> None:
                    help="autotune each size first (runtime.normalization.tune: the heuristic's "
                         "plan and its twins side by side; the winner is stored in the cache "
                         "dir and is what layer_norm_fused runs from then on)")
-    p.add_argument("--rows", type=int, default=8192)
-    p.add_argument("--hidden", type=int, nargs="*", default=list(HIDDEN))
-    p.add_argument("--eps", type=float, default=1e-5)
-    p.add_argument("--replays", type=int, default=15, help="graph replays timed, median taken")
-    p.add_argument("--out", default=None, help="results JSON (default benchmarks/results/"
-                                               "layer_norm_<device>.json)")
+    p.add_argument("--rows", type=at_least(1), default=8192)
+    p.add_argument("--hidden", type=at_least(1), nargs="+", default=list(HIDDEN))
+    p.add_argument("--eps", type=positive_float, default=1e-5)
+    p.add_argument("--replays", type=at_least(1), default=15,
+                   help="graph replays timed, median taken")
+    p.add_argument("--json", default=None, metavar="FILE",
+                   help="with --bench: write the results document to FILE (a directory: "
+                        "layer_norm_<device>.json in it); without it the job only prints")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--deadline-s", type=float, default=None,
+    p.add_argument("--deadline-s", type=positive_float, default=None,
                    help="seconds after the start past which swept plans are skipped (recorded "
                         "as such) so that the results file is still written")
+
+
+def estimated_bytes(rows: int, hidden: int, bench: bool) -> int:
+    """Peak GPU bytes of one size: the fp16 inputs and outputs, the float64 reference and,
+    with --bench, the rotating input sets (past the L2 each)."""
+    one = 2 * (2 * rows * hidden + 4 * hidden)
+    total = 3 * one + 8 * 2 * rows * hidden
+    if bench:
+        total += max(2, -(-ROTATE_BYTES // max(1, 4 * rows * hidden))) * one
+    return total
+
+
+def validate(args, world) -> None:
+    from hostir.jobs import preflight as pf
+
+    if world.size != 1:
+        raise pf.WorldSizeError(f"runs on one GPU in one process, launched with {world.size} "
+                                "ranks: run it without mpirun")
+    pf.need_cuda("layer_norm", pf.resolve_device("auto"))
+    pf.need_module("cupy", pf.cupy_install(), "layer_norm (NVRTC through CuPy)")
+    if args.json:
+        if not args.bench:
+            raise pf.UsageError("--json is for --bench (a --check run only prints)")
+        pf.writable_output("--json", args.json, directory_ok=True)
+    for hidden in args.hidden:
+        pf.check_fits(f"--rows {args.rows} --hidden {hidden}",
+                      estimated_bytes(args.rows, hidden, args.bench), "cuda", world)
 
 
 def main(args) -> int:
     import torch
 
-    if not torch.cuda.is_available():
-        print("layer_norm: needs a CUDA GPU", file=sys.stderr)
-        return 2
     torch.manual_seed(args.seed)
     global _DEADLINE
     if args.deadline_s is not None:
@@ -437,8 +464,9 @@ def _arch() -> str:
 def report(results, sweeps, args) -> None:
     import torch
 
+    from hostir.jobs.results import results_path, write_json
+
     device = torch.cuda.get_device_name()
-    slug = device.lower().replace("nvidia ", "nvidia-").replace(" ", "-")
     doc = {
         "device": device,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -456,10 +484,10 @@ def report(results, sweeps, args) -> None:
     }
     if sweeps:
         doc["sweep"] = sweeps
-    path = Path(args.out) if args.out else Path("benchmarks/results") / f"layer_norm_{slug}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {path}")
+    if args.json:
+        path = results_path(args.json, "layer_norm", device)
+        write_json(path, doc)
+        print(f"wrote {path}")
     print(f"{'hidden':>6} {'ours':>7} {'copy':>7} {'ours/copy':>9} {'plain/copy':>10} "
           f"{'heur/copy':>9} {'sm_copy':>7} "
           f"{'rowwise':>7} {'best/copy':>9} {'torch':>7} {'torch_ln':>8} {'regs':>4} {'spill':>5}"

@@ -1,13 +1,14 @@
 """The matmul benchmark job: generated kernels vs cuBLAS (torch), bf16, one GPU.
 
-    python -m hostir.run matmul --bench          (or: python -m hostir.jobs.matmul --bench)
+    python -m hostir.run matmul --bench [--json results.json]
 
+Shapes are MxNxK (C[M, N] = A[M, K] @ B[K, N]; with --layout TN, B is stored [N, K]).
 For each shape: correctness first (relative error vs a float64 reference under 1e-2, the
 output poisoned with NaN so every element must be written), kernels launched per call
 (torch.profiler), then medians by CUDA events after warm-up on fresh random data,
-rotating input sets when they would fit in L2. Writes
-`benchmarks/results/matmul_<device>.json` (and a copy under $OUT when set), with the
-cold-compile vs warm-first-call times of a fresh process.
+rotating input sets when they would fit in L2; and the cold-compile vs warm-first-call
+times of a fresh process. Prints a table; ``--json FILE`` also writes the results document
+(``--json DIR/``: ``DIR/matmul_<device>.json``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import argparse
 import datetime
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -30,16 +30,43 @@ L2_BYTES = 60 * 2**20
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bench", action="store_true", help="run the benchmark")
-    parser.add_argument("--shapes", default=None,
-                        help="comma-separated MxNxK list (default: the issue's five)")
+    from hostir.jobs.preflight import at_least, shape_list
+
+    parser.add_argument("--bench", action="store_true", help="run the benchmark (required)")
+    parser.add_argument("--shapes", type=shape_list, default=None,
+                        help="comma-separated MxNxK list (default: the five benchmark shapes)")
     parser.add_argument("--layout", default="TN", choices=("TN", "NN"))
     parser.add_argument("--tune", action="store_true",
                         help="also autotune each shape (sweep all candidates) and report it")
-    parser.add_argument("--reps", type=int, default=10, help="timed groups per variant")
-    parser.add_argument("--output", default=None, help="result JSON path")
+    parser.add_argument("--reps", type=at_least(1), default=10, help="timed groups per variant")
+    parser.add_argument("--json", default=None, metavar="FILE",
+                        help="write the results document to FILE (a directory: "
+                             "matmul_<device>.json in it); without it the job only prints")
     parser.add_argument("--no-compile-probe", action="store_true",
                         help="skip the cold/warm compile measurement in fresh processes")
+
+
+def estimated_bytes(m: int, n: int, k: int) -> int:
+    """Peak GPU bytes of one shape: the rotating bf16 operand sets, the output, the float64
+    reference and its float64 operands."""
+    sets = input_sets(m, n, k)
+    return 2 * sets * (m * k + n * k) + 2 * m * n + 8 * (m * k + n * k + 2 * m * n)
+
+
+def validate(args, world) -> None:
+    from hostir.jobs import preflight as pf
+
+    if not args.bench:
+        raise pf.UsageError("nothing to do: pass --bench")
+    if world.size != 1:
+        raise pf.WorldSizeError(f"runs on one GPU in one process, launched with {world.size} "
+                                "ranks: run it without mpirun")
+    pf.need_cuda("matmul --bench", pf.resolve_device("auto"))
+    pf.need_module("cupy", pf.cupy_install(), "matmul --bench (NVRTC through CuPy)")
+    if args.json:
+        pf.writable_output("--json", args.json, directory_ok=True)
+    for m, n, k in args.shapes or SHAPES:
+        pf.check_fits(f"shape {m}x{n}x{k}", estimated_bytes(m, n, k), "cuda", world)
 
 
 def _inputs(M, N, K, layout, sets, torch):
@@ -164,8 +191,7 @@ def bench(args) -> dict:
     from runtime.matmul import Problem, sm_count, tuning_arch
 
     device = torch.cuda.get_device_name()
-    shapes = SHAPES if not args.shapes else tuple(
-        tuple(int(x) for x in s.split("x")) for s in args.shapes.split(","))
+    shapes = tuple(args.shapes) if args.shapes else SHAPES
     results = []
     for M, N, K in shapes:
         torch.manual_seed(M + N + K)
@@ -215,7 +241,8 @@ def bench(args) -> dict:
             f"launches {v['launches']}" for k, v in rows.items()), flush=True)
         inputs = a = b = ref = out = None  # free this shape's tensors (the closures see None)
         torch.cuda.empty_cache()
-    doc = {"device": device, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+    doc = {"device": device, "shape_convention": "MxNxK: C[M, N] = A[M, K] @ B[K, N]",
+           "dtype": "bfloat16", "matmul": "generated split-K kernels vs cuBLAS", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
            "commit": commit(), "layout": args.layout, "sm_count": sm_count(),
            "nvrtc": ".".join(map(str, jit.nvrtc_version())), "torch": torch.__version__,
            "results": results}
@@ -238,27 +265,12 @@ def _table(doc) -> str:
 
 
 def main(args) -> int:
-    if not args.bench:
-        print("nothing to do: pass --bench", file=sys.stderr)
-        return 2
-    import torch
-    if not torch.cuda.is_available():
-        print("matmul --bench needs a CUDA GPU", file=sys.stderr)
-        return 2
+    from hostir.jobs.results import results_path, write_json
+
     doc = bench(args)
-    device = re.sub(r"[^A-Za-z0-9]+", "_", doc["device"]).strip("_")
-    root = Path(__file__).resolve().parents[2]
-    path = Path(args.output) if args.output else root / "benchmarks" / "results" / f"matmul_{device}.json"
-    text = json.dumps(doc, indent=1)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], path.name).write_text(text)
     print(_table(doc))
+    if args.json:
+        path = results_path(args.json, "matmul", doc["device"])
+        write_json(path, doc)
+        print(f"wrote {path}")
     return 0
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(prog="hostir.jobs.matmul", description=__doc__)
-    add_arguments(parser)
-    sys.exit(main(parser.parse_args()))

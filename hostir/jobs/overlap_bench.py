@@ -2,7 +2,7 @@
 
     mpirun -np 2 python -m hostir.run pipelined_matmul --bench
 
-For each shape (M total rows x K x N, bf16): allgather alone, the unchunked cuBLAS GEMM
+For each shape (MxNxK: C[M, N] = A[M, K] @ B[K, N], M over all ranks; bf16): allgather alone, the unchunked cuBLAS GEMM
 alone, allgather then GEMM, torch's async-TP (``fused_all_gather_matmul``), and our host
 programs over a grid of schedules (stages x streams x transports). Correctness of every
 schedule is checked first against a float64 reference on sampled rows. Each figure is the
@@ -27,6 +27,7 @@ from hostir.jobs.results import commit
 from runtime.timing import balanced_rounds
 from runtime.jit import write_atomically
 
+# (M, K, N) here, as the lowering takes them; printed and recorded as MxNxK like every job.
 SHAPES = [(8192, 8192, 8192), (16384, 8192, 8192), (32768, 8192, 4096),
           (4096, 8192, 28672), (32768, 32768, 8192)]
 
@@ -215,7 +216,7 @@ def _first_iteration(session, args) -> dict:
     prepare_us = timed(lambda: holder.setdefault("run", sess.interpreter(p)).prepare(shard, b))
     run = holder["run"]
     calls = [timed(lambda: run(shard, b)) for _ in range(6)]
-    return {"shape": f"{m}x{k}x{n}", "schedule": "ring/S1/copy_engine",
+    return {"shape": f"{m}x{n}x{k}", "schedule": "ring/S1/copy_engine",
             "prepare_us": prepare_us, "first_call_after_prepare_us": calls[0],
             "steady_us": statistics.median(calls[1:]),
             "note": "host wall time per call including a device synchronize"}
@@ -235,8 +236,7 @@ def bench(args) -> int:
     timer = Timer(session, args.iters, args.warmup)
     faulthandler.dump_traceback_later(args.shape_timeout, exit=True)
     first_call = _first_iteration(session, args)
-    shapes = SHAPES if not args.shapes else [tuple(int(x) for x in s.split("x"))
-                                               for s in args.shapes.split(",")]
+    shapes = SHAPES if not args.shapes else [(m, k, n) for m, n, k in args.shapes]
     device = torch.cuda.get_device_name(session.device)
     results = []
     for m, k, n in shapes:
@@ -272,10 +272,11 @@ def bench(args) -> int:
 
         # A first estimate of the GEMM sets the repeats (long iterations need fewer); then
         # every candidate is built and checked, and all are timed side by side.
-        progress(f"{m}x{k}x{n}: gemm estimate")
+        label = f"{m}x{n}x{k}"
+        progress(f"{label}: gemm estimate")
         timer.reps = 5
         timer.reps = 5 if timer(gemm)[0] < 5000 else 2
-        progress(f"{m}x{k}x{n}: async-TP set-up")
+        progress(f"{label}: async-TP set-up")
         atp_run, atp_err = _async_tp(session, mine, b)
         fns = {"allgather": allgather, "gemm": gemm, "sequential": sequential,
                "gemm_chunks": gemm_chunks}
@@ -287,7 +288,7 @@ def bench(args) -> int:
                 continue  # 8 stages only where each keeps 2048 rows a rank
             if v["staged"] and (m // (v["stages"] * d)) * k * 2 > STAGED_MAX_BYTES:
                 continue
-            progress(f"{m}x{k}x{n}: build and check {_name(v)}")
+            progress(f"{label}: build and check {_name(v)}")
             sess = session if v["transport"] == "nccl" else _copy_engine_session()
             p = lower(allgather_matmul(m, k, n, v["stages"], d, "bfloat16"), d, v["streams"], r,
                       schedule=v["schedule"])
@@ -306,7 +307,7 @@ def bench(args) -> int:
             keep.append(step)
             fns[_name(v)] = step
             del out
-        progress(f"{m}x{k}x{n}: timing {len(fns)} candidates side by side")
+        progress(f"{label}: timing {len(fns)} candidates side by side")
         times = timer.side_by_side(fns)
         del keep, fns
         ag_us, gemm_us, seq_us = (times[x][0] for x in ("allgather", "gemm", "sequential"))
@@ -328,7 +329,7 @@ def bench(args) -> int:
                   best["us"])
         ideal = max(ag_us, gemm_us)
         row = {
-            "shape": f"{m}x{k}x{n}", "allgather_us": ag_us, "gemm_us": gemm_us,
+            "shape": label, "m": m, "n": n, "k": k, "allgather_us": ag_us, "gemm_us": gemm_us,
             "ideal_us": ideal, "sequential_us": seq_us, "async_tp_us": atp_us,
             "gemm_in_world_size_row_blocks_us": chunks_us,
             "async_tp_error": atp_err,
@@ -343,17 +344,20 @@ def bench(args) -> int:
         results.append(row)
         if r == 0:
             print(json.dumps({k_: v for k_, v in row.items() if k_ != "variants"}), flush=True)
-            _write(args, device, d, first_call, results)  # a cut-off run keeps what it measured
+            if args.json:  # after every shape: a cut-off run keeps what it measured
+                _write(args, device, d, first_call, results)
     faulthandler.cancel_dump_traceback_later()
     if r == 0:
         _table(results)
-        print(f"wrote {_write(args, device, d, first_call, results)}")
+        if args.json:
+            print(f"wrote {_write(args, device, d, first_call, results)}")
     return 0
 
 
-def _write(args, device, world, first_call, results) -> str:
-    path = args.out or os.path.join(
-        "benchmarks", "results", f"pipelined_matmul_{device.replace(' ', '_')}.json")
+def _write(args, device, world, first_call, results) -> Path:
+    from hostir.jobs.results import results_path, write_json
+
+    path = results_path(args.json, "pipelined_matmul", device, world)
     record = {"device": device, "date": datetime.date.today().isoformat(), "commit": commit(),
               "world_size": world, "first_iteration": first_call,
               "method": "median over samples of the slowest rank; each sample times "
@@ -361,8 +365,9 @@ def _write(args, device, world, first_call, results) -> str:
                         "between CUDA events after a synchronize and a barrier; samples "
                         "of all candidates of a shape interleaved (round robin); host_us "
                         "is the host time to issue one iteration",
-              "results": results}
-    write_atomically(Path(path), json.dumps(record, indent=1).encode())
+              "shape_convention": "MxNxK: C[M, N] = A[M, K] @ B[K, N], M over all ranks",
+              "dtype": "bfloat16", "matmul": "cublas", "results": results}
+    write_json(path, record)
     return path
 
 

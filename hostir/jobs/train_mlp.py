@@ -6,9 +6,13 @@ trained with SGD for ``--steps`` steps on synthetic data (a fixed random "teache
 rank holding its tokens (sequence-sharded) and its slices of both weights. Rank 0 prints
 the loss of each step (summed over all ranks' tokens).
 
-    mpirun -np 2 python -m hostir.run train_mlp --device cpu --steps 30
+    mpirun -np 2 python -m hostir.run train_mlp --device cpu --steps 30 --check
     torchrun --nproc-per-node 2 -m hostir.run train_mlp --comm torch
-    launch_scripts/train_mlp.sh 2 --bench            # GPUs: ours vs plain collectives vs ideal
+    launch_scripts/mpirun.sh 2 train_mlp --bench     # GPUs: ours vs plain collectives vs ideal
+
+``--check`` compares every step's loss with the same loop in one process (plain
+``torch.nn.Linear`` layers, CPU) and exits 1 on a mismatch. ``--tokens`` must divide by
+``--stages`` x ranks and ``--hidden`` x ``--ffn-mult`` by the ranks.
 
 ``--bench`` (GPUs) times one forward+backward step (bf16; the figures in
 ``benchmarks/results`` are at ``--hidden 8192 --tokens 16384``): the hostir layers in
@@ -16,11 +20,13 @@ several variants (the default first: the ring schedules over the copy engine; th
 at more stages, over NCCL, and the per-stage pipelines), the same layers written with
 plain ``torch.distributed`` collectives (gather, then GEMM; GEMM, then reduce-scatter: no
 overlap), and the step's six GEMMs alone (ideal). Before timing it checks the pipelined
-and the ring layers against the plain ones (relative errors in the JSON); it writes
-``<--out>/tp_mlp_<device>.json``. With ``--activation gelu_tanh`` every variant, the plain
-layers and the compute-only step use the tanh GELU; the fused MLP (GELU in the GEMM
-epilogues, ``hostir.nn.fused_mlp``) is listed first, as the default, and checked against
-the plain layers too; the file is then ``tp_mlp_<device>_gelu_tanh.json``.
+and the ring layers against the plain ones (relative errors in the results). With
+``--activation gelu_tanh`` every variant, the plain layers and the compute-only step use
+the tanh GELU; the fused MLP (GELU in the GEMM epilogues, ``hostir.nn.fused_mlp``) is
+listed first, as the default, and checked against the plain layers too. It prints its
+results; ``--json FILE`` also writes them (``--json DIR/``:
+``DIR/tp_mlp[_gelu_tanh]_<device>_x<N>.json``). On the CPU ``--bench`` is a smoke test of
+the benchmark itself (over a gloo group), never written into benchmarks/results/.
 
     mpirun -np 2 python -m hostir.run train_mlp --bench --hidden 8192 --tokens 16384
 """
@@ -43,15 +49,20 @@ from runtime.device import DTYPES
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--ffn-mult", type=int, default=4, help="ffn width = hidden * this")
-    p.add_argument("--tokens", type=int, default=512, help="sequence x batch, over all ranks")
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--lr", type=float, default=0.1)
-    p.add_argument("--stages", type=int, default=2, help="pipeline stages of every layer")
-    p.add_argument("--streams", type=int, default=2)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
+    from hostir.jobs.preflight import DTYPES as dtypes, at_least, device_name, positive_float
+
+    p.add_argument("--hidden", type=at_least(1), default=256)
+    p.add_argument("--ffn-mult", type=at_least(1), default=4, help="ffn width = hidden * this")
+    p.add_argument("--tokens", type=at_least(1), default=512,
+                   help="sequence x batch, over all ranks (a multiple of stages x ranks)")
+    p.add_argument("--steps", type=at_least(1), default=30)
+    p.add_argument("--lr", type=positive_float, default=0.1)
+    p.add_argument("--stages", type=at_least(1), default=2, help="pipeline stages of every layer")
+    p.add_argument("--streams", type=at_least(1), default=2)
+    p.add_argument("--dtype", default=None, choices=dtypes,
+                   help="default float32 (--bench: bfloat16, the only dtype it times)")
+    p.add_argument("--device", type=device_name, default="auto",
+                   help="auto (CUDA when present), cpu, cuda or cuda:N")
     p.add_argument("--comm", default="auto",
                    choices=["auto", "torch", "nccl", "mpi", "copy_engine"],
                    help="auto: the copy engine where it can run (CUDA, >= 2 ranks on one "
@@ -68,16 +79,84 @@ def add_arguments(p) -> None:
                         "into the GEMM epilogues (hostir.nn.ParallelMLP: cuBLASLt GELU_AUX "
                         "forward, DGELU backward)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--check", action="store_true",
+                   help="compare every step's loss with the one-process reference; exit 1 "
+                        "on a mismatch")
     p.add_argument("--bench", action="store_true", help="time a step: ours vs plain vs ideal")
-    p.add_argument("--iters", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--out", default="benchmarks/results", help="where --bench writes its JSON")
+    p.add_argument("--iters", type=at_least(1), default=10, help="with --bench: timed samples")
+    p.add_argument("--warmup", type=at_least(0), default=3, help="with --bench: untimed steps")
+    p.add_argument("--json", default=None, metavar="FILE",
+                   help="with --bench: write the results document to FILE (a directory: "
+                        "tp_mlp[_gelu_tanh]_<device>_x<N>.json in it)")
 
 
 def parse(argv) -> argparse.Namespace:
-    p = argparse.ArgumentParser()
+    """The job's flags, defaults filled in (for callers that skip ``hostir.run``)."""
+    from hostir.jobs.preflight import JobParser
+
+    p = JobParser()
     add_arguments(p)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.dtype = args.dtype or ("bfloat16" if args.bench else "float32")
+    return args
+
+
+# Loss agreement with the one-process reference, by dtype (relative, every step).
+TOLERANCE = {"float64": 1e-10, "float32": 1e-5, "bfloat16": 2e-2, "float16": 1e-2}
+
+
+def estimated_bytes(args, world: int) -> int:
+    """Peak bytes a rank allocates (a generous estimate): the full fp32 weights and batch
+    every rank draws, its weight shards with their gradients, the gathered activations;
+    with --check the one-process reference on rank 0; with --bench about ten variants'
+    weights."""
+    from hostir.jobs.preflight import dtype_bytes
+
+    h, t, f, e = args.hidden, args.tokens, args.hidden * args.ffn_mult, dtype_bytes(args.dtype)
+    total = 4 * (2 * h * f + 3 * t * h + h * h) + e * (4 * h * f // world + 2 * t * h
+                                                        + 3 * t * f // world)
+    if args.check:
+        total += e * (4 * h * f + 3 * t * f + 3 * t * h)
+    if args.bench:
+        total += e * (16 * h * f // world + 4 * t * h + 4 * t * f // world)
+    return total
+
+
+def validate(args, world) -> None:
+    """Refuse, before anything runs, what this job cannot do (see hostir.jobs.preflight)."""
+    from hostir.jobs import preflight as pf
+
+    device = pf.resolve_device(args.device)
+    args.device = device
+    if args.bench and args.dtype not in (None, "bfloat16"):
+        raise pf.UsageError(f"--bench times bfloat16 only, got --dtype {args.dtype}")
+    args.dtype = args.dtype or ("bfloat16" if args.bench else "float32")
+    if args.bench and args.check:
+        raise pf.UsageError("--check is for a training run (--bench checks itself against "
+                            "the plain layers)")
+    if args.json and not args.bench:
+        raise pf.UsageError("--json is for --bench (a training run prints its losses)")
+    if args.comm in ("nccl", "copy_engine"):
+        pf.need_cuda(f"--comm {args.comm}", device)
+        pf.need_module("cupy", pf.cupy_install(), f"--comm {args.comm} (NCCL through CuPy)")
+    if args.activation == "gelu_tanh" and device.startswith("cuda"):
+        pf.need_module("cupy", pf.cupy_install(), "--activation gelu_tanh on CUDA (cuBLASLt "
+                       "epilogues through CuPy)")
+    d, f = world.size, args.hidden * args.ffn_mult
+    stages = 1 if args.bench else args.stages  # the benchmark's own variants pick stages
+    if args.tokens % stages:
+        raise pf.UsageError(f"--tokens {args.tokens} is not divisible by --stages {stages}")
+    if args.tokens % (stages * d):
+        raise pf.WorldSizeError(f"--tokens {args.tokens} do not split into --stages {stages} x "
+                                f"{d} ranks (tokens must be a multiple of stages x ranks)")
+    if f % d:
+        raise pf.WorldSizeError(f"the ffn width --hidden {args.hidden} x --ffn-mult "
+                                f"{args.ffn_mult} = {f} does not split over {d} ranks")
+    if args.json:
+        pf.writable_output("--json", args.json, directory_ok=True)
+        pf.refuse_results_on_cpu("--json", args.json, device)
+    pf.check_fits(f"--hidden {args.hidden} --ffn-mult {args.ffn_mult} --tokens {args.tokens} "
+                  f"{args.dtype}", estimated_bytes(args, d), device, world)
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -199,7 +278,8 @@ class MLPBlock(torch.nn.Module):
 
 def _loss(y, target, args):
     """This rank's share of the mean squared error over all tokens."""
-    return ((y.float() - target.float()) ** 2).sum() / (args.tokens * args.hidden)
+    dt = torch.promote_types(y.dtype, torch.float32)  # half types in float32, float64 kept
+    return ((y.to(dt) - target.to(dt)) ** 2).sum() / (args.tokens * args.hidden)
 
 
 def train(args) -> list[float]:
@@ -250,16 +330,18 @@ def train_reference(args) -> list[float]:
 # ----------------------------------------------------------------------------- the benchmark
 
 
+def _plain_all_gather(out, inp, group):
+    import torch.distributed as dist
+
+    # torch 2.13 renamed all_gather_into_tensor (deprecated there); 2.11 has the old name.
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, inp, group=group)
+
+
 def _plain_reduce_scatter(out, inp, group):
     import torch.distributed as dist
 
-    if dist.get_backend(group) == "gloo":  # gloo has no reduce-scatter (CPU smoke runs only)
-        full = inp.clone()
-        dist.all_reduce(full, group=group)
-        r, n = dist.get_rank(group), out.shape[0]
-        out.copy_(full[r * n:(r + 1) * n])
-    else:
-        dist.reduce_scatter_tensor(out, inp, group=group)
+    # the same rename: reduce_scatter_tensor → reduce_scatter_single
+    (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(out, inp, group=group)
 
 
 class _PlainColumn(torch.autograd.Function):
@@ -270,7 +352,7 @@ class _PlainColumn(torch.autograd.Function):
         import torch.distributed as dist
 
         full = torch.empty(x.shape[0] * dist.get_world_size(group), x.shape[1], dtype=x.dtype, device=x.device)
-        dist.all_gather_into_tensor(full, x, group=group)
+        _plain_all_gather(full, x, group)
         ctx.save_for_backward(full, w)
         ctx.group = group
         return full @ w
@@ -309,7 +391,7 @@ class _PlainRow(torch.autograd.Function):
         x, w = ctx.saved_tensors
         full = torch.empty(dy.shape[0] * dist.get_world_size(ctx.group), dy.shape[1],
                            dtype=dy.dtype, device=dy.device)
-        dist.all_gather_into_tensor(full, dy.contiguous(), group=ctx.group)
+        _plain_all_gather(full, dy.contiguous(), ctx.group)
         return full @ w.t(), x.t() @ full, None
 
 
@@ -508,40 +590,7 @@ def bench(args) -> dict:
 
 def main(args) -> int:
     if args.bench:
-        r = bench(args)  # on the CPU only a smoke test of the benchmark itself
-        if r["rank"] == 0:
-            gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-            name = gpu.lower().replace(" ", "-")
-            ours = r["best"]["ms"] if r["best"] else None
-            result = {"hidden": args.hidden, "tokens": args.tokens, "ffn": args.hidden * args.ffn_mult,
-                      "world": r["world"], "dtype": "bfloat16", "activation": r["activation"],
-                      "ours_ms": ours, "plain_ms": r["plain"], "ideal_ms": r["ideal"],
-                      "compute_no_comm_ms": r["compute"],
-                      "ours_config": r["best"], "ours_default_ms": (r["default"] or {}).get("ms"),
-                      "variants": r["variants"], "check_vs_plain_rel_err": r["check"],
-                      "check_ring_vs_plain_rel_err": r["check_ring"],
-                      "check_fused_vs_plain_rel_err": r["check_fused"],
-                      "ours_unfused_best_ms": (r["best_unfused"] or {}).get("ms")}
-            doc = {"device": f"{r['world']}x {gpu}",
-                   "date": datetime.date.today().isoformat(), "commit": commit(),
-                   "note": "forward+backward of x + down(gelu(up(x))) (activation: gelu exact "
-                           "or gelu_tanh; plain and compute use the same one, unfused); ours_ms "
-                           "is the best variant listed (fused_gelu: GELU in the GEMM epilogues); "
-                           "ideal_ms is the step's six GEMMs alone; medians, slowest rank",
-                   "results": [result]}
-            os.makedirs(args.out, exist_ok=True)
-            suffix = "_gelu_tanh" if args.activation == "gelu_tanh" else ""
-            path = os.path.join(args.out, f"tp_mlp_{name}{suffix}.json")
-            with open(path, "w") as fh:
-                json.dump(doc, fh, indent=2)
-            print(json.dumps(doc, indent=2), flush=True)
-            if ours:
-                print(f"tp_mlp hidden={args.hidden} tokens={args.tokens} {args.activation}: "
-                      f"ours {ours:.2f} ms "
-                      f"({ours / r['ideal']:.3f}x ideal), plain {r['plain']:.2f} ms "
-                      f"({r['plain'] / r['ideal']:.3f}x), ideal {r['ideal']:.2f} ms -> {path}",
-                      flush=True)
-        return 0
+        return _report_bench(args, bench(args))
     losses = train(args)
     import torch.distributed as dist
 
@@ -549,6 +598,62 @@ def main(args) -> int:
     if rank == 0:
         for step, loss in enumerate(losses):
             print(f"step {step:3d} loss {loss:.6f}", flush=True)
+    if not args.check:
+        return 0
+    # The one-process reference runs on rank 0 only; every rank learns the outcome.
+    worst = 0.0
+    if rank == 0:
+        ref = train_reference(args)
+        worst = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
+    worst = _sum_over_ranks(worst, args)
+    ok = worst <= TOLERANCE[args.dtype]
+    if rank == 0:
+        print(f"train_mlp check {'PASS' if ok else 'FAIL'} (largest relative difference of a "
+              f"step's loss from the one-process reference {worst:.2e}, tolerance "
+              f"{TOLERANCE[args.dtype]:.0e})", flush=True)
+    return 0 if ok else 1
+
+
+def _report_bench(args, r: dict) -> int:
+    """Rank 0 prints the results (and writes them with --json)."""
+    if r["rank"] != 0:
+        return 0
+    from hostir.jobs.results import results_path, write_json
+
+    on_cuda = args.device.startswith("cuda") or (args.device == "auto"
+                                                 and torch.cuda.is_available())
+    gpu = torch.cuda.get_device_name() if on_cuda else "cpu"
+    ours = r["best"]["ms"] if r["best"] else None
+    result = {"hidden": args.hidden, "tokens": args.tokens, "ffn": args.hidden * args.ffn_mult,
+              "world": r["world"], "dtype": "bfloat16", "activation": r["activation"],
+              "matmul": "cublas" if on_cuda else "torch",
+              "ours_ms": ours, "plain_ms": r["plain"], "ideal_ms": r["ideal"],
+              "compute_no_comm_ms": r["compute"],
+              "ours_config": r["best"], "ours_default_ms": (r["default"] or {}).get("ms"),
+              "variants": r["variants"], "check_vs_plain_rel_err": r["check"],
+              "check_ring_vs_plain_rel_err": r["check_ring"],
+              "check_fused_vs_plain_rel_err": r["check_fused"],
+              "ours_unfused_best_ms": (r["best_unfused"] or {}).get("ms")}
+    doc = {"device": gpu, "world_size": r["world"],
+           "date": datetime.date.today().isoformat(), "commit": commit(),
+           "note": "forward+backward of x + down(gelu(up(x))) (activation: gelu exact "
+                   "or gelu_tanh; plain and compute use the same one, unfused); ours_ms "
+                   "is the best variant listed (fused_gelu: GELU in the GEMM epilogues; "
+                   "each variant records its stages, streams, comm and schedule); "
+                   "ideal_ms is the step's six GEMMs alone; medians, slowest rank",
+           "results": [result]}
+    print(json.dumps(doc, indent=2), flush=True)
+    path = None
+    if args.json:
+        bench_name = "tp_mlp" + ("_gelu_tanh" if args.activation == "gelu_tanh" else "")
+        path = results_path(args.json, bench_name, gpu, r["world"])
+        write_json(path, doc)
+    if ours:
+        print(f"tp_mlp hidden={args.hidden} tokens={args.tokens} {args.activation} "
+              f"device={gpu} world={r['world']}: ours {ours:.2f} ms "
+              f"({ours / r['ideal']:.3f}x ideal), plain {r['plain']:.2f} ms "
+              f"({r['plain'] / r['ideal']:.3f}x), ideal {r['ideal']:.2f} ms"
+              + (f" -> {path}" if path else ""), flush=True)
     return 0
 
 

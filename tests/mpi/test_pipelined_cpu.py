@@ -125,3 +125,27 @@ def test_bad_input_is_refused_before_any_collective(mpi):
     # the ranks are still in step: a good call after the refusals works everywhere
     (out,) = run(shard, b)
     assert out.shape == (2, d, 4, 4)
+
+
+def test_a_refusal_seen_by_one_rank_ends_every_rank():
+    """hostir.run's agreement before the first collective: a check that fails on one rank
+    only (its disk, its free memory) is every rank's refusal, with that rank's exit code."""
+    from hostir.jobs import preflight as pf
+    from hostir.run import EXIT_MEMORY, EXIT_OUTPUT
+
+    world = pf.launch_world()
+    assert world.size >= 2 and world.comm is not None
+    assert pf.agree(None, world) is None
+    mine = pf.OutputPathError("--json /x: cannot write") if world.rank == 1 else None
+    got = pf.agree(mine, world)
+    assert got is not None and got.code == EXIT_OUTPUT
+    if world.rank == 1:
+        assert got is mine
+    else:
+        assert str(got) == "rank 1 refused the run: --json /x: cannot write"
+    # several ranks refuse for different reasons: each says its own, all exit alike
+    mine = (pf.MemoryEstimateError("too big") if world.rank % 2 else
+            pf.OutputPathError("unwritable") if world.rank else None)
+    got = pf.agree(mine, world)
+    assert got.code == EXIT_MEMORY  # rank 1's, the lowest rank that refused
+    assert str(got) == ("rank 1 refused the run: too big" if mine is None else str(mine))
