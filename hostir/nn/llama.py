@@ -35,7 +35,7 @@ from hostir.nn.transformer import (ParallelTransformerBlock, apply_rotary, causa
                                    unshard_fused)
 
 __all__ = ["LlamaBlock", "parallelize", "llama_state_dict", "load_llama_state_dict",
-           "block_config"]
+           "block_config", "torch_parallelize"]
 
 
 # ----------------------------------------------------------------------------- reference
@@ -285,3 +285,32 @@ def llama_state_dict(block: ParallelTransformerBlock) -> dict:
         out["self_attn.o_proj.bias"] = block.o_proj_bias.detach().clone()
         out["mlp.down_proj.bias"] = block.down_proj_bias.detach().clone()
     return {k: v.contiguous() for k, v in out.items()}
+
+
+def torch_parallelize(module: torch.nn.Module, mesh) -> torch.nn.Module:
+    """The same Llama-named block (or a ``torch.nn.Sequential`` of them) parallelized by
+    ``torch.distributed.tensor.parallel`` instead, in place: sequence-parallel norms,
+    column-wise Q, K, V, gate and up, row-wise O and down with token-sharded (``Shard(1)``)
+    outputs: the comparison for ``parallelize``. Inputs are ``DTensor``s ``[B, S, hidden]``
+    sharded on S.
+
+    >>> mesh = init_device_mesh("cpu", (world,))                     # doctest: +SKIP
+    >>> ref = torch_parallelize(LlamaBlock(64, 4, 2, 128), mesh)      # doctest: +SKIP
+    """
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
+                                                   RowwiseParallel, SequenceParallel,
+                                                   parallelize_module)
+
+    blocks = list(module) if isinstance(module, torch.nn.Sequential) else [module]
+    gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    for block in blocks:
+        plan = {n: SequenceParallel() for n in NORMS}
+        plan.update({"self_attn": gather, "mlp": gather,
+                     "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
+                     "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1))})
+        plan.update({p: ColwiseParallel() for p in LINEARS
+                     if _get(block, p) is not None and p not in plan
+                     and not p.endswith(("o_proj", "down_proj"))})
+        parallelize_module(block, mesh, plan)
+    return module
