@@ -306,9 +306,10 @@ def torch_parallelize(module: torch.nn.Module, mesh) -> torch.nn.Module:
     gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
     for block in blocks:
         plan = {n: SequenceParallel() for n in NORMS}
-        plan.update({"self_attn": gather, "mlp": gather,
-                     "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
-                     "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1))})
+        # The row-wise outputs stay DTensors (Shard(1)): the residual adds them to the input.
+        row = RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
+        plan.update({"self_attn": gather, "mlp": gather, "self_attn.o_proj": row,
+                     "mlp.down_proj": row})
         plan.update({p: ColwiseParallel() for p in LINEARS
                      if _get(block, p) is not None and p not in plan
                      and not p.endswith(("o_proj", "down_proj"))})
