@@ -57,15 +57,15 @@ def check_row_split(tensor: str, rows: int, stages: int, world_size: int, axis: 
     >>> check_row_split("x", 7, 1, 2)
     Traceback (most recent call last):
     ...
-    hostir.errors.LoweringError: tensor x axis 0: 7 rows do not split over 1 stage(s) x 2 ranks; expected a multiple of 2, got 7
+    hostir.errors.LoweringError: tensor x axis 0: extent 7 does not split over 1 stage(s) x 2 ranks; expected a multiple of 2, got 7
     """
     if stages < 1 or world_size < 1:
         raise LoweringError(f"tensor {tensor} axis {axis}: expected at least 1 stage and 1 rank, "
                             f"got stages={stages}, ranks={world_size}")
     if rows % (stages * world_size):
         raise LoweringError(
-            f"tensor {tensor} axis {axis}: {rows} rows do not split over {stages} stage(s) x "
-            f"{world_size} ranks; expected a multiple of {stages * world_size}, got {rows}")
+            f"tensor {tensor} axis {axis}: extent {rows} does not split over {stages} stage(s) "
+            f"x {world_size} ranks; expected a multiple of {stages * world_size}, got {rows}")
 
 
 def shard_rows(a, stages: int, world_size: int, rank: int):

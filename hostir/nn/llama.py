@@ -200,9 +200,11 @@ def parallelize(module: torch.nn.Module, *, heads: int | None = None,
     ``HostIrError`` on every rank alike: unknown naming, a weight of the wrong shape, or a
     shape the world size does not divide (see ``check_block_shape``).
 
-    >>> block = parallelize(LlamaBlock(64, heads=4, kv_heads=2, ffn=128), comm="mpi")  # doctest: +SKIP
-    >>> block.qkv_proj.weight.shape          # 2 ranks: 2 query heads, 1 kv head of 16
-    torch.Size([64, 64])                                                               # doctest: +SKIP
+    On 2 ranks, 4 query heads and 2 kv heads of 16: 2 query heads and 1 kv head a rank,
+    ``(2 + 2 * 1) * 16 = 64`` QKV columns::
+
+        block = parallelize(LlamaBlock(64, heads=4, kv_heads=2, ffn=128))
+        block.qkv_proj.weight.shape      # torch.Size([64, 64])
     """
     config = block_config(module, heads, kv_heads, rope_theta)
     state = module.state_dict()

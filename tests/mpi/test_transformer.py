@@ -110,7 +110,7 @@ def test_same_losses_as_torch_tensor_parallel(world, comm):
             opt.step()
         total = torch.tensor([float(loss.detach())])
         torch.distributed.all_reduce(total)
-        theirs_total = float(their_loss.full_tensor())
+        theirs_total = float(their_loss.detach().full_tensor())
         assert abs(float(total) - theirs_total) <= 1e-5 * theirs_total, (step, total, theirs_total)
 
 
