@@ -198,17 +198,29 @@ class Trainer:
 
     def _capture(self, x, target) -> None:
         """Warm up on a side stream (lazy set-up: plans, communicators, optimizer state),
-        then capture one step; the warm-up steps train like any other."""
+        capture one step, then put the weights and the optimizer state back as they were
+        before the warm-up (in place: the graph holds their addresses), so the first
+        replay is the first step, as without ``--graph``."""
         self.static_x, self.static_target = x.clone(), target.clone()
+        before = [p.detach().clone() for p in self.model.parameters()]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for _ in range(2):
                 self._step(self.static_x, self.static_target)
         torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        # thread_local: a watchdog thread may query events while this thread captures.
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.static_loss = self._step(self.static_x, self.static_target)
+        with torch.no_grad():
+            for p, saved in zip(self.model.parameters(), before):
+                p.copy_(saved)
+            for state in self.opt.state.values():  # AdamW's state starts at zero
+                for value in state.values():
+                    if torch.is_tensor(value):
+                        value.zero_()
 
 
 def _sum_over_ranks(t: torch.Tensor, op=None) -> float:
