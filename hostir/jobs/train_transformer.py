@@ -95,6 +95,8 @@ def validate(args, world: int) -> None:
             raise OptionsError(f"--{flag} needs CUDA (no CUDA device here)")
     if args.device == "cuda" and not torch.cuda.is_available():
         raise OptionsError("--device cuda: no CUDA device here")
+    if args.json and not args.bench:
+        raise OptionsError(f"--json {args.json}: only --bench writes results; add --bench")
     if args.json:
         folder = os.path.dirname(os.path.abspath(args.json))
         if not os.path.isdir(folder) or not os.access(folder, os.W_OK):

@@ -193,3 +193,20 @@ def test_refusals_on_every_rank_before_any_collective(world, comm):
     block = parallelize(LlamaBlock(HIDDEN, HEADS, KV_HEADS, FFN), stages=2, comm=comm)
     with pytest.raises(HostIrError, match="expected a multiple of stages"):
         block(torch.randn(3, HIDDEN))  # 3*d tokens over 2 stages of d ranks
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--tokens=7"], "tensor tokens axis 0: extent 7 does not split"),
+    (["--kv-heads=3"], "heads=8 is not a multiple of kv_heads=3"),
+    (["--bench"], "--bench needs CUDA"),
+    (["--steps=0"], "--steps=0: expected at least 1"),
+    (["--json=/nonexistent/x.json", "--bench"], "--bench needs CUDA"),
+])
+def test_the_job_refuses_bad_flags_on_every_rank(world, flags, message):
+    """Refused in the argument check, before any collective, on every rank alike (marked
+    so that hostir.run prints one line and does not abort the other ranks)."""
+    from hostir.jobs import train_transformer as job
+
+    with pytest.raises(HostIrError, match=message) as info:
+        job.main(job.parse(["--device=cpu", "--kv-heads=4"] + flags))  # 4: divides 2 and 4 ranks
+    assert info.value.on_every_rank
