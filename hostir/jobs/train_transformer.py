@@ -32,7 +32,7 @@ import statistics
 import torch
 
 from hostir.errors import HostIrError, OptionsError
-from hostir.nn import LlamaBlock, parallelize, shard_sequence
+from hostir.nn import LlamaBlock, _resolve, parallelize, shard_sequence
 from hostir.nn.llama import shard_state_dict
 from hostir.nn.transformer import check_block_shape
 from lowering.patterns import check_row_split
@@ -397,7 +397,8 @@ def bench(args) -> int:
     times = {n: _sum_over_ranks(torch.tensor(ms), dist.ReduceOp.MAX) for n, ms in times.items()}
     config = {"layers": args.layers, "hidden": args.hidden, "heads": args.heads,
               "kv_heads": args.kv_heads, "ffn": ffn_width(args), "tokens": args.tokens,
-              "dtype": args.dtype, "stages": args.stages, "graph": args.graph}
+              "dtype": args.dtype, "stages": args.stages, "graph": args.graph,
+              "comm_schedule": list(_resolve(device, None, args.comm, args.schedule))}
     row = {"config": config, **{f"{n}_ms": ms for n, ms in times.items()},
            "tokens_per_s": {n: args.tokens / (ms / 1e3) for n, ms in times.items()},
            "speedup_vs_eager": times["eager"] / times["ours"],
@@ -421,6 +422,6 @@ def write_rows(path: str, rows: list, world: int) -> None:
            "date": datetime.date.today().isoformat(), "commit": commit(),
            "note": "one training step (forward, backward, AdamW); medians after warm-up, "
                    "interleaved, slowest rank; eager and compile run the unsharded model "
-                   "on each GPU", "rows": rows}
+                   "on each GPU; tokens_per_s: the config's tokens (one sequence) a step", "rows": rows}
     with open(path, "w") as fh:
         json.dump(doc, fh, indent=2)

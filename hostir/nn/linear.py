@@ -32,6 +32,9 @@ Programs (built once per shape, dtype, device and communicator, then cached):
 - RowParallelLinear: forward GEMM+ReduceScatter ``y = reduce_scatter(x @ W)``; backward
   AllGather+GEMM ``dx = gather(dy) @ W^T`` and ``dW = x^T @ gather(dy)``.
 
+Both layers are one autograd node (``_ParallelLinearFn``) over one plan whose
+``backward`` serves either side: the backward program for dx, ``dW = a^T @ b`` beside it.
+
 The backward programs read ``W^T``: they get the view ``w.t()``, which the interpreter
 accepts for an input that its program reads only as a GEMM's B (cuBLAS and the generated
 kernel's TN layout read it in place); only a cuBLASLt epilogue GEMM (``dgelu``) needs a
