@@ -264,28 +264,27 @@ def _gather_rows(block, t: torch.Tensor) -> list[torch.Tensor]:
 def llama_state_dict(block: ParallelTransformerBlock) -> dict:
     """The full weights of ``block`` in Llama's naming (what ``LlamaBlock.load_state_dict``
     takes), gathered from every rank: a collective, call it on every rank."""
-    dh = block.head_dim
+    def rows(t):  # every rank's rows of t, in rank order
+        return _gather_rows(block, t.detach())
+
+    dh, f = block.head_dim, block.ffn
+    qkv_sizes = (block.heads * dh, block.kv_heads * dh, block.kv_heads * dh)
     out = {f"{n}.{p}": getattr(getattr(block, n), p).detach().clone() for n in NORMS
            for p in ("weight", "bias") if getattr(getattr(block, n), p) is not None}
-    q, k, v = unshard_fused(_gather_rows(block, block.qkv_proj.weight.detach().t()),
-                            (block.heads * dh, block.kv_heads * dh, block.kv_heads * dh))
-    out.update({"self_attn.q_proj.weight": q, "self_attn.k_proj.weight": k,
-                "self_attn.v_proj.weight": v})
-    out["self_attn.o_proj.weight"] = torch.cat(_gather_rows(block, block.o_proj.weight.detach()), 0).t()
-    out["mlp.down_proj.weight"] = torch.cat(_gather_rows(block, block.down_proj.weight.detach()), 0).t()
-    f = block.ffn
+    for p, w in zip("qkv", unshard_fused(rows(block.qkv_proj.weight.t()), qkv_sizes)):
+        out[f"self_attn.{p}_proj.weight"] = w
+    out["self_attn.o_proj.weight"] = torch.cat(rows(block.o_proj.weight), 0).t()
+    out["mlp.down_proj.weight"] = torch.cat(rows(block.down_proj.weight), 0).t()
     if block.style == "llama":
-        gate, up = unshard_fused(_gather_rows(block, block.gate_up_proj.weight.detach().t()), (f, f))
+        gate, up = unshard_fused(rows(block.gate_up_proj.weight.t()), (f, f))
         out["mlp.gate_proj.weight"], out["mlp.up_proj.weight"] = gate, up
-    else:
-        out["mlp.up_proj.weight"] = torch.cat(_gather_rows(block, block.up_proj.weight.detach().t()), 0)
-        bq, bk, bv = unshard_fused(_gather_rows(block, block.qkv_proj.bias.detach()),
-                                   (block.heads * dh, block.kv_heads * dh, block.kv_heads * dh))
-        out.update({"self_attn.q_proj.bias": bq, "self_attn.k_proj.bias": bk,
-                    "self_attn.v_proj.bias": bv})
-        out["mlp.up_proj.bias"] = torch.cat(_gather_rows(block, block.up_proj.bias.detach()), 0)
-        out["self_attn.o_proj.bias"] = block.o_proj_bias.detach().clone()
-        out["mlp.down_proj.bias"] = block.down_proj_bias.detach().clone()
+        return {k: v.contiguous() for k, v in out.items()}
+    out["mlp.up_proj.weight"] = torch.cat(rows(block.up_proj.weight.t()), 0)
+    for p, b in zip("qkv", unshard_fused(rows(block.qkv_proj.bias), qkv_sizes)):
+        out[f"self_attn.{p}_proj.bias"] = b
+    out["mlp.up_proj.bias"] = torch.cat(rows(block.up_proj.bias), 0)
+    out["self_attn.o_proj.bias"] = block.o_proj_bias.detach().clone()
+    out["mlp.down_proj.bias"] = block.down_proj_bias.detach().clone()
     return {k: v.contiguous() for k, v in out.items()}
 
 

@@ -72,8 +72,9 @@ def test_replicated_gradients_are_the_same_on_every_rank(world, comm):
         assert all(torch.equal(every[0], other) for other in every)
 
 
-def test_state_dict_round_trip(world, comm):
-    ref = _reference("llama")
+@pytest.mark.parametrize("style", ["llama", "gpt2"])
+def test_state_dict_round_trip(world, comm, style):
+    ref = _reference(style)
     block = parallelize(ref, comm=comm)
     assert block.qkv_proj.weight.shape == (HIDDEN, (HEADS + 2 * KV_HEADS) * 8 // world[1])
     full = llama_state_dict(block)
@@ -94,7 +95,8 @@ def test_same_losses_as_torch_tensor_parallel(world, comm):
     rank, d = world
     ref = _reference("llama", seed=3)
     ours = parallelize(copy.deepcopy(ref), comm=comm)
-    theirs = torch_parallelize(copy.deepcopy(ref), init_device_mesh("cpu", (d,)))
+    mesh = init_device_mesh("cpu", (d,))
+    theirs = torch_parallelize(copy.deepcopy(ref), mesh)
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (ours, theirs)]
     t = 8 * d
     for step in range(10):
@@ -102,7 +104,7 @@ def test_same_losses_as_torch_tensor_parallel(world, comm):
         x, target = torch.randn(t, HIDDEN, generator=g), torch.randn(t, HIDDEN, generator=g)
         mine = x.chunk(d)[rank]
         loss = ((ours(mine) - target.chunk(d)[rank]) ** 2).sum() / x.numel()
-        shard = lambda v: DTensor.from_local(v[None].chunk(d, 1)[rank], theirs.self_attn.q_proj.weight.device_mesh, [Shard(1)])  # noqa: E731
+        shard = lambda v: DTensor.from_local(v[None].chunk(d, 1)[rank], mesh, [Shard(1)])  # noqa: E731
         their_loss = ((theirs(shard(x)) - shard(target)) ** 2).sum() / x.numel()
         for opt, value in zip(opts, (loss, their_loss)):
             opt.zero_grad()
