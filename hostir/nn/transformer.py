@@ -153,12 +153,13 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
 
 class _AddNorm(torch.autograd.Function):
     """``(norm(x + residual), x + residual)`` (``norm(x)`` alone without a residual) by
-    ``runtime.fused``; the backward returns the stream's gradient to both inputs."""
+    ``runtime.fused``; the backward returns the stream's gradient to both inputs and the
+    weight's (and bias's) summed over the group by ``reduce``."""
 
     @staticmethod
-    def forward(ctx, x, residual, weight, bias, eps, kind):
+    def forward(ctx, x, residual, weight, bias, eps, kind, reduce):
         y, h, mean, rstd = fused.add_norm_forward(x, residual, weight, bias, eps, kind)
-        ctx.kind, ctx.has_residual = kind, residual is not None
+        ctx.kind, ctx.has_residual, ctx.reduce = kind, residual is not None, reduce
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(h, weight, mean, rstd)
         return (y, h) if residual is not None else y
@@ -170,7 +171,22 @@ class _AddNorm(torch.autograd.Function):
         if dy is None:
             dy = torch.zeros_like(h)
         dx, dw, db = fused.add_norm_backward(dy, h, weight, mean, rstd, ctx.kind, dh)
-        return dx, (dx if ctx.has_residual else None), dw, db, None, None
+        dw, db = ctx.reduce(dw), (ctx.reduce(db) if db is not None else None)
+        return dx, (dx if ctx.has_residual else None), dw, db, None, None, None
+
+
+class _AddReplicatedBias(torch.autograd.Function):
+    """``y + bias`` over sequence-sharded tokens; the bias's gradient (this rank's tokens'
+    sum) summed over the group by ``reduce``."""
+
+    @staticmethod
+    def forward(ctx, y, bias, reduce):
+        ctx.reduce, ctx.dtype = reduce, bias.dtype
+        return y + bias.to(y.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        return dy, ctx.reduce(dy.float().sum(0)).to(ctx.dtype), None
 
 
 class _SwiGLU(torch.autograd.Function):
@@ -203,8 +219,10 @@ class _GELU(torch.autograd.Function):
 
 
 class _GroupReduce:
-    """A gradient hook that sums a replicated parameter's gradient over the group: each
-    rank's gradient covers only its T/D tokens (Megatron's sequence-parallel rule)."""
+    """Sums a replicated parameter's gradient over the group: each rank's gradient covers
+    only its T/D tokens (Megatron's sequence-parallel rule). Called in the backward of the
+    op that uses the parameter, not as a hook on it: a hook would not follow the parameter
+    into a deep copy or a ``load_state_dict(assign=True)``."""
 
     def __init__(self, process_group, comm: str, schedule: str):
         self.process_group, self.comm, self.schedule = process_group, comm, schedule
@@ -231,15 +249,15 @@ class ReplicatedNorm(torch.nn.Module):
         if kind not in fused.NORM_KINDS:
             raise LoweringError(f"norm kind {kind!r}: expected one of {fused.NORM_KINDS}")
         self.kind, self.eps = kind, float(eps)
+        self.reduce = reduce
         self.weight = torch.nn.Parameter(torch.ones(hidden, device=device, dtype=dtype))
-        self.weight.register_hook(reduce)
         self.bias = None
         if kind == "layer_norm":
             self.bias = torch.nn.Parameter(torch.zeros(hidden, device=device, dtype=dtype))
-            self.bias.register_hook(reduce)
 
     def forward(self, x, residual=None):
-        return _AddNorm.apply(x, residual, self.weight, self.bias, self.eps, self.kind)
+        return _AddNorm.apply(x, residual, self.weight, self.bias, self.eps, self.kind,
+                              self.reduce)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, kind={self.kind}, eps={self.eps}"
@@ -287,7 +305,7 @@ class ParallelTransformerBlock(torch.nn.Module):
         eps = (1e-6 if llama else 1e-5) if eps is None else eps
         kw = dict(stages=stages, streams=streams, process_group=process_group, comm=comm,
                   schedule=schedule, device=device, dtype=dtype)
-        reduce = _GroupReduce(process_group, comm, schedule)
+        self._reduce = reduce = _GroupReduce(process_group, comm, schedule)
         kind = "rms_norm" if llama else "layer_norm"
         nkw = dict(device=device, dtype=dtype)
         d = self.head_dim
@@ -303,8 +321,6 @@ class ParallelTransformerBlock(torch.nn.Module):
         if not llama:
             self.o_proj_bias = torch.nn.Parameter(torch.zeros(hidden, **nkw))
             self.down_proj_bias = torch.nn.Parameter(torch.zeros(hidden, **nkw))
-            for p in (self.o_proj_bias, self.down_proj_bias):
-                p.register_hook(reduce)
         for label, layer in (("attention qkv", self.qkv_proj), ("attention out", self.o_proj),
                              ("mlp gate_up" if llama else "mlp up", up),
                              ("mlp down", self.down_proj)):
@@ -333,13 +349,16 @@ class ParallelTransformerBlock(torch.nn.Module):
             cos, sin = self._rotary(t, qkv.device, qkv.dtype)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         y = self.o_proj(causal_attention(q, k, v).reshape(t, hq * d))
-        return y if self.o_proj_bias is None else y + self.o_proj_bias.to(y.dtype)
+        return y if self.o_proj_bias is None else _AddReplicatedBias.apply(y, self.o_proj_bias,
+                                                                            self._reduce)
 
     def _mlp(self, n: torch.Tensor) -> torch.Tensor:
         up = self.mlp_up(n)
         a = _SwiGLU.apply(up) if self.style == "llama" else _GELU.apply(up)
         y = self.down_proj(a)
-        return y if self.down_proj_bias is None else y + self.down_proj_bias.to(y.dtype)
+        if self.down_proj_bias is None:
+            return y
+        return _AddReplicatedBias.apply(y, self.down_proj_bias, self._reduce)
 
     def _rotary(self, t: int, device, dtype):
         key = (t, str(device), dtype)

@@ -63,7 +63,7 @@ def test_replicated_gradients_are_the_same_on_every_rank(world, comm):
     from mpi4py import MPI
 
     rank, d = world
-    block = parallelize(_reference("gpt2"), comm=comm)
+    block = copy.deepcopy(parallelize(_reference("gpt2"), comm=comm))  # a copy reduces too
     x = torch.randn(16, HIDDEN, generator=torch.Generator().manual_seed(rank))
     block(shard_sequence(x, 1, d, rank)).pow(2).sum().backward()
     for p in (block.input_layernorm.weight, block.post_attention_layernorm.bias,
