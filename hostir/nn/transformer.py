@@ -278,6 +278,11 @@ class ParallelTransformerBlock(torch.nn.Module):
     ``down_proj_bias`` (replicated). ``hostir.nn.parallelize`` fills them from an unsharded
     torch block.
 
+    ``stages``, ``streams``, ``comm``, ``schedule`` go to the four linear layers (see
+    ``hostir.nn.linear``). ``stages=1`` suits the ring schedule (the default over the copy
+    engine: whole GEMMs hide the transfers); the ``pipelined`` schedule overlaps a stage's
+    collective with another stage's GEMM, so give it ``stages=2`` or more.
+
     >>> block = ParallelTransformerBlock(256, 8, kv_heads=2, ffn=512, stages=1)  # doctest: +SKIP
     >>> block(x_local).shape                                                     # doctest: +SKIP
     torch.Size([T // D, 256])
