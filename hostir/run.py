@@ -35,6 +35,7 @@ JOBS = {
     "matmul": "hostir.jobs.matmul",
     "layer_norm": "hostir.jobs.layer_norm",
     "train_mlp": "hostir.jobs.train_mlp",
+    "train_transformer": "hostir.jobs.train_transformer",
     "fault_injection": "hostir.jobs.fault_injection",
     "flight_report": "hostir.jobs.flight_report",
 }

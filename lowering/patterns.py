@@ -50,10 +50,29 @@ def allgather_matmul(m: int, k: int, n: int, stages: int, world_size: int,
     return fd
 
 
+def check_row_split(tensor: str, rows: int, stages: int, world_size: int, axis: int = 0) -> None:
+    """Refuse ``rows`` rows that do not split evenly into ``stages`` stages of
+    ``world_size`` ranks: flooring the shard size would drop rows without a word.
+
+    >>> check_row_split("x", 7, 1, 2)
+    Traceback (most recent call last):
+    ...
+    hostir.errors.LoweringError: tensor x axis 0: extent 7 does not split over 1 stage(s) x 2 ranks; expected a multiple of 2, got 7
+    """
+    if stages < 1 or world_size < 1:
+        raise LoweringError(f"tensor {tensor} axis {axis}: expected at least 1 stage and 1 rank, "
+                            f"got stages={stages}, ranks={world_size}")
+    if rows % (stages * world_size):
+        raise LoweringError(
+            f"tensor {tensor} axis {axis}: extent {rows} does not split over {stages} stage(s) "
+            f"x {world_size} ranks; expected a multiple of {stages * world_size}, got {rows}")
+
+
 def shard_rows(a, stages: int, world_size: int, rank: int):
     """This rank's shard of a global A[M, K] in the layout of ``allgather_matmul``:
     [S, 1, M/(S*D), K], rows s*(M/S) + rank*(M/(S*D)) + r of stage s."""
     m, k = a.shape
+    check_row_split("A", m, stages, world_size)
     return a.view(stages, world_size, m // (stages * world_size), k)[:, rank:rank + 1].contiguous()
 
 
@@ -116,6 +135,7 @@ def shard_columns(a, world_size: int, rank: int):
     (columns rank*K/D ..), contiguous, as [M, K/D]; the program takes it as a view
     ``.view(S, M/S, 1, K/D)``."""
     m, k = a.shape
+    check_row_split("A", k, 1, world_size, axis=1)
     return a[:, rank * (k // world_size):(rank + 1) * (k // world_size)].contiguous()
 
 
@@ -130,6 +150,7 @@ def stage_rows(stages: int, rows: int, world_size: int, rank: int):
     """
     import torch
 
+    check_row_split("rows", rows, stages, world_size)
     m = rows // (stages * world_size)
     stage = torch.arange(stages).view(stages, 1) * (m * world_size)
     return (stage + rank * m + torch.arange(m).view(1, m)).reshape(-1)

@@ -38,9 +38,9 @@ def _reference(x, up, down, dy):
 def fuse_backward(request, monkeypatch):
     """Both backward forms: the GELU derivative as its own pass (the default) and in the
     down projection's backward GEMM (the dgelu epilogue)."""
-    from hostir import nn as tp
+    from hostir.nn import linear
 
-    monkeypatch.setattr(tp, "FUSE_DGELU", request.param)
+    monkeypatch.setattr(linear, "FUSE_DGELU", request.param)
     return request.param
 
 

@@ -32,6 +32,9 @@ Programs (built once per shape, dtype, device and communicator, then cached):
 - RowParallelLinear: forward GEMM+ReduceScatter ``y = reduce_scatter(x @ W)``; backward
   AllGather+GEMM ``dx = gather(dy) @ W^T`` and ``dW = x^T @ gather(dy)``.
 
+Both layers are one autograd node (``_ParallelLinearFn``) over one plan whose
+``backward`` serves either side: the backward program for dx, ``dW = a^T @ b`` beside it.
+
 The backward programs read ``W^T``: they get the view ``w.t()``, which the interpreter
 accepts for an input that its program reads only as a GEMM's B (cuBLAS and the generated
 kernel's TN layout read it in place); only a cuBLASLt epilogue GEMM (``dgelu``) needs a
@@ -78,7 +81,7 @@ import torch
 
 from hostir import ir
 from hostir.errors import LoweringError
-from lowering.patterns import allgather_matmul, matmul_reduce_scatter, stage_rows
+from lowering.patterns import allgather_matmul, check_row_split, matmul_reduce_scatter, stage_rows
 from lowering.pipeline import lower
 from runtime.device import DTYPE_NAMES, make_backend
 from runtime.interpreter import Interpreter
@@ -97,12 +100,24 @@ _PLANS: dict = {}
 
 def sequence_rows(tokens: int, stages: int, world_size: int, rank: int) -> torch.Tensor:
     """Indices of the tokens (of ``tokens`` over all ranks) that rank ``rank`` holds in the
-    sequence-sharded layout, in order."""
+    sequence-sharded layout, in order. ``tokens`` must be a multiple of
+    ``stages * world_size`` (else LoweringError: no token is dropped silently).
+
+    >>> sequence_rows(8, 2, 2, 1).tolist()
+    [2, 3, 6, 7]
+    """
+    check_row_split("tokens", tokens, stages, world_size)
     return stage_rows(stages, tokens, world_size, rank)
 
 
 def shard_sequence(x: torch.Tensor, stages: int, world_size: int, rank: int) -> torch.Tensor:
-    """This rank's tokens ``[T/D, ...]`` of the global ``x[T, ...]``, sequence-sharded."""
+    """This rank's tokens ``[T/D, ...]`` of the global ``x[T, ...]``, sequence-sharded;
+    LoweringError when T is not a multiple of ``stages * world_size``.
+
+    >>> shard_sequence(torch.arange(8.0).view(8, 1), 2, 2, 0).flatten().tolist()
+    [0.0, 1.0, 4.0, 5.0]
+    """
+    check_row_split("x", x.shape[0], stages, world_size)
     return x[sequence_rows(x.shape[0], stages, world_size, rank).to(x.device)].contiguous()
 
 
@@ -263,7 +278,7 @@ class _Plan:
     by gelu' of a pre-activation passed in)."""
 
     def __init__(self, kind, rt: _Runtime, m, k, n, stages, streams, dtype, overlap,
-                 schedule="pipelined", epilogue=None):
+                 schedule="pipelined", epilogue=None, label=""):
         d = rt.comm.world_size
         self.kind, self.rt, self.m, self.k, self.n = kind, rt, m, k, n
         self.S, self.D, self.overlap = stages, d, overlap and rt.backend.name == "cuda"
@@ -280,7 +295,8 @@ class _Plan:
         if (fwd_epilogue or bwd_epilogue) != epilogue:
             raise LoweringError(f"{kind}-parallel layer: epilogue {epilogue!r} has no GEMM to "
                                 "go on (gelu_aux: column forward; dgelu: row backward)")
-        what = f"{kind}-parallel linear [{k}, {n}] a rank, {t} tokens"
+        # ``label`` names the first user of a shared plan in the dump (e.g. "attention qkv").
+        what = f"{label + ': ' if label else ''}{kind}-parallel linear [{k}, {n}] a rank, {t} tokens"
         if kind == "column":  # fwd: gather(x)[T, k] @ W[k, n]; bwd: rs(dy[T, n] @ W^T[n, k])
             self.fwd = _interpreter(rt, ag(t, k, n, stages, d, dtype, fwd_epilogue), streams,
                                     True, schedule, f"{what}: forward, AllGather+GEMM")
@@ -323,34 +339,38 @@ class _Plan:
         pre = pre[0].view(-1, self.n) if pre else None
         return y.view(-1, self.n), g.view(-1, self.k), pre
 
-    def column_backward(self, dy, gathered, w, need_x: bool, need_w: bool):
-        bwd = self.bwd
-        wt = _transposed_weight(bwd, 1, w)
-        program = (lambda: bwd(_as_input(bwd, 0, dy), _as_input(bwd, 1, wt))[0]) \
-            if need_x else (lambda: None)
-        if need_w:
-            dx, dw = self._weight_grad(gathered, dy, program)
-        else:
-            dx, dw = program(), None
-        return (dx.view(-1, self.k) if dx is not None else None), dw
-
     # row: x [T, k] feature-sharded -> y [m, n] sequence-sharded
     def row_forward(self, x, w):
         (y,) = self.fwd(_as_input(self.fwd, 0, x), _as_input(self.fwd, 1, w))
         return y.view(-1, self.n)
 
-    def row_backward(self, dy, x, w, need_w: bool, pre=None):
-        """``pre``: with ``dgelu``, the pre-activation ``[T, k]`` whose gelu was ``x``;
-        dx is then the gradient of the pre-activation."""
-        S, m = self.S, self.m // self.S
-        args = (dy.view(S, 1, m, self.n), _transposed_weight(self.bwd, 1, w))
+    def forward(self, x, w):
+        """``(y, saved, pre)``: the output, what the backward reads (column: the gathered
+        input; row: ``x``) and the pre-activation of a ``gelu_aux`` epilogue (or None)."""
+        if self.kind == "column":
+            return self.column_forward(x, w)
+        return self.row_forward(x, w), x, None
+
+    def backward(self, dy, saved, w, need_x: bool, need_w: bool, pre=None):
+        """``(dx, dW)`` of either layer, written once. The backward program gives dx
+        (column: GEMM+ReduceScatter ``rs(dy W^T)``; row: AllGather+GEMM ``gather(dy) W^T``,
+        times ``gelu'(pre)`` with ``dgelu``, ``pre`` the ``[T, k]`` pre-activation) and
+        ``dW = a^T @ b`` with ``a = saved``: for the column layer ``b = dy``, known before
+        the program, so the GEMM runs on a side stream beside the reduce-scatters; for the
+        row layer ``b = gather(dy)``, the program's second output (the row program always
+        runs: it gathers ``b``)."""
+        run, column = self.bwd, self.kind == "column"
+        first = _as_input(run, 0, dy) if column else dy.view(self.S, 1, self.m // self.S, self.n)
+        args = (first, _as_input(run, 1, _transposed_weight(run, 1, w)))
         if pre is not None:
-            args += (_as_input(self.bwd, 2, pre),)
-        dx, g = self.bwd(*args)
-        self._fill_local_rows(g, dy)
-        g = g.view(-1, self.n)
-        dw = x.t() @ g if need_w else None
-        return dx.view(-1, self.k), dw
+            args += (_as_input(run, 2, pre),)
+        if not column:
+            dx, b = run(*args)
+            self._fill_local_rows(b, dy)
+            return dx.view(-1, self.k), saved.t() @ b.view(-1, self.n) if need_w else None
+        program = (lambda: run(*args)[0]) if need_x else (lambda: None)
+        dx, dw = self._weight_grad(saved, dy, program) if need_w else (program(), None)
+        return (dx.view(-1, self.k) if dx is not None else None), dw
 
 
 def _plan(kind, layer, x: torch.Tensor, epilogue: str | None = None,
@@ -364,9 +384,13 @@ def _plan(kind, layer, x: torch.Tensor, epilogue: str | None = None,
            layer.streams, layer.overlap_weight_grad, schedule, id(rt), epilogue)
     plan = _PLANS.get(key)
     if plan is None:
+        if kind == "row":  # all T tokens: T/D rows each, no remainder dropped
+            check_row_split(f"{type(layer).__name__} input", rows, layer.stages,
+                            rt.comm.world_size)
         m = rows if kind == "column" else rows // rt.comm.world_size
         plan = _Plan(kind, rt, m, layer._k, layer._n, layer.stages, layer.streams,
-                     DTYPE_NAMES[x.dtype], layer.overlap_weight_grad, schedule, epilogue)
+                     DTYPE_NAMES[x.dtype], layer.overlap_weight_grad, schedule, epilogue,
+                     getattr(layer, "label", ""))
         _PLANS[key] = plan
     return plan
 
@@ -377,28 +401,29 @@ def _no_autocast(device: torch.device):
     return torch.autocast(device.type, enabled=False)
 
 
-class _ColumnParallel(torch.autograd.Function):
-    """With the plan's ``gelu_aux`` the output is gelu_tanh(x W) and the backward first
-    takes the GELU's derivative (torch's gelu_backward on the saved pre-activation);
+class _ParallelLinearFn(torch.autograd.Function):
+    """Either layer as one autograd node: ``plan.forward``, ``plan.backward``. With the
+    column plan's ``gelu_aux`` the output is gelu_tanh(x W) and the backward first takes
+    the GELU's derivative (torch's gelu_backward on the saved pre-activation);
     ``ParallelMLP`` fuses that derivative into the down projection's backward GEMM."""
 
     @staticmethod
     def forward(ctx, x, w, plan):
         with _no_autocast(x.device):
-            y, gathered, pre = plan.column_forward(x, w)
+            y, saved, pre = plan.forward(x, w)
         ctx.plan = plan
-        ctx.save_for_backward(gathered, w, pre)
+        ctx.save_for_backward(saved, w, pre)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        gathered, w, pre = ctx.saved_tensors
+        saved, w, pre = ctx.saved_tensors
         dy = dy.to(w.dtype)
         if pre is not None:
             dy = torch.ops.aten.gelu_backward(dy, pre, approximate="tanh")
         with _no_autocast(dy.device):
-            dx, dw = ctx.plan.column_backward(dy.contiguous(), gathered, w,
-                                              ctx.needs_input_grad[0], ctx.needs_input_grad[1])
+            dx, dw = ctx.plan.backward(dy.contiguous(), saved, w, ctx.needs_input_grad[0],
+                                       ctx.needs_input_grad[1])
         return dx, dw, None
 
 
@@ -427,30 +452,12 @@ class _ParallelMLP(torch.autograd.Function):
         with _no_autocast(dy.device):
             dy = dy.to(w2.dtype).contiguous()
             if ctx.fuse_backward:
-                dpre, dw2 = down.row_backward(dy, h, w2, need_w2, pre)
+                dpre, dw2 = down.backward(dy, h, w2, True, need_w2, pre)
             else:
-                dh, dw2 = down.row_backward(dy, h, w2, need_w2)
+                dh, dw2 = down.backward(dy, h, w2, True, need_w2)
                 dpre = torch.ops.aten.gelu_backward(dh, pre, approximate="tanh")
-            dx, dw1 = up.column_backward(dpre, gathered, w1, need_x, need_w1)
+            dx, dw1 = up.backward(dpre, gathered, w1, need_x, need_w1)
         return dx, dw1, dw2, None, None, None
-
-
-class _RowParallel(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, w, plan):
-        with _no_autocast(x.device):
-            y = plan.row_forward(x, w)
-        ctx.plan = plan
-        ctx.save_for_backward(x, w)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        x, w = ctx.saved_tensors
-        with _no_autocast(dy.device):
-            dx, dw = ctx.plan.row_backward(dy.to(w.dtype).contiguous(), x, w,
-                                           ctx.needs_input_grad[1])
-        return dx, dw, None
 
 
 def _compute_dtype(x: torch.Tensor, w: torch.Tensor) -> torch.dtype:
@@ -540,7 +547,7 @@ class ColumnParallelLinear(_ParallelLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x, w = self._inputs(x)
         epilogue = "gelu_aux" if self.activation else None
-        y = _ColumnParallel.apply(x, w, _plan("column", self, x, epilogue))
+        y = _ParallelLinearFn.apply(x, w, _plan("column", self, x, epilogue))
         return y if self.bias is None else y + self.bias.to(y.dtype)
 
 
@@ -584,7 +591,7 @@ class RowParallelLinear(_ParallelLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x, w = self._inputs(x)
-        return _RowParallel.apply(x, w, _plan("row", self, x))
+        return _ParallelLinearFn.apply(x, w, _plan("row", self, x))
 
 
 class ParallelMLP(torch.nn.Module):

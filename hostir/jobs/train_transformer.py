@@ -1,0 +1,427 @@
+"""Train a stack of tensor- and sequence-parallel transformer blocks (Llama style:
+``hostir.nn.ParallelTransformerBlock``, made by ``hostir.nn.parallelize`` from plain
+``LlamaBlock`` modules) with AdamW on synthetic data. Rank 0 prints each step's loss (mean
+squared error over all tokens).
+
+    mpirun -np 2 python -m hostir.run train_transformer --check        # CPU ranks, < 1 min
+    torchrun --nproc-per-node 2 -m hostir.run train_transformer
+    python -m hostir.run train_transformer --bench --hidden 4096 --heads 32 --kv-heads 8 \\
+        --tokens 4096 --layers 2 --dtype bfloat16 --json benchmarks/results/transformer_layer_nvidia-h100.json
+
+``--check`` trains the same blocks (same seed) unsharded in one process beside the parallel
+ones, compares every step's loss and every parameter's gradient (this rank's shard against
+the reference's), prints PASS, or FAIL and exits 1.
+
+``--bench`` (CUDA) times a training step (forward, backward, AdamW) of ours side by side
+with the same model in torch eager and under ``torch.compile`` (each rank runs the whole
+model on its GPU), and with torch's own tensor parallelism (``torch.distributed.tensor.
+parallel``, sequence parallel) when the world size is above 1: medians after warm-up,
+interleaved, the slowest rank's; tokens/s for each. ``--json FILE`` writes the rows.
+
+``--graph`` (CUDA) captures our whole training step in a CUDA graph and replays it.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import json
+import os
+import statistics
+
+import torch
+
+from hostir.errors import HostIrError, OptionsError
+from hostir.nn import LlamaBlock, _resolve, parallelize, shard_sequence
+from hostir.nn.llama import shard_state_dict
+from hostir.nn.transformer import check_block_shape
+from lowering.patterns import check_row_split
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Relative errors --check accepts: fp32 differs from the reference in summation order only;
+# half precision rounds every intermediate.
+TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 2e-2}
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--ffn", type=int, default=None,
+                   help="MLP width; default Llama's 8/3 hidden rounded up to 256")
+    p.add_argument("--tokens", type=int, default=128, help="one sequence, over all ranks")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stages", type=int, default=1, help="pipeline stages of every linear")
+    p.add_argument("--comm", default="auto", choices=["auto", "torch", "nccl", "mpi", "copy_engine"])
+    p.add_argument("--schedule", default="auto", choices=["auto", "pipelined", "ring"])
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
+    p.add_argument("--check", action="store_true", help="compare with an unsharded reference")
+    p.add_argument("--graph", action="store_true", help="CUDA: replay the step as a CUDA graph")
+    p.add_argument("--bench", action="store_true", help="CUDA: ours vs eager vs torch.compile")
+    p.add_argument("--iters", type=int, default=20, help="--bench: timed steps per variant")
+    p.add_argument("--warmup", type=int, default=5, help="--bench: untimed steps per variant")
+    p.add_argument("--json", default=None, metavar="FILE", help="--bench: write the rows here")
+
+
+def parse(argv) -> "argparse.Namespace":  # noqa: F821
+    import argparse
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return p.parse_args(argv)
+
+
+def ffn_width(args) -> int:
+    return args.ffn if args.ffn else -(-8 * args.hidden // 3 // 256) * 256
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def validate(args, world: int) -> None:
+    """Every refusal before any collective, alike on every rank (HostIrError)."""
+    for flag in ("steps", "layers", "tokens", "iters", "stages"):
+        if getattr(args, flag) < 1:
+            raise OptionsError(f"--{flag}={getattr(args, flag)}: expected at least 1")
+    if args.warmup < 0:
+        raise OptionsError(f"--warmup={args.warmup}: expected 0 or more")
+    cuda = torch.cuda.is_available() and args.device != "cpu"
+    for flag in ("bench", "graph"):
+        if getattr(args, flag) and not cuda:
+            raise OptionsError(f"--{flag} needs CUDA (no CUDA device here)")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise OptionsError("--device cuda: no CUDA device here")
+    if args.json and not args.bench:
+        raise OptionsError(f"--json {args.json}: only --bench writes results; add --bench")
+    if args.json:
+        folder = os.path.dirname(os.path.abspath(args.json))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise OptionsError(f"--json {args.json}: folder {folder} is not a writable directory")
+    check_block_shape(args.hidden, args.heads, args.kv_heads, ffn_width(args), world)
+    check_row_split("tokens", args.tokens, args.stages, world)
+
+
+# ----------------------------------------------------------------------------- set-up
+
+
+def _device(args) -> torch.device:
+    from runtime.session import local_rank
+
+    name = args.device
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        name = f"cuda:{local_rank() % torch.cuda.device_count()}"
+        torch.cuda.set_device(torch.device(name))
+    return torch.device(name)
+
+
+def _init_distributed(device: torch.device) -> None:
+    """A torch.distributed group: from torchrun's environment, else bootstrapped over MPI."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "MASTER_ADDR" in os.environ):
+        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    else:
+        from runtime.session import init_torch_distributed_from_mpi
+
+        init_torch_distributed_from_mpi(backend)
+
+
+def reference_model(args, device) -> torch.nn.Sequential:
+    """The unsharded model: ``--layers`` LlamaBlocks from ``--seed`` (torch's default
+    initialization; the norm weights drawn too, so their gradients are not symmetric)."""
+    torch.manual_seed(args.seed)
+    blocks = [LlamaBlock(args.hidden, args.heads, args.kv_heads, ffn_width(args))
+              for _ in range(args.layers)]
+    with torch.no_grad():
+        for b in blocks:
+            for norm in (b.input_layernorm, b.post_attention_layernorm):
+                norm.weight.uniform_(0.5, 1.5)
+    return torch.nn.Sequential(*blocks).to(device, DTYPES[args.dtype])
+
+
+def batch(args, step: int, device):
+    """One sequence of ``--tokens`` input activations and its regression target."""
+    g = torch.Generator().manual_seed(args.seed + 1000 + step)
+    x = torch.randn(args.tokens, args.hidden, generator=g)
+    target = torch.randn(args.tokens, args.hidden, generator=g)
+    dt = DTYPES[args.dtype]
+    return x.to(device, dt), target.to(device, dt)
+
+
+def mse_share(y, target, tokens: int) -> torch.Tensor:
+    """This rank's share of the mean squared error over all ``tokens`` tokens."""
+    return ((y.float() - target.float()) ** 2).sum() / (tokens * y.shape[-1])
+
+
+# ----------------------------------------------------------------------------- training
+
+
+class Trainer:
+    """Our parallel model, its optimizer and step; ``--graph`` replays the step captured."""
+
+    def __init__(self, args, ref: torch.nn.Sequential, rank: int, world: int):
+        self.args, self.rank, self.world = args, rank, world
+        kw = dict(stages=args.stages, comm=args.comm, schedule=args.schedule)
+        self.model = torch.nn.Sequential(*[parallelize(copy.deepcopy(b), **kw) for b in ref])
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=args.lr,
+                                     capturable=args.graph)
+        self.graph = None
+
+    def shard(self, t):
+        return shard_sequence(t, self.args.stages, self.world, self.rank)
+
+    def _step(self, x, target):
+        self.opt.zero_grad(set_to_none=False)
+        loss = mse_share(self.model(x), target, self.args.tokens)
+        loss.backward()
+        self.opt.step()
+        return loss.detach()
+
+    def step(self, x, target) -> torch.Tensor:
+        """One training step on this rank's tokens; returns its share of the loss."""
+        x, target = self.shard(x), self.shard(target)
+        if not self.args.graph:
+            return self._step(x, target)
+        if self.graph is None:
+            self._capture(x, target)
+        self.static_x.copy_(x)
+        self.static_target.copy_(target)
+        self.graph.replay()
+        return self.static_loss.clone()
+
+    def _capture(self, x, target) -> None:
+        """Warm up on a side stream (lazy set-up: plans, communicators, optimizer state),
+        capture one step, then put the weights and the optimizer state back as they were
+        before the warm-up (in place: the graph holds their addresses), so the first
+        replay is the first step, as without ``--graph``."""
+        self.static_x, self.static_target = x.clone(), target.clone()
+        before = [p.detach().clone() for p in self.model.parameters()]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                self._step(self.static_x, self.static_target)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        # thread_local: a watchdog thread may query events while this thread captures.
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+            self.static_loss = self._step(self.static_x, self.static_target)
+        with torch.no_grad():
+            for p, saved in zip(self.model.parameters(), before):
+                p.copy_(saved)
+            for state in self.opt.state.values():  # AdamW's state starts at zero
+                for value in state.values():
+                    if torch.is_tensor(value):
+                        value.zero_()
+
+
+def _sum_over_ranks(t: torch.Tensor, op=None) -> float:
+    import torch.distributed as dist
+
+    t = t.detach().double().reshape(1)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t, op=op or dist.ReduceOp.SUM)
+    return float(t.item())
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double(), b.detach().double()
+    return float(torch.linalg.norm(a - b) / torch.linalg.norm(b).clamp_min(1e-30))
+
+
+def gradient_errors(ours: torch.nn.Sequential, ref: torch.nn.Sequential) -> dict:
+    """Relative error of each of our gradients (this rank's shards) against the
+    reference's gradients sharded the same way."""
+    errors = {}
+    for i, (block, full) in enumerate(zip(ours, ref)):
+        want = shard_state_dict({n: p.grad for n, p in full.named_parameters()}, block)
+        for name, p in block.named_parameters():
+            errors[f"{i}.{name}"] = _rel(p.grad, want[name])
+    return errors
+
+
+def train(args, check: bool = False) -> dict:
+    """The parallel loop (and with ``check`` the reference beside it); every step's loss
+    over all ranks, and with ``check`` the reference's losses and the worst gradient error
+    over all ranks and parameters at each step."""
+    rank, world, device = setup(args)
+    ref = reference_model(args, device)
+    trainer = Trainer(args, ref, rank, world)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=args.lr) if check else None
+    out = {"losses": [], "ref_losses": [], "grad_errors": [], "worst_param": []}
+    for step in range(args.steps):
+        x, target = batch(args, step, device)
+        out["losses"].append(_sum_over_ranks(trainer.step(x, target)))
+        if not check:
+            continue
+        ref_opt.zero_grad(set_to_none=True)
+        loss = mse_share(ref(x), target, args.tokens)
+        loss.backward()
+        errors = gradient_errors(trainer.model, ref)
+        ref_opt.step()
+        out["ref_losses"].append(float(loss.detach()))
+        import torch.distributed as dist
+
+        worst = max(errors, key=errors.get)
+        out["grad_errors"].append(_sum_over_ranks(torch.tensor(errors[worst]), dist.ReduceOp.MAX))
+        out["worst_param"].append(worst)
+    out["world"] = world
+    out["rank"] = rank
+    return out
+
+
+def setup(args):
+    import torch.distributed as dist
+
+    device = _device(args)
+    _init_distributed(device)
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(args) -> int:
+    from runtime.watchdog import world_size
+
+    try:
+        validate(args, world_size())
+    except HostIrError as e:
+        e.on_every_rank = True  # every rank refuses alike: no rank waits in a collective
+        raise
+    if args.bench:
+        return bench(args)
+    out = train(args, check=args.check)
+    tol = TOLERANCE[args.dtype]
+    failures = []
+    for step, loss in enumerate(out["losses"]):
+        line = f"step {step:3d} loss {loss:.6f}"
+        if args.check:
+            ref, err = out["ref_losses"][step], out["grad_errors"][step]
+            loss_err = abs(loss - ref) / max(abs(ref), 1e-30)
+            line += f"  reference {ref:.6f}  worst gradient rel. error {err:.2e}"
+            if loss_err > tol or err > tol:
+                failures.append(f"step {step}: loss rel. error {loss_err:.2e}, gradient "
+                                f"{err:.2e} (tolerance {tol:g})")
+        if out["rank"] == 0:
+            print(line, flush=True)
+    if args.check:
+        if out["rank"] == 0:
+            print("PASS" if not failures else "FAIL: " + "; ".join(failures), flush=True)
+        return 1 if failures else 0
+    return 0
+
+
+# ----------------------------------------------------------------------------- the benchmark
+
+
+def side_by_side(steps: dict, iters: int, warmup: int) -> dict:
+    """Median milliseconds of each step (CUDA events), after ``warmup`` calls each, the
+    samples interleaved in carryover-balanced rounds (``runtime.autotune.balanced_rounds``)
+    so that clock and power drift weigh on every step alike."""
+    from runtime.autotune import balanced_rounds
+
+    for step in steps.values():
+        for _ in range(warmup):
+            step()
+    times = {name: [] for name in steps}
+    for names in balanced_rounds(list(steps), iters):
+        for name in names:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            steps[name]()
+            end.record()
+            end.synchronize()
+            times[name].append(start.elapsed_time(end))
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def _training_step(model, opt, x, target, tokens: int):
+    def step():
+        opt.zero_grad(set_to_none=False)
+        loss = mse_share(model(x), target, tokens)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+    return step
+
+
+def bench_steps(args, rank: int, world: int, device) -> dict:
+    """The training steps to time: ours, eager, torch.compile (the whole unsharded model
+    on this rank's GPU) and, on several ranks, torch's tensor parallelism."""
+    from hostir.nn.llama import torch_parallelize
+
+    ref = reference_model(args, device)
+    x, target = batch(args, 0, device)
+    trainer = Trainer(args, ref, rank, world)
+    xs, ts = trainer.shard(x), trainer.shard(target)
+    steps = {"ours": (lambda: trainer.step(x, target)) if args.graph
+             else (lambda: trainer._step(xs, ts))}
+    for name, model in (("eager", copy.deepcopy(ref)), ("compile", copy.deepcopy(ref))):
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        run = torch.compile(model) if name == "compile" else model
+        steps[name] = _training_step(run, opt, x[None], target[None], args.tokens)
+    if world > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import DTensor, Shard
+
+        mesh = init_device_mesh("cuda", (world,))
+        model = torch_parallelize(copy.deepcopy(ref), mesh)
+        opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+        local = lambda t: DTensor.from_local(t[None].chunk(world, 1)[rank], mesh, [Shard(1)])  # noqa: E731
+        steps["torch_tp"] = _training_step(model, opt, local(x), local(target), args.tokens)
+    return steps
+
+
+def bench(args) -> int:
+    """Time the steps side by side; rank 0 prints a line per variant and writes the row."""
+    rank, world, device = setup(args)
+    steps = bench_steps(args, rank, world, device)
+    first = {name: step() for name, step in steps.items()}  # also the first warm-up call
+    losses = {"ours": _sum_over_ranks(first["ours"]), "eager": float(first["eager"])}
+    times = side_by_side(steps, args.iters, max(args.warmup - 1, 0))
+    import torch.distributed as dist
+
+    times = {n: _sum_over_ranks(torch.tensor(ms), dist.ReduceOp.MAX) for n, ms in times.items()}
+    config = {"layers": args.layers, "hidden": args.hidden, "heads": args.heads,
+              "kv_heads": args.kv_heads, "ffn": ffn_width(args), "tokens": args.tokens,
+              "dtype": args.dtype, "stages": args.stages, "graph": args.graph,
+              "comm_schedule": list(_resolve(device, None, args.comm, args.schedule))}
+    row = {"config": config, **{f"{n}_ms": ms for n, ms in times.items()},
+           "tokens_per_s": {n: args.tokens / (ms / 1e3) for n, ms in times.items()},
+           "speedup_vs_eager": times["eager"] / times["ours"],
+           "speedup_vs_compile": times["compile"] / times["ours"],
+           "first_loss_rel_err_vs_eager": abs(losses["ours"] - losses["eager"]) / losses["eager"]}
+    if rank == 0:
+        for name, ms in times.items():
+            print(f"train_transformer bench {name}: {ms:.3f} ms/step "
+                  f"({row['tokens_per_s'][name]:.0f} tokens/s)", flush=True)
+        if args.json:
+            write_rows(args.json, [row], world)
+            print(f"-> {args.json}", flush=True)
+    return 0
+
+
+def write_rows(path: str, rows: list, world: int) -> None:
+    """The bench's JSON: the rows and where they came from."""
+    from hostir.jobs.results import commit
+
+    doc = {"device": torch.cuda.get_device_name(), "world_size": world,
+           "date": datetime.date.today().isoformat(), "commit": commit(),
+           "note": "one training step (forward, backward, AdamW); medians after warm-up, "
+                   "interleaved, slowest rank; eager and compile run the unsharded model "
+                   "on each GPU; tokens_per_s: the config's tokens (one sequence) a step", "rows": rows}
+    with open(path, "w") as fh:
+        json.dump(doc, fh, indent=2)

@@ -1,0 +1,23 @@
+"""Tensor- and sequence-parallel layers whose forward and backward run host IR programs.
+
+- ``hostir.nn.linear``: ``ColumnParallelLinear``, ``RowParallelLinear``, ``ParallelMLP``
+  (Megatron style, every collective overlapped with its GEMM); layouts and schedules are
+  described there.
+- ``hostir.nn.transformer``: ``ParallelTransformerBlock`` (Llama or GPT-2 style), built
+  from those layers, the fused seams of ``runtime.fused`` and torch's attention.
+- ``hostir.nn.llama``: ``parallelize``, which turns an unsharded Llama-style torch block
+  (``LlamaBlock`` or Hugging Face's decoder layer naming) into the parallel block.
+
+    >>> from hostir.nn import parallelize, LlamaBlock             # doctest: +SKIP
+    >>> block = parallelize(LlamaBlock(256, heads=8, kv_heads=2, ffn=512))  # doctest: +SKIP
+"""
+
+from hostir.nn.linear import (  # noqa: F401  (the private names: tests and jobs use them)
+    _PLANS, _RUNTIMES, ColumnParallelLinear, ParallelMLP, RowParallelLinear,
+    _plan, _resolve, copy_engine_available, fused_mlp, sequence_rows, shard_sequence)
+from hostir.nn.llama import LlamaBlock, parallelize  # noqa: F401
+from hostir.nn.transformer import ParallelTransformerBlock  # noqa: F401
+
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "fused_mlp",
+           "shard_sequence", "sequence_rows", "copy_engine_available",
+           "ParallelTransformerBlock", "LlamaBlock", "parallelize"]

@@ -1,0 +1,73 @@
+"""ParallelTransformerBlock on one GPU (world size 1) in bf16, forward and backward, against
+the unsharded LlamaBlock in float64: outputs, the input's gradient and every parameter's."""
+
+from __future__ import annotations
+
+import copy
+import socket
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from hostir.nn import LlamaBlock, parallelize  # noqa: E402
+from hostir.nn.llama import shard_state_dict  # noqa: E402
+from tests.numerics import rel_err as _err  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+TOL = 3e-2  # bf16 weights, activations and GEMM outputs; float32 norms and softmax
+
+
+@pytest.fixture(scope="module")
+def group():
+    """A one-rank NCCL group (the caller's torch.distributed group, as torchrun gives)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+                                world_size=1)
+    return None
+
+
+def _reference(style, hidden, heads, kv_heads, ffn):
+    torch.manual_seed(0)
+    block = LlamaBlock(hidden, heads, kv_heads, ffn, style=style)
+    with torch.no_grad():
+        for name, p in block.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.uniform_(0.5, 1.5)
+    return block
+
+
+@pytest.mark.parametrize("style", ["llama", "gpt2"])
+@pytest.mark.parametrize("hidden,heads,kv_heads,ffn,tokens", [
+    (256, 8, 2, 768, 128), (1024, 8, 8, 2816, 512)])
+def test_block_bf16_matches_float64(group, style, hidden, heads, kv_heads, ffn, tokens):
+    ref = _reference(style, hidden, heads, kv_heads, ffn)
+    block = parallelize(copy.deepcopy(ref).cuda().bfloat16(), comm="torch")
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(tokens, hidden, generator=g)
+    dy = torch.randn(tokens, hidden, generator=g)
+    xb = x.cuda().bfloat16().requires_grad_()
+    y = block(xb)
+    y.backward(dy.cuda().bfloat16())
+    ref64 = ref.cuda().double()
+    # The reference sees the bf16-rounded weights and inputs: what the block computes on.
+    with torch.no_grad():
+        for p, q in zip(ref64.parameters(), copy.deepcopy(ref).bfloat16().parameters()):
+            p.copy_(q.double())
+    xr = xb.detach().double().requires_grad_()
+    yr = ref64(xr[None])[0]
+    yr.backward(dy.cuda().bfloat16().double())
+    assert y.dtype == torch.bfloat16 and y.shape == (tokens, hidden)
+    assert _err(y, yr) < TOL
+    assert _err(xb.grad, xr.grad) < TOL
+    want = shard_state_dict({n: p.grad for n, p in ref64.named_parameters()}, block)
+    for name, p in block.named_parameters():
+        assert p.grad is not None and p.grad.dtype == torch.bfloat16, name
+        assert _err(p.grad, want[name]) < TOL, name
