@@ -31,7 +31,7 @@ import statistics
 
 import torch
 
-from hostir.errors import HostIrError, OptionsError
+from hostir.errors import HostIrError
 from hostir.nn import LlamaBlock, _resolve, parallelize, shard_sequence
 from hostir.nn.llama import shard_state_dict
 from hostir.nn.transformer import check_block_shape
@@ -82,27 +82,33 @@ def ffn_width(args) -> int:
 # ----------------------------------------------------------------------------- checks
 
 
-def validate(args, world: int) -> None:
-    """Every refusal before any collective, alike on every rank (HostIrError)."""
+def validate(args, world) -> None:
+    """Every refusal before any collective, alike on every rank (see hostir.jobs.preflight).
+    ``world``: the launch's `preflight.World`, or a plain world size."""
+    from hostir.jobs import preflight as pf
+
+    size = getattr(world, "size", world)
     for flag in ("steps", "layers", "tokens", "iters", "stages"):
         if getattr(args, flag) < 1:
-            raise OptionsError(f"--{flag}={getattr(args, flag)}: expected at least 1")
+            raise pf.UsageError(f"--{flag}={getattr(args, flag)}: expected at least 1")
     if args.warmup < 0:
-        raise OptionsError(f"--warmup={args.warmup}: expected 0 or more")
-    cuda = torch.cuda.is_available() and args.device != "cpu"
+        raise pf.UsageError(f"--warmup={args.warmup}: expected 0 or more")
+    device = pf.resolve_device(args.device)
     for flag in ("bench", "graph"):
-        if getattr(args, flag) and not cuda:
-            raise OptionsError(f"--{flag} needs CUDA (no CUDA device here)")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise OptionsError("--device cuda: no CUDA device here")
+        if getattr(args, flag):
+            pf.need_cuda(f"--{flag}", device)
     if args.json and not args.bench:
-        raise OptionsError(f"--json {args.json}: only --bench writes results; add --bench")
+        raise pf.UsageError(f"--json {args.json}: only --bench writes results; add --bench")
     if args.json:
-        folder = os.path.dirname(os.path.abspath(args.json))
-        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            raise OptionsError(f"--json {args.json}: folder {folder} is not a writable directory")
-    check_block_shape(args.hidden, args.heads, args.kv_heads, ffn_width(args), world)
-    check_row_split("tokens", args.tokens, args.stages, world)
+        pf.writable_output("--json", args.json)
+        pf.refuse_results_on_cpu("--json", args.json, device)
+    # the shape on its own first (a usage error), then its split over the ranks
+    for ranks, refusal in ((1, pf.UsageError), (size, pf.WorldSizeError)):
+        try:
+            check_block_shape(args.hidden, args.heads, args.kv_heads, ffn_width(args), ranks)
+            check_row_split("tokens", args.tokens, args.stages, ranks)
+        except HostIrError as e:
+            raise refusal(str(e)) from e
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -293,11 +299,12 @@ def setup(args):
 
 
 def main(args) -> int:
+    from hostir.jobs.preflight import JobError
     from runtime.watchdog import world_size
 
     try:
-        validate(args, world_size())
-    except HostIrError as e:
+        validate(args, world_size())  # hostir.run validated already; a direct call has not
+    except (HostIrError, JobError) as e:
         e.on_every_rank = True  # every rank refuses alike: no rank waits in a collective
         raise
     if args.bench:

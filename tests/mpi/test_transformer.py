@@ -200,15 +200,16 @@ def test_refusals_on_every_rank_before_any_collective(world, comm):
 @pytest.mark.parametrize("flags,message", [
     (["--tokens=7"], "tensor tokens axis 0: extent 7 does not split"),
     (["--kv-heads=3"], "heads=8 is not a multiple of kv_heads=3"),
-    (["--bench"], "--bench needs CUDA"),
+    (["--bench"], "--bench needs a CUDA GPU"),
     (["--steps=0"], "--steps=0: expected at least 1"),
-    (["--json=/nonexistent/x.json", "--bench"], "--bench needs CUDA"),
+    (["--json=/nonexistent/x.json", "--bench"], "--bench needs a CUDA GPU"),
 ])
 def test_the_job_refuses_bad_flags_on_every_rank(world, flags, message):
     """Refused in the argument check, before any collective, on every rank alike (marked
     so that hostir.run prints one line and does not abort the other ranks)."""
     from hostir.jobs import train_transformer as job
+    from hostir.jobs.preflight import JobError
 
-    with pytest.raises(HostIrError, match=message) as info:
+    with pytest.raises((HostIrError, JobError), match=message) as info:
         job.main(job.parse(["--device=cpu", "--kv-heads=4"] + flags))  # 4: divides 2 and 4 ranks
     assert info.value.on_every_rank
