@@ -42,7 +42,7 @@ from pathlib import Path
 
 from hostir.errors import OptionsError
 from hostir.options import options
-from runtime.comm.bootstrap import process_rank, world_size
+from runtime.bootstrap import process_rank, world_size
 
 DEFAULT_ENTRIES = 2000
 CAPTURED = -1.0  # Entry.ended of a statement captured into a CUDA graph

@@ -13,7 +13,7 @@ import torch
 
 from hostir import ir
 from runtime.comm.base import make_communicator
-from runtime.comm.bootstrap import init_torch_distributed_from_mpi, local_rank
+from runtime.bootstrap import init_torch_distributed_from_mpi, local_rank
 from runtime.device import make_backend, require_cuda
 from runtime.interpreter import Interpreter
 from runtime.watchdog import install_excepthook

@@ -48,7 +48,7 @@ import numpy as np
 from hostir.errors import CommTimeoutError, CommunicationError, HostIrError
 from hostir.options import options
 from runtime import flight
-from runtime.comm.bootstrap import mpi_world, poll_requests, process_rank, world_size
+from runtime.bootstrap import mpi_world, poll_requests, process_rank, world_size
 
 __all__ = ["Watchdog", "end_job", "end_after_error", "install_excepthook", "process_rank",
            "report", "world_size"]

@@ -40,7 +40,7 @@ import torch
 
 from hostir.errors import CommunicationError
 from hostir.options import options
-from runtime.comm.bootstrap import init_torch_distributed_from_mpi
+from runtime.bootstrap import init_torch_distributed_from_mpi
 from runtime.comm.nccl import _EventWork
 from runtime.watchdog import Watchdog
 

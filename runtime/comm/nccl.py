@@ -2,7 +2,7 @@
 
 Rank 0 makes the NCCL unique id and hands it to every rank over MPI; every rank then joins
 the communicator on its GPU. Both steps are bounded by HOSTIR_COMM_TIMEOUT
-(``runtime.comm.bootstrap``): a rank that never joins is named on every other rank. Collectives run on the *current* stream, so a Wait on the same
+(``runtime.bootstrap``): a rank that never joins is named on every other rank. Collectives run on the *current* stream, so a Wait on the same
 stream is free and a Wait from another stream is an event wait: the host never blocks.
 
 Each collective records an event that a ``Watchdog`` (``runtime.watchdog``) checks: one
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from hostir.errors import CommunicationError
-from runtime.comm.bootstrap import exchange_over_mpi, with_deadline
+from runtime.bootstrap import exchange_over_mpi, with_deadline
 from runtime.comm.mpi import agree_over_mpi, wait_requests
 from runtime.watchdog import Watchdog
 

@@ -246,7 +246,7 @@ def test_bootstrap_names_the_rank_that_did_not_join():
     # The first exchange has every rank; in the second, rank 2 is late past the timeout.
     program = ("import time\n"
                "from mpi4py import MPI\n"
-               "from runtime.comm.bootstrap import exchange_over_mpi\n"
+               "from runtime.bootstrap import exchange_over_mpi\n"
                "from runtime.watchdog import end_after_error\n"
                "c = MPI.COMM_WORLD\n"
                "assert exchange_over_mpi(c, lambda: 'uid-1', 'a value', 30) == 'uid-1'\n"

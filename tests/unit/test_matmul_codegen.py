@@ -266,7 +266,7 @@ def test_gpu_wgmma_check_plan_and_crash_bookkeeping(tmp_path):
     env = dict(os.environ, HOSTIR_WGMMA_CHECK_FAKE="1", HOSTIR_WGMMA_VARIANT_TIMEOUT="1",
                PYTHONPATH=str(root))
     subprocess.run([sys.executable, str(root / "benchmarks" / "gpu_wgmma_check.py"),
-                    "--out", str(out), "--budget-s", "60", "--shapes", "512x512x4096"],
+                    "--json", str(out), "--budget-s", "60", "--shapes", "512x512x4096"],
                    cwd=root, env=env, check=True, capture_output=True, timeout=120)
     doc = json.loads(out.read_text())
     status = {v["label"]: v["status"] for v in doc["variants"]}
