@@ -38,6 +38,7 @@ JOBS = {
     "train_transformer": "hostir.jobs.train_transformer",
     "fault_injection": "hostir.jobs.fault_injection",
     "flight_report": "hostir.jobs.flight_report",
+    "warmup": "hostir.jobs.warmup",
 }
 
 

@@ -1,0 +1,154 @@
+"""Fill the kernel cache ahead of time, so that a job's first step does not wait on NVRTC.
+
+    python -m hostir.run warmup train_transformer --hidden 4096 --ffn 11008 --world 8
+    python -m hostir.run warmup matmul --shapes 8192x8192x8192,4096x14336x4096
+    python -m hostir.run warmup layer_norm --hidden 4096,5140 --dtype float16
+
+Every generated kernel the target would compile on its first call is rendered here and
+compiled in parallel worker processes (one a core, ``--workers``) into the disk kernel
+cache (``HOSTIR_CACHE_DIR``); kernels already there are skipped. Run it once per machine
+image, or in a job's launch script before ``mpirun``. Without a GPU it compiles for
+``--arch`` (default sm_90); on a GPU machine for that GPU.
+
+Targets: ``train_transformer`` (the fused residual+norm, SwiGLU and GELU kernels of a
+block of width ``--hidden`` whose MLP is ``--ffn`` wide over ``--world`` ranks),
+``matmul`` (the generated GEMM the heuristics pick for each ``--shapes`` MxNxK),
+``layer_norm`` and ``rms_norm`` (the normalization kernel the planner picks for each
+``--hidden``, 8192 rows).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from hostir.jobs import preflight as pf
+
+TARGETS = ("train_transformer", "matmul", "layer_norm", "rms_norm")
+SHORT = {"bfloat16": "bf16", "float16": "fp16"}
+
+
+def add_arguments(p) -> None:
+    p.add_argument("target", choices=TARGETS, help="the job or kernel family to warm up")
+    p.add_argument("--hidden", default="4096", help="model width(s), comma-separated")
+    p.add_argument("--ffn", type=pf.at_least(1), default=None,
+                   help="train_transformer: MLP width (default Llama's 8/3 hidden, to 256)")
+    p.add_argument("--world", type=pf.at_least(1), default=1,
+                   help="train_transformer: the tensor-parallel ranks the model runs on")
+    p.add_argument("--shapes", type=pf.shape_list, default=None,
+                   help="matmul: MxNxK list, comma-separated")
+    p.add_argument("--dtype", default="bfloat16", choices=sorted(SHORT))
+    p.add_argument("--arch", default=None,
+                   help="sm_80, sm_90 (default: this GPU's, else sm_90)")
+    p.add_argument("--workers", type=pf.at_least(1), default=None,
+                   help="compiler processes (default: one a core)")
+
+
+def _widths(text: str) -> list[int]:
+    try:
+        widths = [int(w) for w in text.split(",") if w.strip()]
+    except ValueError:
+        raise pf.UsageError(f"--hidden {text}: expected comma-separated integers") from None
+    if not widths or min(widths) < 1:
+        raise pf.UsageError(f"--hidden {text}: expected widths >= 1")
+    return widths
+
+
+def validate(args, world) -> None:
+    args.widths = _widths(args.hidden)
+    if args.target == "matmul" and not args.shapes:
+        raise pf.UsageError("warmup matmul needs --shapes MxNxK[,MxNxK...]")
+    if args.arch is not None and not (args.arch.startswith("sm_") and args.arch[3:].isdigit()):
+        raise pf.UsageError(f"--arch {args.arch}: expected sm_XY, e.g. sm_90")
+    pf.need_module("cupy", pf.cupy_install() if args.arch is None else "'cupy-cuda13x[ctk]'",
+                   "warmup (NVRTC through CuPy)")
+
+
+def _arch(args) -> tuple[str, int, int]:
+    if args.arch:
+        return args.arch, int(args.arch[3:-1]), int(args.arch[-1])
+    import torch
+
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        return f"sm_{major}{minor}", major, minor
+    return "sm_90", 9, 0
+
+
+def transformer_units(widths, ffn, world, dtype, arch) -> list:
+    """Every seam kernel of a block: both norms (a Llama block uses RMSNorm, GPT-2 style
+    LayerNorm), with and without residual, bias and dh; the column reduces; SwiGLU and
+    GELU. The elementwise kernels do not depend on the width."""
+    from lowering.kernels.seams import every_variant, render
+
+    specs = []
+    for hidden in widths:
+        specs += every_variant(hidden, SHORT[dtype])
+    del ffn, world  # the MLP's seams are elementwise: one kernel for any width
+    unique = {render(s): s for s in specs}
+    return [(src, [s.kernel_name], arch) for src, s in unique.items()]
+
+
+def matmul_units(shapes, dtype, major, minor) -> list:
+    """The heuristics' pick for each shape (an autotuned winner, if one is stored later,
+    compiles on its first use). On a GPU machine, the GPU's SM count; else the model's
+    default part."""
+    import torch
+
+    from lowering.kernels import heuristics
+    from lowering.kernels.matmul import render
+
+    on_gpu = torch.cuda.is_available()
+    sms = (torch.cuda.get_device_properties(0).multi_processor_count if on_gpu
+           else heuristics.DEFAULT_SM_COUNT)
+    units = {}
+    for M, N, K in shapes:
+        spec = heuristics.choose(M, N, K, a_dtype=SHORT[dtype], out_dtype=SHORT[dtype],
+                                 layout="TN", sm_count=sms, arch=f"sm_{major}{minor}")
+        src = render(spec)
+        units[src.source] = (src.source, list(src.names), spec.arch(major, minor))
+    return list(units.values())
+
+
+def norm_units(kind, widths, dtype, arch) -> list:
+    from lowering.kernels.normalization import NormalizationSpec, render_normalization
+
+    make = NormalizationSpec.layer_norm if kind == "layer_norm" else NormalizationSpec.rms_norm
+    units = {}
+    for hidden in widths:
+        spec = make(8192, hidden, dtype=dtype)
+        units[render_normalization(spec)] = (render_normalization(spec), [spec.kernel_name], arch)
+    return list(units.values())
+
+
+def _bar(done: int, total: int, start: float) -> None:
+    width = 30
+    filled = width * done // max(total, 1)
+    line = (f"warmup [{'#' * filled}{'.' * (width - filled)}] {done}/{total} kernels "
+            f"{time.perf_counter() - start:5.1f} s")
+    if sys.stderr.isatty():
+        print("\r" + line, end="" if done < total else "\n", file=sys.stderr, flush=True)
+    elif done == total or done % max(1, total // 10) == 0:
+        print(line, file=sys.stderr, flush=True)
+
+
+def main(args) -> int:
+    from runtime import jit
+
+    if not hasattr(args, "widths"):
+        validate(args, None)
+    arch, major, minor = _arch(args)
+    if args.target == "train_transformer":
+        units = transformer_units(args.widths, args.ffn, args.world, args.dtype, arch)
+    elif args.target == "matmul":
+        units = matmul_units(args.shapes, args.dtype, major, minor)
+    else:
+        units = norm_units(args.target, args.widths, args.dtype, arch)
+    start = time.perf_counter()
+    errors = jit.precompile(units, args.workers, lambda d, t: _bar(d, t, start))
+    failed = [e for e in errors if e]
+    print(f"warmup {args.target}: {len(units) - len(failed)} of {len(units)} kernels in "
+          f"{jit.kernel_cache().directory} ({arch}), {time.perf_counter() - start:.1f} s")
+    for e in failed[:5]:
+        print(f"  failed: {e[:300]}", file=sys.stderr)
+    return 1 if failed else 0

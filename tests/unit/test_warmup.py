@@ -1,0 +1,68 @@
+"""`python -m hostir.run warmup`: kernels compiled ahead of time land in the disk cache,
+where a later process finds every one of them without compiling (no GPU needed)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("cupy")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(tmp_path, *argv):
+    env = {"PYTHONPATH": str(ROOT), "HOSTIR_CACHE_DIR": str(tmp_path / "cache"),
+           "PATH": "/usr/bin:/bin"}
+    return subprocess.run([sys.executable, "-m", "hostir.run", "warmup", *argv], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_warmup_fills_the_cache_a_later_process_reads(tmp_path, monkeypatch):
+    done = _run(tmp_path, "train_transformer", "--hidden", "768", "--workers", "2")
+    assert done.returncode == 0, done.stderr
+    assert "16 of 16 kernels" in done.stdout
+    assert "16/16 kernels" in done.stderr  # the progress bar's last line
+
+    from lowering.kernels.seams import every_variant, render
+    from runtime import jit
+
+    monkeypatch.setenv("HOSTIR_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(jit, "compile", lambda *a, **k: pytest.fail("compiled again"))
+    cache = jit.KernelCache()
+    for spec in every_variant(768, "bf16"):
+        cache.get(render(spec), [spec.kernel_name], "sm_90")
+    assert cache.stats.compiles == 0 and cache.stats.disk_hits == 16
+
+    again = _run(tmp_path, "train_transformer", "--hidden", "768")
+    assert again.returncode == 0 and "16 of 16 kernels" in again.stdout
+
+
+def test_precompile_reports_a_kernel_that_does_not_compile(tmp_path, monkeypatch):
+    from runtime import jit
+
+    monkeypatch.setenv("HOSTIR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(jit, "_CACHE", None)
+    good = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] = 1.f; }'
+    bad = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] = undefined_name; }'
+    seen = []
+    errors = jit.precompile([(good, ["k"], "sm_90"), (bad, ["k"], "sm_90")], workers=2,
+                            progress=lambda d, t: seen.append((d, t)))
+    assert errors[0] is None and "undefined_name" in errors[1]
+    assert seen[-1] == (2, 2)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["matmul"], "needs --shapes"),
+    (["rms_norm", "--hidden", "12,x"], "comma-separated integers"),
+    (["layer_norm", "--arch", "hopper"], "expected sm_XY"),
+    (["nothing"], "invalid choice"),
+])
+def test_warmup_refusals_are_one_line(tmp_path, argv, message):
+    done = _run(tmp_path, *argv)
+    assert done.returncode == 2
+    lines = [l for l in done.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and "hostir warmup: error:" in lines[0] and message in lines[0]
