@@ -17,6 +17,7 @@ from runtime import flight
 
 # torch 2.13 renamed all_gather_into_tensor (deprecated there); torch 2.11 has only the old name.
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
@@ -75,15 +76,8 @@ class TorchCommunicator:
                           "Allgather")
 
     def reduce_scatter(self, out, inp, op: str = "sum", stream=None):
-        if self.backend == "gloo":  # gloo has no reduce-scatter: allreduce, keep our chunk
-            full = inp.clone()
-            work = dist.all_reduce(full, op=_OPS[op], group=self.group, async_op=True)
-            n = out.shape[0]
-            return self._work(work, "ReduceScatter",
-                              lambda: out.copy_(full[self.rank * n:(self.rank + 1) * n]))
-        return self._work(dist.reduce_scatter_tensor(out, inp.contiguous(), op=_OPS[op],
-                                                     group=self.group, async_op=True),
-                          "ReduceScatter")
+        return self._work(_reduce_scatter(out, inp.contiguous(), op=_OPS[op], group=self.group,
+                                          async_op=True), "ReduceScatter")
 
     def allreduce(self, out, inp, op: str = "sum", stream=None):
         if out.data_ptr() != inp.data_ptr():
