@@ -278,20 +278,48 @@ def add_norm_backward_fused(dy, h, weight, mean, rstd, kind: str, dh=None,
     return dx, dweight, dbias
 
 
-def swiglu_forward(gate, up):
-    if not kernel_path("swiglu_forward", gate, up):
-        return swiglu_forward_reference(gate, up)
-    out = torch.empty_like(gate)
-    _elementwise("swiglu_forward", (gate, up), (out,))
+def swiglu_forward(gate, up, out=None):
+    """``silu(gate) * up``; ``gate`` and ``up`` may be column blocks of one tensor (rows
+    with a pitch, e.g. the halves of a fused gate-up GEMM's output). ``out``: where to
+    write (a new contiguous tensor by default)."""
+    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device) if out is None else out
+    if kernel_path("swiglu_forward", gate, up):
+        _elementwise("swiglu_forward", (gate, up), (out,))
+    elif _rows_usable(gate, up, out):
+        _elementwise_rows("swiglu_forward", (gate, up), (out,))
+    else:
+        out.copy_(swiglu_forward_reference(gate, up))
     return out
 
 
-def swiglu_backward(da, gate, up):
-    if not kernel_path("swiglu_backward", da, gate, up):
-        return swiglu_backward_reference(da, gate, up)
-    dgate, dup = torch.empty_like(gate), torch.empty_like(up)
-    _elementwise("swiglu_backward", (da, gate, up), (dgate, dup))
-    return dgate, dup
+def swiglu_backward(da, gate, up, out=None):
+    """``(dgate, dup)``; ``out``: a pair of tensors to write them into (e.g. the two
+    column halves of the fused gate-up output's gradient), else new ones."""
+    if out is None:
+        out = (torch.empty(gate.shape, dtype=gate.dtype, device=gate.device),
+               torch.empty(up.shape, dtype=up.dtype, device=up.device))
+    if kernel_path("swiglu_backward", da, gate, up) and all(o.is_contiguous() for o in out):
+        _elementwise("swiglu_backward", (da, gate, up), out)
+    elif _rows_usable(da, gate, up, *out):
+        _elementwise_rows("swiglu_backward", (da, gate, up), out)
+    else:
+        for o, r in zip(out, swiglu_backward_reference(da, gate, up)):
+            o.copy_(r)
+    return out
+
+
+def _rows_usable(*tensors) -> bool:
+    """2-D tensors of one shape, dtype and CUDA device, each with unit column stride and
+    a row pitch of its own: what the rows variant of the elementwise kernels takes."""
+    first = tensors[0]
+    if not (isinstance(first, torch.Tensor) and first.is_cuda and first.dtype in _KERNEL_DTYPES
+            and first.dim() == 2 and first.numel() > 0):
+        return False
+    grad = torch.is_grad_enabled()
+    return _jit_available() and all(
+        isinstance(t, torch.Tensor) and t.shape == first.shape and t.dtype == first.dtype
+        and t.device == first.device and t.stride(1) == 1 and t.stride(0) >= t.shape[1]
+        and not (grad and t.requires_grad) for t in tensors)
 
 
 def gelu_forward(x):
@@ -330,6 +358,25 @@ def _elementwise(op: str, ins, outs) -> None:
                _sm_count(ins[0].device) * ELEMENTWISE_BLOCKS_PER_SM)
     _launch(spec, ins[0].device, (grid, 1, 1), (ELEMENTWISE_THREADS, 1, 1),
             tuple(_ptr(t) for t in (*ins, *outs)) + (np.int64(n),))
+
+
+def _elementwise_rows(op: str, ins, outs) -> None:
+    import numpy as np
+
+    from lowering.kernels.seams import ELEMENTWISE_THREADS, ElementwiseSpec
+
+    rows, width = ins[0].shape
+    align = _alignment(*ins, *outs)
+    for extent in [width] + [t.stride(0) for t in (*ins, *outs)]:
+        while align > 2 and (2 * extent) % align:
+            align //= 2
+    spec = ElementwiseSpec(op, _KERNEL_DTYPES[ins[0].dtype], align, rows=True)
+    vectors = max(1, rows * max(1, width // spec.vector))
+    grid = min(-(-vectors // ELEMENTWISE_THREADS),
+               _sm_count(ins[0].device) * ELEMENTWISE_BLOCKS_PER_SM)
+    _launch(spec, ins[0].device, (grid, 1, 1), (ELEMENTWISE_THREADS, 1, 1),
+            tuple(_ptr(t) for t in (*ins, *outs)) + (np.int64(rows), np.int64(width))
+            + tuple(np.int64(t.stride(0)) for t in (*ins, *outs)))
 
 
 def _row_grid(spec, rows: int, device, threads_per_sm: int) -> int:

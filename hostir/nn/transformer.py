@@ -201,7 +201,9 @@ class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def backward(ctx, da):
         (gate_up,) = ctx.saved_tensors
-        return torch.cat(fused.swiglu_backward(da, *gate_up.chunk(2, dim=1)), dim=1)
+        d_gate_up = torch.empty_like(gate_up)  # dgate and dup land in its halves: no cat
+        fused.swiglu_backward(da, *gate_up.chunk(2, dim=1), out=d_gate_up.chunk(2, dim=1))
+        return d_gate_up
 
 
 class _GELU(torch.autograd.Function):

@@ -249,9 +249,14 @@ class ColumnReduceSpec:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ElementwiseSpec:
+    """``rows``: the op runs over a ``[rows, width]`` region whose tensors each have a row
+    pitch (``alignment`` then also divides every pitch and the width, in bytes); else
+    over ``n`` contiguous elements."""
+
     op: str
     dtype: str
     alignment: int = 16  # of every base address and of the element count, in bytes
+    rows: bool = False
 
     def __post_init__(self):
         _check_common(self.dtype, 1)
@@ -269,13 +274,17 @@ class ElementwiseSpec:
 
     @property
     def kernel_name(self) -> str:
-        return f"seam_{self.op}_{self.dtype}_v{self.vector}"
+        return f"seam_{self.op}_{self.dtype}_v{self.vector}" + ("_rows" if self.rows else "")
 
     def params(self) -> list[tuple[str, str]]:
         nin, nout = self.arity
-        return ([("const unsigned short* __restrict__", f"in{i}") for i in range(nin)]
-                + [("unsigned short* __restrict__", f"out{i}") for i in range(nout)]
-                + [("long long", "n")])
+        tensors = ([("const unsigned short* __restrict__", f"in{i}") for i in range(nin)]
+                   + [("unsigned short* __restrict__", f"out{i}") for i in range(nout)])
+        if not self.rows:
+            return tensors + [("long long", "n")]
+        return (tensors + [("long long", "rows"), ("long long", "width")]
+                + [("long long", f"in_pitch{i}") for i in range(nin)]
+                + [("long long", f"out_pitch{i}") for i in range(nout)])
 
     def bytes_moved(self, n: int) -> int:
         return 2 * n * sum(self.arity)
@@ -343,12 +352,18 @@ def render(spec: Spec) -> str:
         outs = ", ".join(f"out{i}" for i in range(nout))
         prelude = (f"const unsigned short* ins[NIN] = {{{ins}}};\n"
                    f"unsigned short* outs[NOUT] = {{{outs}}};\n")
+        if spec.rows:
+            prelude += ("const long long in_pitch[NIN] = {"
+                        + ", ".join(f"in_pitch{i}" for i in range(nin)) + "};\n"
+                        "const long long out_pitch[NOUT] = {"
+                        + ", ".join(f"out_pitch{i}" for i in range(nout)) + "};\n")
         pointwise = (f"__device__ __forceinline__ void pointwise(const float* in, float* out) {{"
                      f"{T.POINTWISE[spec.op]}}}")
         return r.source(["convert"], _dtype_functions(spec.dtype),
                         r.constants({"V": spec.vector, "NIN": nin, "NOUT": nout}),
                         T.GELU_CONSTANTS, T.DEPENDENT_ENTRY, T.VEC_IO, pointwise,
-                        r.kernel(spec.kernel_name, spec.params(), prelude + T.ELEMENTWISE,
+                        r.kernel(spec.kernel_name, spec.params(),
+                                 prelude + (T.ELEMENTWISE_ROWS if spec.rows else T.ELEMENTWISE),
                                  threads=ELEMENTWISE_THREADS))
     raise LoweringError(f"seam kernel: no renderer for {type(spec).__name__}")
 
@@ -364,5 +379,6 @@ def every_variant(hidden: int, dtype: str = "bf16", alignment: int = 16) -> list
         for dh in (False, True):
             specs.append(AddNormBackwardSpec(kind, dtype, hidden, dh, alignment))
     specs += [ColumnReduceSpec(dtype, s) for s in (1, 2)]
-    specs += [ElementwiseSpec(op, dtype, alignment) for op in ELEMENTWISE_OPS]
+    specs += [ElementwiseSpec(op, dtype, alignment, rows) for op in ELEMENTWISE_OPS
+              for rows in (False, True)]
     return specs

@@ -470,3 +470,42 @@ for (long long e = nvec * V + first; e < n; e += stride) {
   for (int q = 0; q < NOUT; ++q) outs[q][e] = from_f(out[q]);
 }
 """
+
+# The same over a [rows, width] region whose tensors each have a row pitch of their own
+# (pitches and width in elements, every row start aligned like the vector): SwiGLU reads
+# gate and up as the two column halves of the fused gate-up GEMM's output, and its
+# backward writes dgate and dup straight into the halves of that output's gradient.
+ELEMENTWISE_ROWS = r"""
+dependent_launch_entry();
+const long long per_row = width / V;
+const long long nvec = rows * per_row;
+const long long stride = (long long)gridDim.x * blockDim.x;
+const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+for (long long j = first; j < nvec; j += stride) {
+  const long long r = j / per_row, c = (j - r * per_row) * V;
+  float a[NIN][V], b[NOUT][V];
+#pragma unroll
+  for (int q = 0; q < NIN; ++q) load_vec<V>(ins[q] + r * in_pitch[q] + c, a[q]);
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    float in[NIN], out[NOUT];
+#pragma unroll
+    for (int q = 0; q < NIN; ++q) in[q] = a[q][i];
+    pointwise(in, out);
+#pragma unroll
+    for (int q = 0; q < NOUT; ++q) b[q][i] = out[q];
+  }
+#pragma unroll
+  for (int q = 0; q < NOUT; ++q) store_vec<V>(outs[q] + r * out_pitch[q] + c, b[q]);
+}
+const long long tail = width - per_row * V;
+for (long long e = first; e < rows * tail; e += stride) {
+  const long long r = e / tail, c = per_row * V + (e - r * tail);
+  float in[NIN], out[NOUT];
+#pragma unroll
+  for (int q = 0; q < NIN; ++q) in[q] = to_f(ins[q][r * in_pitch[q] + c]);
+  pointwise(in, out);
+#pragma unroll
+  for (int q = 0; q < NOUT; ++q) outs[q][r * out_pitch[q] + c] = from_f(out[q]);
+}
+"""

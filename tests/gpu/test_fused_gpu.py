@@ -166,6 +166,24 @@ def test_swiglu_and_gelu_against_float64(dtype, shape):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, width", [(4096, 5504), (333, 1000), (7, 13), (64, 4)])
+def test_swiglu_on_the_halves_of_a_fused_gate_up_output(dtype, rows, width):
+    """Gate and up as the column halves of one [rows, 2 width] tensor (row pitch 2 width),
+    the gradients written straight into the halves of another: the rows kernels."""
+    gen = torch.Generator(device="cuda").manual_seed(rows + width)
+    gate_up, da = _randn((rows, 2 * width), gen, dtype, 3.0), _randn((rows, width), gen, dtype, 3.0)
+    gate, up = gate_up.chunk(2, dim=1)
+    assert not fused.kernel_path("swiglu_forward", gate, up) and fused._rows_usable(gate, up)
+    g64, u64, d64 = gate.double(), up.double(), da.double()
+    sig = torch.sigmoid(g64)
+    _check("swiglu rows", fused.swiglu_forward(gate, up), g64 * sig * u64, dtype)
+    grad = torch.full_like(gate_up, float("nan"))
+    fused.swiglu_backward(da, gate, up, out=grad.chunk(2, dim=1))
+    _check("dgate rows", grad[:, :width], d64 * u64 * sig * (1 + g64 * (1 - sig)), dtype)
+    _check("dup rows", grad[:, width:], d64 * g64 * sig, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_elementwise_on_misaligned_views_and_extremes(dtype):
     gen = torch.Generator(device="cuda").manual_seed(3)
     n = 10001
