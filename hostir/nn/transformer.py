@@ -136,15 +136,20 @@ def apply_rotary(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return t * cos + rotated * sin
 
 
+# scaled_dot_product_attention reads grouped kv heads in place where torch has enable_gqa
+_SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
+
+
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Causal attention of ``q [B, S, heads, d]`` over ``k, v [B, S, kv_heads, d]``
     (grouped-query: ``heads / kv_heads`` consecutive query heads share a kv head), by
     ``scaled_dot_product_attention`` (flash or cuDNN on GPUs); ``[B, S, heads * d]``."""
     group = q.shape[-2] // k.shape[-2]
     q, k, v = (t.transpose(-3, -2) for t in (q, k, v))
-    if group > 1:
+    if group > 1 and not _SDPA_GQA:  # older torch: the kv heads copied for each group
         k, v = k.repeat_interleave(group, -3), v.repeat_interleave(group, -3)
-    o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    gqa = {"enable_gqa": True} if group > 1 and _SDPA_GQA else {}
+    o = F.scaled_dot_product_attention(q, k, v, is_causal=True, **gqa)
     return o.transpose(-3, -2).flatten(-2)
 
 
