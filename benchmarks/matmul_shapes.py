@@ -1,0 +1,123 @@
+"""The generated GEMM's default choice (heuristics, no tuning, fresh cache) against cuBLAS
+on shapes drawn from a fixed seed, as a new user meets them.
+
+    python benchmarks/matmul_shapes.py --json benchmarks/results/matmul_shapes_nvidia-h100.json
+
+Shapes: 42 drawn over [256, 16384]^3 (a third not multiples of 64, a fifth with M <= 256,
+every seventh with K <= 2048; K a multiple of 8, the kernels' 16-byte rows) plus the matmul
+bench's shapes. Each is checked against float64 on fresh random data first, then ours
+(`runtime.matmul.matmul`, layout TN: ``a @ b.T``) and ``torch.matmul`` are timed side by
+side (`runtime.timing.side_by_side`) on rotated input copies. Rows: shape (MxNxK),
+ours_tflops, cublas_tflops, ratio (ours over cuBLAS throughput), choice (the spec the
+heuristics picked), first_call_ms (compile or cache load included), tuned false.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import random
+import sys
+import time
+
+BENCH_SHAPES = [(1024, 2048, 50304), (8192, 8192, 8192), (4096, 4096, 8192),
+                (16384, 8192, 4096), (256, 4096, 16384), (4096, 14336, 4096)]
+
+
+def shapes(seed: int = 23, count: int = 42) -> list[tuple[int, int, int]]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(count):
+        m, n, k = (rng.randint(256, 16384) for _ in range(3))
+        if i % 3:  # two thirds on multiples of 64
+            m, n, k = (max(64, v // 64 * 64) for v in (m, n, k))
+        if i % 5 == 0:
+            m = rng.randint(16, 256)
+        if i % 7 == 0:
+            k = rng.randint(512, 2048)
+        out.append((m, n, max(8, k // 8 * 8)))
+    return out + BENCH_SHAPES
+
+
+def choice(spec) -> str:
+    """The picked kernel in a few words: instruction, feed, tile, split."""
+    feed = ("pptma" if spec.pingpong else "ptma" if spec.persistent else
+            "ctma" if spec.cluster_m > 1 else "tma" if spec.tma else
+            "ws" if spec.warp_specialized else "sync")
+    return (f"{spec.instr} {feed} {spec.tile_m}x{spec.tile_n}x{spec.tile_k} s{spec.stages}"
+            + (f" split {spec.split_mode} {spec.split_k}" if spec.split_k > 1 else ""))
+
+
+def measure(M: int, N: int, K: int, reps: int) -> dict:
+    import torch
+
+    from runtime.matmul import choose_spec, matmul
+    from runtime.matmul_kernel import Problem
+    from runtime.timing import input_copies, side_by_side
+
+    dev = torch.cuda.current_device()
+    sets = input_copies((M * K + N * K + M * N) * 2, dev)
+    a = [torch.randn(M, K, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
+    b = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
+    start = time.perf_counter()
+    out = matmul(a[0], b[0], layout="TN")
+    torch.cuda.synchronize()
+    first_ms = (time.perf_counter() - start) * 1e3
+    ref = a[0].double() @ b[0].double().T
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    if not err < 1e-2:
+        raise AssertionError(f"{M}x{N}x{K}: relative error {err:.2e}")
+    spec = choose_spec(Problem(M, N, K, "bf16", "bf16", "TN", False))
+    times = side_by_side({"ours": lambda i: matmul(a[i % sets], b[i % sets], layout="TN"),
+                          "cublas": lambda i: torch.matmul(a[i % sets], b[i % sets].T)}, reps=reps)
+    flop = 2.0 * M * N * K
+    return {"shape": f"{M}x{N}x{K}", "ours_tflops": flop / times["ours"] / 1e6,
+            "cublas_tflops": flop / times["cublas"] / 1e6,
+            "ratio": times["cublas"] / times["ours"], "choice": choice(spec), "first_call_ms": first_ms, "rel_err": err, "tuned": False}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None, metavar="FILE")
+    ap.add_argument("--reps", type=int, default=12)
+    ap.add_argument("--budget-s", type=float, default=240, help="stop drawing shapes after this")
+    args = ap.parse_args(argv)
+    import torch
+
+    from hostir.jobs.results import commit
+
+    if not torch.cuda.is_available():
+        print("matmul_shapes: error: needs a CUDA GPU", file=sys.stderr)
+        return 7
+    rows, start = [], time.perf_counter()
+    for M, N, K in shapes():
+        if time.perf_counter() - start > args.budget_s:
+            rows.append({"shape": f"{M}x{N}x{K}", "skipped": "over --budget-s"})
+            continue
+        try:
+            rows.append(measure(M, N, K, args.reps))
+        except Exception as e:  # noqa: BLE001 -- a row that failed is evidence too
+            rows.append({"shape": f"{M}x{N}x{K}", "error": f"{type(e).__name__}: {str(e)[:200]}"})
+        torch.cuda.empty_cache()
+        r = rows[-1]
+        print(f"{r['shape']:>20} " + (f"ratio {r['ratio']:.3f} ours {r['ours_tflops']:.0f} "
+              f"cuBLAS {r['cublas_tflops']:.0f} TFLOP/s" if "ratio" in r else str(r)), flush=True)
+    ok = sorted(r["ratio"] for r in rows if "ratio" in r)
+    summary = {"shapes": len(rows), "measured": len(ok),
+               "ratio_min": ok[0] if ok else None, "ratio_median": ok[len(ok) // 2] if ok else None,
+               "at_least_0.90": sum(r >= 0.9 for r in ok)}
+    print(summary)
+    if args.json:
+        doc = {"bench": "matmul_shapes", "device": torch.cuda.get_device_name(),
+               "date": datetime.date.today().isoformat(), "commit": commit(),
+               "method": "bf16 TN, the heuristics' default (no tuning, fresh cache) vs "
+                         "torch.matmul, side by side on rotated inputs, medians",
+               "summary": summary, "rows": rows}
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
