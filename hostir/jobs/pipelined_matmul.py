@@ -308,13 +308,13 @@ def main(args) -> int:
 
 def _trace(args, session, step) -> None:
     import os
-    import tempfile
 
     from mpi4py import MPI
 
-    from runtime.trace import draw, record
+    from runtime.trace import default_trace_base, draw, record
 
-    base = args.trace or os.path.join(tempfile.gettempdir(), "hostir_trace.json")
+    # never a fixed name in a shared directory: a private (0700) per-user place by default
+    base = args.trace or default_trace_base()
     root, ext = os.path.splitext(base)
     path = f"{root}.rank{session.rank}{ext or '.json'}"
     if session.device.type == "cuda":
