@@ -31,9 +31,8 @@ def test_warmup_fills_the_cache_a_later_process_reads(tmp_path, monkeypatch):
     assert f"{n} of {n} kernels" in done.stdout
     assert f"{n}/{n} kernels" in done.stderr  # the progress bar's last line
 
-    monkeypatch.setenv("HOSTIR_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(jit, "compile", lambda *a, **k: pytest.fail("compiled again"))
-    cache = jit.KernelCache()
+    cache = jit.KernelCache(tmp_path / "cache" / "kernels")  # where the warmup process wrote
     for spec in every_variant(768, "bf16"):
         cache.get(render(spec), [spec.kernel_name], "sm_90")
     assert cache.stats.compiles == 0 and cache.stats.disk_hits == n
@@ -45,8 +44,7 @@ def test_warmup_fills_the_cache_a_later_process_reads(tmp_path, monkeypatch):
 def test_precompile_reports_a_kernel_that_does_not_compile(tmp_path, monkeypatch):
     from runtime import jit
 
-    monkeypatch.setenv("HOSTIR_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(jit, "_CACHE", None)
+    monkeypatch.setattr(jit, "_CACHE", jit.KernelCache(tmp_path / "kernels"))
     good = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] = 1.f; }'
     bad = 'extern "C" __global__ void k(float* x) { x[threadIdx.x] = undefined_name; }'
     seen = []
