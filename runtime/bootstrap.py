@@ -78,6 +78,21 @@ def local_rank() -> int:
     return 0
 
 
+def local_device(name: str = "auto"):
+    """The torch device a rank runs on: ``cpu``, or (``cuda`` / ``auto`` with CUDA present)
+    the GPU of its node-local rank, made the current device. One process a GPU."""
+    import torch
+
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        name = f"cuda:{local_rank() % torch.cuda.device_count()}"
+    device = torch.device(name)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return device
+
+
 def poll_requests(requests, deadline: float | None) -> list[bool]:
     """Which of ``requests`` completed by ``deadline`` (None: wait for all). Polls with a
     sleep that grows from 10 us to 10 ms: a blocking wait could not be given up."""

@@ -163,17 +163,9 @@ def validate(args, world) -> None:
 
 
 def _device(args) -> torch.device:
-    from runtime.session import local_rank
+    from runtime.bootstrap import local_device
 
-    name = args.device
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda":
-        name = f"cuda:{local_rank() % torch.cuda.device_count()}"
-    dev = torch.device(name)
-    if dev.type == "cuda":
-        torch.cuda.set_device(dev)
-    return dev
+    return local_device(args.device)
 
 
 def _init_distributed(device: torch.device) -> None:
