@@ -417,19 +417,21 @@ POINTWISE = {
   out[1] = d * silu;
 """,
     "gelu_forward": r"""
+  // 0.5 * (1 + tanh(u)) is sigmoid(2u): one exp and one fast divide (which gives 0 where
+  // exp(-2u) is past 2^126, the right limit), with no IEEE division's slow path
   const float x = in[0];
-  const float t = 1.f - 2.f / (__expf(2.f * GELU_K0 * (x + GELU_K1 * x * x * x)) + 1.f);
-  out[0] = 0.5f * x * (1.f + t);
+  const float s = __fdividef(1.f, 1.f + __expf(-2.f * GELU_K0 * (x + GELU_K1 * x * x * x)));
+  out[0] = x * s;
 """,
     "gelu_backward": r"""
   const float d = in[0], x = in[1];
-  const float t = 1.f - 2.f / (__expf(2.f * GELU_K0 * (x + GELU_K1 * x * x * x)) + 1.f);
-  // where tanh has saturated its derivative is 0: skip the product, whose x * x term
-  // overflows to inf (and 0 * inf to nan) for |x| past 1e19, which bf16 can hold
-  const float sech2 = 1.f - t * t;
-  const float slope =
-      sech2 == 0.f ? 0.f : 0.5f * x * sech2 * GELU_K0 * (1.f + 3.f * GELU_K1 * x * x);
-  out[0] = d * (0.5f * (1.f + t) + slope);
+  const float s = __fdividef(1.f, 1.f + __expf(-2.f * GELU_K0 * (x + GELU_K1 * x * x * x)));
+  // d/dx of x * sigmoid(2u) = s + 2 x s (1 - s) u'. Where the sigmoid has saturated its
+  // derivative is 0: skip the product, whose x * x term overflows to inf (and 0 * inf to
+  // nan) for |x| past 1e19, which bf16 can hold
+  const float ds = s * (1.f - s);
+  const float slope = ds == 0.f ? 0.f : 2.f * x * ds * GELU_K0 * (1.f + 3.f * GELU_K1 * x * x);
+  out[0] = d * (s + slope);
 """,
 }
 
@@ -445,21 +447,36 @@ dependent_launch_entry();
 const long long nvec = n / V;
 const long long stride = (long long)gridDim.x * blockDim.x;
 const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-for (long long j = first; j < nvec; j += stride) {
-  float a[NIN][V], b[NOUT][V];
+// UNROLL vectors a thread per pass, all loaded before any is computed: a one-input op
+// otherwise has a single 16-byte load in flight a thread, too few to fill the memory pipe
+for (long long j0 = first; j0 < nvec; j0 += stride * UNROLL) {
+  float a[UNROLL][NIN][V];
 #pragma unroll
-  for (int q = 0; q < NIN; ++q) load_vec<V>(ins[q] + j * V, a[q]);
+  for (int u = 0; u < UNROLL; ++u) {
+    const long long j = j0 + u * stride;
+    if (j < nvec) {
 #pragma unroll
-  for (int i = 0; i < V; ++i) {
-    float in[NIN], out[NOUT];
-#pragma unroll
-    for (int q = 0; q < NIN; ++q) in[q] = a[q][i];
-    pointwise(in, out);
-#pragma unroll
-    for (int q = 0; q < NOUT; ++q) b[q][i] = out[q];
+      for (int q = 0; q < NIN; ++q) load_vec<V>(ins[q] + j * V, a[u][q]);
+    }
   }
 #pragma unroll
-  for (int q = 0; q < NOUT; ++q) store_vec<V>(outs[q] + j * V, b[q]);
+  for (int u = 0; u < UNROLL; ++u) {
+    const long long j = j0 + u * stride;
+    if (j < nvec) {
+      float b[NOUT][V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        float in[NIN], out[NOUT];
+#pragma unroll
+        for (int q = 0; q < NIN; ++q) in[q] = a[u][q][i];
+        pointwise(in, out);
+#pragma unroll
+        for (int q = 0; q < NOUT; ++q) b[q][i] = out[q];
+      }
+#pragma unroll
+      for (int q = 0; q < NOUT; ++q) store_vec<V>(outs[q] + j * V, b[q]);
+    }
+  }
 }
 for (long long e = nvec * V + first; e < n; e += stride) {
   float in[NIN], out[NOUT];
