@@ -334,8 +334,11 @@ def render(spec: Spec) -> str:
                                         plan.min_blocks(FORWARD_PROMISED_THREADS_PER_SM)))
     if isinstance(spec, AddNormBackwardSpec):
         plan = spec.plan
+        # the next row's loads are held packed, which single-value vectors cannot be
+        prefetch = plan.cached and plan.vector >= 2
         consts = _row_constants(spec, plan, spec.kind == "layer_norm") + "\n" + r.constants(
-            {"HAS_DH": spec.dh}) + f"\n#define SEAM_ACC_REGS {int(spec.sums_in_registers)}"
+            {"HAS_DH": spec.dh}) + (f"\n#define SEAM_ACC_REGS {int(spec.sums_in_registers)}"
+                                    f"\n#define SEAM_PREFETCH {int(prefetch)}")
         return r.source(["convert"], _dtype_functions(spec.dtype), consts, T.DEPENDENT_ENTRY,
                         T.VEC_IO, T.ROW_SUM,
                         _bounded_kernel(spec.kernel_name, spec.params(), T.ADD_NORM_BACKWARD,
