@@ -72,6 +72,10 @@ MIN_BLOCK_THREADS = 128
 FORWARD_PROMISED_THREADS_PER_SM = 1024
 BACKWARD_PROMISED_THREADS_PER_SM = 512
 ELEMENTWISE_THREADS = 256
+# Vector loads a thread of an elementwise kernel issues before it computes: at 2048
+# threads an SM, one 16-byte load each (GELU forward's one input) left it at ~0.85 of
+# copy bandwidth on an H100, where ops of 2-3 inputs reached ~1.0.
+ELEMENTWISE_LOADS_IN_FLIGHT = 4
 REDUCE_BLOCK = (32, 32, 1)  # columns x lanes of parts
 
 
@@ -273,6 +277,12 @@ class ElementwiseSpec:
         return ELEMENTWISE_OPS[self.op]
 
     @property
+    def unroll(self) -> int:
+        """Vectors a thread loads before computing any: enough that each thread has about
+        `ELEMENTWISE_LOADS_IN_FLIGHT` loads outstanding, whatever the op's inputs."""
+        return max(1, ELEMENTWISE_LOADS_IN_FLIGHT // self.arity[0])
+
+    @property
     def kernel_name(self) -> str:
         return f"seam_{self.op}_{self.dtype}_v{self.vector}" + ("_rows" if self.rows else "")
 
@@ -333,8 +343,11 @@ def render(spec: Spec) -> str:
                                         plan.min_blocks(FORWARD_PROMISED_THREADS_PER_SM)))
     if isinstance(spec, AddNormBackwardSpec):
         plan = spec.plan
+        # the next row's loads are held packed, which single-value vectors cannot be
+        prefetch = plan.cached and plan.vector >= 2
         consts = _row_constants(spec, plan, spec.kind == "layer_norm") + "\n" + r.constants(
-            {"HAS_DH": spec.dh}) + f"\n#define SEAM_ACC_REGS {int(spec.sums_in_registers)}"
+            {"HAS_DH": spec.dh}) + (f"\n#define SEAM_ACC_REGS {int(spec.sums_in_registers)}"
+                                    f"\n#define SEAM_PREFETCH {int(prefetch)}")
         return r.source(["convert"], _dtype_functions(spec.dtype), consts, T.DEPENDENT_ENTRY,
                         T.VEC_IO, T.ROW_SUM,
                         _bounded_kernel(spec.kernel_name, spec.params(), T.ADD_NORM_BACKWARD,
@@ -360,7 +373,8 @@ def render(spec: Spec) -> str:
         pointwise = (f"__device__ __forceinline__ void pointwise(const float* in, float* out) {{"
                      f"{T.POINTWISE[spec.op]}}}")
         return r.source(["convert"], _dtype_functions(spec.dtype),
-                        r.constants({"V": spec.vector, "NIN": nin, "NOUT": nout}),
+                        r.constants({"V": spec.vector, "NIN": nin, "NOUT": nout,
+                                     "UNROLL": spec.unroll}),
                         T.GELU_CONSTANTS, T.DEPENDENT_ENTRY, T.VEC_IO, pointwise,
                         r.kernel(spec.kernel_name, spec.params(),
                                  prelude + (T.ELEMENTWISE_ROWS if spec.rows else T.ELEMENTWISE),

@@ -67,6 +67,30 @@ template <int V> __device__ __forceinline__ void store_vec(unsigned short* p, co
 // The value as the dtype holds it (the residual stream is stored rounded, and the norm
 // is taken of what was stored, as the reference does).
 __device__ __forceinline__ float rounded(float v) { return to_f(from_f(v)); }
+// A vector's raw 16-bit values, held packed (half the registers of floats) while a load
+// is in flight across other work; `raw_to_f` converts once it is needed.
+template <int V> struct Raw { unsigned int w[V > 1 ? V / 2 : 1]; };
+template <int V> __device__ __forceinline__ void load_raw(const unsigned short* p, Raw<V>& r) {
+  if constexpr (V == 8) {
+    const uint4 q = *reinterpret_cast<const uint4*>(p);
+    r.w[0] = q.x; r.w[1] = q.y; r.w[2] = q.z; r.w[3] = q.w;
+  } else if constexpr (V == 4) {
+    const uint2 q = *reinterpret_cast<const uint2*>(p);
+    r.w[0] = q.x; r.w[1] = q.y;
+  } else if constexpr (V == 2) {
+    r.w[0] = *reinterpret_cast<const unsigned int*>(p);
+  } else {
+    r.w[0] = *p;
+  }
+}
+template <int V> __device__ __forceinline__ void raw_to_f(const Raw<V>& r, float* f) {
+  if constexpr (V == 1) {
+    f[0] = to_f((unsigned short)r.w[0]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < V / 2; ++i) unpack2(r.w[i], f[2 * i], f[2 * i + 1]);
+  }
+}
 """
 
 # Programmatic dependent launch (sm_90+; runtime.fused launches so there): the next
@@ -259,25 +283,60 @@ for (int c = tx; c < NVEC; c += TPR) {
   }
 }
 #endif
+#if SEAM_PREFETCH
+// The next row group's dy, h (and dh) and its rstd / mean are loaded while this one is
+// reduced and its dx computed and stored: a CTA's loads otherwise stop at every row's
+// barriers, and the few CTAs an SM holds (the sums' registers) cannot cover that. Held
+// packed: single-value vectors would take a register each, so they are loaded in place.
+Raw<V> pg[K], pn[K], pe[HAS_DH ? K : 1];
+float pr = 0.f, pm = 0.f;
+auto prefetch = [&](int g) {
+  const int row = g * RPB + ty;
+  if (g < groups && row < rows) {
+    const size_t base = (size_t)row * HIDDEN;
+    pr = rstd[row];
+    if constexpr (LAYER) pm = mean[row];
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int c = tx + k * TPR;
+      if (c < NVEC) {
+        load_raw<V>(dy + base + (size_t)c * V, pg[k]);
+        load_raw<V>(h + base + (size_t)c * V, pn[k]);
+        if constexpr (HAS_DH) load_raw<V>(dh + base + (size_t)c * V, pe[k]);
+      }
+    }
+  }
+};
+prefetch(blockIdx.x);
+#endif
 for (int g = blockIdx.x; g < groups; g += gridDim.x) {
   const int row = g * RPB + ty;
   const bool live = row < rows;
   const size_t base = (size_t)(live ? row : 0) * HIDDEN;
-  const float r = live ? rstd[row] : 0.f;
-  const float m = (LAYER && live) ? mean[row] : 0.f;
   float s[2] = {0.f, 0.f};  // sum(g * n), sum(g)
 #if SEAM_CACHED
-  // dh is loaded with dy and h, before the row's sums: its latency then hides behind
-  // theirs instead of following the barrier
+#if SEAM_PREFETCH
+  const float r = live ? pr : 0.f;
+  const float m = (LAYER && live) ? pm : 0.f;
+#else
+  const float r = live ? rstd[row] : 0.f;
+  const float m = (LAYER && live) ? mean[row] : 0.f;
+#endif
   float nv[K][V], gv[K][V], ev[HAS_DH ? K : 1][V];
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const int c = tx + k * TPR;
     if (live && c < NVEC) {
       float w[V];
+#if SEAM_PREFETCH
+      raw_to_f<V>(pg[k], gv[k]);
+      raw_to_f<V>(pn[k], nv[k]);
+      if constexpr (HAS_DH) raw_to_f<V>(pe[k], ev[k]);
+#else
       load_vec<V>(dy + base + (size_t)c * V, gv[k]);
       load_vec<V>(h + base + (size_t)c * V, nv[k]);
       if constexpr (HAS_DH) load_vec<V>(dh + base + (size_t)c * V, ev[k]);
+#endif
       load_vec<V>(weight + (size_t)c * V, w);
 #pragma unroll
       for (int i = 0; i < V; ++i) {
@@ -290,7 +349,12 @@ for (int g = blockIdx.x; g < groups; g += gridDim.x) {
       }
     }
   }
+#if SEAM_PREFETCH
+  prefetch(g + gridDim.x);
+#endif
 #else
+  const float r = live ? rstd[row] : 0.f;
+  const float m = (LAYER && live) ? mean[row] : 0.f;
   for (int c = tx; c < NVEC; c += TPR) {
     if (!live) break;
     float d[V], hv[V], w[V];
@@ -402,8 +466,9 @@ for (int set = 0; set < SETS; ++set) {
 """
 
 # Pointwise math of the elementwise ops: `in` holds the inputs' values of one element,
-# `out` receives the outputs'. sigmoid and tanh through __expf: both saturate correctly
-# (exp to inf or 0) and their error is far below a 16-bit output's rounding.
+# `out` receives the outputs'. Sigmoids through __expf (GELU's tanh too, as
+# 0.5 * (1 + tanh(u)) = sigmoid(2u)): they saturate correctly (exp to inf or 0) and their
+# error is far below a 16-bit output's rounding.
 POINTWISE = {
     "swiglu_forward": r"""
   const float g = in[0], u = in[1];
@@ -417,19 +482,21 @@ POINTWISE = {
   out[1] = d * silu;
 """,
     "gelu_forward": r"""
+  // 0.5 * (1 + tanh(u)) is sigmoid(2u): one exp and one fast divide (which gives 0 where
+  // exp(-2u) is past 2^126, the right limit), with no IEEE division's slow path
   const float x = in[0];
-  const float t = 1.f - 2.f / (__expf(2.f * GELU_K0 * (x + GELU_K1 * x * x * x)) + 1.f);
-  out[0] = 0.5f * x * (1.f + t);
+  const float s = __fdividef(1.f, 1.f + __expf(-2.f * GELU_K0 * (x + GELU_K1 * x * x * x)));
+  out[0] = x * s;
 """,
     "gelu_backward": r"""
   const float d = in[0], x = in[1];
-  const float t = 1.f - 2.f / (__expf(2.f * GELU_K0 * (x + GELU_K1 * x * x * x)) + 1.f);
-  // where tanh has saturated its derivative is 0: skip the product, whose x * x term
-  // overflows to inf (and 0 * inf to nan) for |x| past 1e19, which bf16 can hold
-  const float sech2 = 1.f - t * t;
-  const float slope =
-      sech2 == 0.f ? 0.f : 0.5f * x * sech2 * GELU_K0 * (1.f + 3.f * GELU_K1 * x * x);
-  out[0] = d * (0.5f * (1.f + t) + slope);
+  const float s = __fdividef(1.f, 1.f + __expf(-2.f * GELU_K0 * (x + GELU_K1 * x * x * x)));
+  // d/dx of x * sigmoid(2u) = s + 2 x s (1 - s) u'. Where the sigmoid has saturated its
+  // derivative is 0: skip the product, whose x * x term overflows to inf (and 0 * inf to
+  // nan) for |x| past 1e19, which bf16 can hold
+  const float ds = s * (1.f - s);
+  const float slope = ds == 0.f ? 0.f : 2.f * x * ds * GELU_K0 * (1.f + 3.f * GELU_K1 * x * x);
+  out[0] = d * (s + slope);
 """,
 }
 
@@ -445,21 +512,36 @@ dependent_launch_entry();
 const long long nvec = n / V;
 const long long stride = (long long)gridDim.x * blockDim.x;
 const long long first = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-for (long long j = first; j < nvec; j += stride) {
-  float a[NIN][V], b[NOUT][V];
+// UNROLL vectors a thread per pass, all loaded before any is computed: a one-input op
+// otherwise has a single 16-byte load in flight a thread, too few to fill the memory pipe
+for (long long j0 = first; j0 < nvec; j0 += stride * UNROLL) {
+  float a[UNROLL][NIN][V];
 #pragma unroll
-  for (int q = 0; q < NIN; ++q) load_vec<V>(ins[q] + j * V, a[q]);
+  for (int u = 0; u < UNROLL; ++u) {
+    const long long j = j0 + u * stride;
+    if (j < nvec) {
 #pragma unroll
-  for (int i = 0; i < V; ++i) {
-    float in[NIN], out[NOUT];
-#pragma unroll
-    for (int q = 0; q < NIN; ++q) in[q] = a[q][i];
-    pointwise(in, out);
-#pragma unroll
-    for (int q = 0; q < NOUT; ++q) b[q][i] = out[q];
+      for (int q = 0; q < NIN; ++q) load_vec<V>(ins[q] + j * V, a[u][q]);
+    }
   }
 #pragma unroll
-  for (int q = 0; q < NOUT; ++q) store_vec<V>(outs[q] + j * V, b[q]);
+  for (int u = 0; u < UNROLL; ++u) {
+    const long long j = j0 + u * stride;
+    if (j < nvec) {
+      float b[NOUT][V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        float in[NIN], out[NOUT];
+#pragma unroll
+        for (int q = 0; q < NIN; ++q) in[q] = a[u][q][i];
+        pointwise(in, out);
+#pragma unroll
+        for (int q = 0; q < NOUT; ++q) b[q][i] = out[q];
+      }
+#pragma unroll
+      for (int q = 0; q < NOUT; ++q) store_vec<V>(outs[q] + j * V, b[q]);
+    }
+  }
 }
 for (long long e = nvec * V + first; e < n; e += stride) {
   float in[NIN], out[NOUT];

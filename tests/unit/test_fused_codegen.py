@@ -291,6 +291,7 @@ static float __shfl_xor_sync(unsigned, float v, int o) {
 }
 static float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 #define __expf(x) std::exp(x)  // glibc declares its own __expf
+#define __fdividef(a, b) ((a) / (b))  // the device's fast divide; exact here
 static float rsqrtf(float x) { return 1.f / std::sqrt(x); }
 static float bf16_to_f32(unsigned short x) { return __uint_as_float(((unsigned)x) << 16); }
 static float f16_to_f32(unsigned short x) { _Float16 h; std::memcpy(&h, &x, 2); return (float)h; }
