@@ -6,7 +6,8 @@
 For pipelined_matmul's program (AllGather+GEMM at this process's world size) on each
 ``--shapes`` M=N=K, eager (``mode: eager``: the interpreter's statement loop) and through
 ``Session(auto_graph=True)`` (``mode: auto_graph``: repeated calls replay a CUDA graph, the
-outputs copied out); and for a ``hostir.nn`` ColumnParallelLinear and RowParallelLinear
+outputs copied out; ``mode: auto_graph_alias``: the graph's own output buffers returned,
+``AutoGraphed(copy_outputs=False)``); and for a ``hostir.nn`` ColumnParallelLinear and RowParallelLinear
 forward+backward (eager; autograd owns their outputs).
 
 How it measures, on CUDA: each round first queues a sleep kernel long enough that the
@@ -91,13 +92,13 @@ def pipelined_rows(args, dtype, cuda: bool) -> list[dict]:
         shard = shard_rows(a, args.stages, d, r)
         p = lower(allgather_matmul(m, k, n, args.stages, d, args.dtype_name), d, args.streams, r,
                   schedule=args.schedule)
-        modes = ["eager"] + (["auto_graph"] if cuda else [])
+        modes = ["eager"] + (["auto_graph", "auto_graph_alias"] if cuda else [])
         for mode in modes:
             from runtime.interpreter import Interpreter
 
             run = Interpreter(p, session.backend, session.comm)
-            if mode == "auto_graph":
-                run = AutoGraphed(run)
+            if mode != "eager":
+                run = AutoGraphed(run, copy_outputs=mode == "auto_graph")
             run.prepare(shard, b)
             host, gpu = measure(lambda: run(shard, b), cuda, args.rounds)
             rows.append(row(f"pipelined_matmul S{args.stages} D{d}", f"{m}x{n}x{k}", mode,
