@@ -4,7 +4,9 @@
     python benchmarks/host_overhead.py --shapes 1024 --device cpu          # host time only
 
 For pipelined_matmul's program (AllGather+GEMM at this process's world size) on each
-``--shapes`` M=N=K, eager (``mode: eager``: the interpreter's statement loop) and through
+``--shapes`` M=N=K, eager (``mode: eager_walk``: the interpreter walking the statements
+each call, ``Interpreter(flat=False)``; ``mode: eager``: the default, the program run as a
+flat list of pre-bound steps) and through
 ``Session(auto_graph=True)`` (``mode: auto_graph``: repeated calls replay a CUDA graph, the
 outputs copied out; ``mode: auto_graph_alias``: the graph's own output buffers returned,
 ``AutoGraphed(copy_outputs=False)``); and for a ``hostir.nn`` ColumnParallelLinear and RowParallelLinear
@@ -92,12 +94,12 @@ def pipelined_rows(args, dtype, cuda: bool) -> list[dict]:
         shard = shard_rows(a, args.stages, d, r)
         p = lower(allgather_matmul(m, k, n, args.stages, d, args.dtype_name), d, args.streams, r,
                   schedule=args.schedule)
-        modes = ["eager"] + (["auto_graph", "auto_graph_alias"] if cuda else [])
+        modes = ["eager_walk", "eager"] + (["auto_graph", "auto_graph_alias"] if cuda else [])
         for mode in modes:
             from runtime.interpreter import Interpreter
 
-            run = Interpreter(p, session.backend, session.comm)
-            if mode != "eager":
+            run = Interpreter(p, session.backend, session.comm, flat=mode != "eager_walk")
+            if mode.startswith("auto_graph"):
                 run = AutoGraphed(run, copy_outputs=mode == "auto_graph")
             run.prepare(shard, b)
             host, gpu = measure(lambda: run(shard, b), cuda, args.rounds)
