@@ -41,13 +41,16 @@ def test_repeated_calls_replay_a_graph_and_return_fresh_outputs(session):
     for out in outs:
         torch.testing.assert_close(out.reshape(m, n), a @ b, rtol=1e-4, atol=1e-4)
     assert len({o.data_ptr() for o in outs}) == 3  # copies: a later call overwrites none
-    # New data in the same input tensors: the replay reads it.
+    # New data in the same input tensors: the replay reads it (the shard is a view of
+    # ``a`` at one rank, so ``a`` changes too: the first result is checked against a fresh
+    # copy of the first inputs).
     a2, b2 = _inputs(m, k, n, 1)
     shard.copy_(shard_rows(a2, stages, 1, 0))
     b.copy_(b2)
     (out,) = run(shard, b)
     torch.testing.assert_close(out.reshape(m, n), a2 @ b2, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(outs[0].reshape(m, n), a @ _inputs(m, k, n, 0)[1], rtol=1e-4, atol=1e-4)
+    a0, b0 = _inputs(m, k, n, 0)
+    torch.testing.assert_close(outs[0].reshape(m, n), a0 @ b0, rtol=1e-4, atol=1e-4)
 
 
 def test_other_input_tensors_get_their_own_graph_and_bad_inputs_are_refused(session):
