@@ -9,6 +9,9 @@ new data into them (``GraphedProgram.inputs``) or capture again.
     >>> graphed = capture(interpreter, a_shard, b)     # doctest: +SKIP
     >>> graphed.inputs[0].copy_(next_shard); graphed() # doctest: +SKIP
     >>> graphed.outputs[0]                             # doctest: +SKIP
+
+``AutoGraphed`` (``Session(auto_graph=True)``) does this on its own for a program called
+repeatedly on the same input tensors, and copies the outputs out.
 """
 
 from __future__ import annotations
@@ -80,3 +83,73 @@ def capture(interpreter, *args, warmup: int = 1) -> GraphedProgram:
     with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         outputs = interpreter(*args)
     return GraphedProgram(graph, list(args), outputs, graph_watchdog(interpreter.comm))
+
+
+class AutoGraphed:
+    """An interpreter whose repeated calls replay a CUDA graph (``Session(auto_graph=True)``).
+
+    The first call with a given set of inputs (their addresses, shapes, strides and dtypes)
+    runs eagerly, which also does the lazy set-up and the ranks' input agreement; the
+    second captures the program on those inputs; later ones replay it, one launch in place
+    of the tens of host dispatches an eager call costs. A replay reads the inputs where the
+    caller's tensors live now (same addresses), and writes the same output buffers each
+    time, so by default each call returns copies of them (a device copy on the current
+    stream, cheap next to the GEMMs) and a returned tensor is never overwritten by a later
+    call. ``copy_outputs=False`` returns the graph's own buffers: for callers that consume
+    the outputs before the next call.
+
+    At most ``MAX_GRAPHS`` input sets keep a graph (each holds its inputs alive and its
+    own memory pool); the oldest goes first. Other attributes are the interpreter's."""
+
+    MAX_GRAPHS = 4
+
+    def __init__(self, interpreter, copy_outputs: bool = True):
+        if interpreter.backend.name != "cuda":
+            raise ExecutionError("auto_graph needs the CUDA backend")
+        self.interpreter = interpreter
+        self.copy_outputs = copy_outputs
+        self._graphs: dict[tuple, GraphedProgram] = {}
+        self._seen: set[tuple] = set()
+
+    def __getattr__(self, name):
+        return getattr(self.interpreter, name)
+
+    @staticmethod
+    def _key(args) -> tuple | None:
+        key = []
+        for x in args:
+            if not isinstance(x, torch.Tensor):
+                return None
+            key.append((x.data_ptr(), tuple(x.shape), x.stride(), x.dtype, x.device))
+        return tuple(key)
+
+    def __call__(self, *args):
+        key = self._key(args)
+        if key is None or torch.cuda.is_current_stream_capturing():
+            return self.interpreter(*args)  # the interpreter refuses bad inputs by name
+        graphed = self._graphs.get(key)
+        if graphed is None:
+            if key not in self._seen:
+                self._seen.add(key)
+                return self.interpreter(*args)
+            self._seen.discard(key)
+            graphed = self._capture(args)
+            while len(self._graphs) >= self.MAX_GRAPHS:
+                self._graphs.pop(next(iter(self._graphs)))
+            self._graphs[key] = graphed
+        outputs = graphed()
+        return [o.clone() for o in outputs] if self.copy_outputs else list(outputs)
+
+    def _capture(self, args) -> GraphedProgram:
+        """Capture on the caller's inputs; the caller's stream waits for nothing extra
+        (``capture`` synchronizes once, at capture time only)."""
+        return capture(self.interpreter, *args, warmup=0)
+
+    def prepare(self, *args) -> None:
+        """The interpreter's set-up, then the graph of ``args`` captured, so that no timed
+        call captures."""
+        self.interpreter.prepare(*args)
+        key = self._key(args)
+        if key is not None and key not in self._graphs:
+            self._graphs[key] = self._capture(args)
+            self.interpreter.backend.synchronize()

@@ -168,12 +168,17 @@ class Interpreter:
     program's inputs (local shards), get its outputs."""
 
     def __init__(self, program: ir.Program, backend, communicator=None, kernels=None,
-                 matmul: str = "cublas"):
+                 matmul: str = "cublas", flat: bool = True):
         """``kernels``: launch functions by kernel name, overriding the program's own
         ``KernelDef``s (compiled on first use, or in ``prepare``). ``matmul``: what runs
         ``Matmul`` statements: ``cublas``, ``codegen`` (the generated split-K kernel) or
-        ``auto`` (the faster of the two per shape, measured in ``prepare``)."""
+        ``auto`` (the faster of the two per shape, measured in ``prepare``). ``flat``:
+        run the program as the flat list of steps that ``_flatten`` builds once (loops
+        unrolled, indices and worker streams resolved); False walks the statements each
+        call (the reference path, and the one fault injection instruments)."""
         verify(program)
+        self.flat = flat
+        self._steps = None  # (steps, their statements), built on the first flat call
         self.program = program
         self.backend = backend
         self.comm = communicator
@@ -353,7 +358,10 @@ class Interpreter:
         env.update({t.name: x for t, x in zip(self.program.inputs, args)})
         frame = _Frame(env, self.backend.current_stream())
         try:
-            self._body(self.program.body, frame)
+            if self.flat and "_body" not in self.__dict__:  # not instrumented
+                self._run_flat(frame)
+            else:
+                self._body(self.program.body, frame)
         except BaseException:
             # A program that failed half-way never reached its joins: order the user's
             # stream after every worker (and the communicator's stream) before the
@@ -370,17 +378,91 @@ class Interpreter:
         for s in body:
             try:
                 _RULES[type(s)](self, s, frame)
-            except HostIrError as e:
-                if getattr(e, "_hostir_where", False):
-                    raise
-                raise _annotate(e, s, self.params["rank"])
             except Exception as e:  # noqa: BLE001 - re-raised with the statement named
-                err = ExecutionError(
-                    f"rank {self.params['rank']}: while executing `{format_statement(s)}`: "
-                    f"{type(e).__name__}: {e}"
-                )
-                err._hostir_where = True
+                err = self._where(e, s)
+                if err is e:
+                    raise
                 raise err from e
+
+    def _where(self, e: Exception, s) -> Exception:
+        """``e`` raised while executing ``s``, as the error to raise: it names ``s``."""
+        if isinstance(e, HostIrError):
+            return e if getattr(e, "_hostir_where", False) else _annotate(e, s, self.params["rank"])
+        err = ExecutionError(
+            f"rank {self.params['rank']}: while executing `{format_statement(s)}`: "
+            f"{type(e).__name__}: {e}"
+        )
+        err._hostir_where = True
+        return err
+
+    def _run_flat(self, frame: _Frame) -> None:
+        if self._steps is None:
+            self._steps = self._flatten()
+        steps, statements = self._steps
+        i = 0
+        try:
+            for i, step in enumerate(steps):
+                step(frame)
+        except Exception as e:  # noqa: BLE001 - re-raised with the statement named
+            err = self._where(e, statements[i])
+            if err is e:
+                raise
+            raise err from e
+
+    def _flatten(self) -> tuple[list, list]:
+        """The program as one list of steps, each a closure over one statement with what
+        the statement-walking path re-derives every call done once: loops unrolled (the
+        bounds are constants), index expressions evaluated (they depend only on loop
+        indices and the rank, world size and stream count, fixed for this interpreter),
+        worker streams looked up. Statements whose work depends on the call (collectives,
+        waits, GEMMs, kernels) run their rule, with the loop indices they may read (their
+        flight-recorder entries name them) bound in the environment first."""
+        steps, statements = [], []
+        it = self
+
+        def emit(body, bound: dict):
+            for s in body:
+                if isinstance(s, ir.ForLoop):
+                    for i in range(s.start, s.stop):
+                        emit(s.body, {**bound, s.index.name: i})
+                    continue
+                statements.append(s)
+                steps.append(step(s, bound))
+
+        def step(s, bound):
+            env = {**self.params, **bound}
+            if isinstance(s, ir.Select):
+                out, src, axis, at = s.out.name, s.input.name, s.axis, self.index(s.index, env)
+
+                def select(f):
+                    f.env[out] = f.env[src].select(axis, at)
+                return select
+            if isinstance(s, ir.SetCurrentStream) and isinstance(s.stream, ir.PoolStream):
+                stream = self.backend.worker(self.index(s.stream.index, env),
+                                             self.program.number_of_streams)
+                set_stream = self.backend.set_current_stream
+
+                def set_current(f):
+                    f.current = stream
+                    set_stream(stream)
+                return set_current
+            if isinstance(s, ir.Allocate) and s.out.name not in self._direct.values():
+                out, shape, dtype = s.out.name, s.out.local_shape, s.out.dtype
+                allocate = self.backend.allocate
+
+                def alloc(f):
+                    f.env[out] = allocate(shape, dtype)
+                return alloc
+            rule = _RULES[type(s)]
+            if bound and isinstance(s, (ir.Communication, ir.Wait, ir.Synchronize)):
+                def with_indices(f):
+                    f.env.update(bound)
+                    rule(it, s, f)
+                return with_indices
+            return lambda f: rule(it, s, f)
+
+        emit(self.program.body, {})
+        return steps, statements
 
     def stream(self, ref: ir.StreamRef, frame: _Frame):
         if isinstance(ref, ir.StreamValue):

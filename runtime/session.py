@@ -25,7 +25,11 @@ class Session:
     """Backend + communicator of this rank. ``comm``: auto (NCCL on CUDA, MPI on the CPU),
     nccl, mpi, or torch (a torch.distributed group: the caller's, or one made from MPI)."""
 
-    def __init__(self, device: str = "auto", comm: str = "auto", process_group=None):
+    def __init__(self, device: str = "auto", comm: str = "auto", process_group=None,
+                 auto_graph: bool = False):
+        """``auto_graph``: on CUDA, ``interpreter`` returns programs that replay a CUDA
+        graph when called again on the same input tensors (``runtime.graph.AutoGraphed``:
+        outputs are fresh copies, as eager calls return fresh tensors)."""
         install_excepthook()  # an uncaught error on one rank ends every rank
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -44,17 +48,23 @@ class Session:
         self.world_size = self.comm.world_size
         self.device = self.backend.device
         self._interpreters: collections.OrderedDict = collections.OrderedDict()
+        self.auto_graph = auto_graph and self.backend.name == "cuda"
 
     # Interpreters kept for reuse: each holds its program's kernels and choices; older
     # ones are dropped so a process that lowers many programs does not keep them all.
     CACHED_INTERPRETERS = 16
 
-    def interpreter(self, program: ir.Program, kernels=None, matmul: str = "cublas") -> Interpreter:
-        """The interpreter of ``program`` on this rank (built once, then reused)."""
+    def interpreter(self, program: ir.Program, kernels=None, matmul: str = "cublas"):
+        """The interpreter of ``program`` on this rank (built once, then reused); under
+        ``auto_graph``, wrapped in ``runtime.graph.AutoGraphed``."""
         key = (id(program), matmul)
         it = self._interpreters.get(key)
         if it is None or it.program is not program or kernels:
             it = Interpreter(program, self.backend, self.comm, kernels, matmul=matmul)
+            if self.auto_graph:
+                from runtime.graph import AutoGraphed
+
+                it = AutoGraphed(it)
             self._interpreters[key] = it
         self._interpreters.move_to_end(key)
         while len(self._interpreters) > self.CACHED_INTERPRETERS:
