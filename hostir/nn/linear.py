@@ -282,7 +282,7 @@ class _Plan:
         d = rt.comm.world_size
         self.kind, self.rt, self.m, self.k, self.n = kind, rt, m, k, n
         self.S, self.D, self.overlap = stages, d, overlap and rt.backend.name == "cuda"
-        self.schedule = schedule
+        self.schedule, self.epilogue = schedule, epilogue
         t = m * d
         if t % (stages * d):
             raise LoweringError(
@@ -333,6 +333,11 @@ class _Plan:
 
     # column: x [m, k] sequence-sharded -> y [T, n] (and its pre-activation with gelu_aux)
     def column_forward(self, x, w):
+        if self.D == 1:  # one rank: no collective to overlap, so a plain GEMM (no program)
+            y = x @ w
+            if self.epilogue == "gelu_aux":
+                return torch.nn.functional.gelu(y, approximate="tanh"), x, y
+            return y, x, None
         S, m = self.S, self.m // self.S
         y, *pre, g = self.fwd(x.view(S, 1, m, self.k), w)
         self._fill_local_rows(g, x)
@@ -341,6 +346,8 @@ class _Plan:
 
     # row: x [T, k] feature-sharded -> y [m, n] sequence-sharded
     def row_forward(self, x, w):
+        if self.D == 1:  # one rank: no collective to overlap, so a plain GEMM (no program)
+            return x @ w
         (y,) = self.fwd(_as_input(self.fwd, 0, x), _as_input(self.fwd, 1, w))
         return y.view(-1, self.n)
 
@@ -359,6 +366,11 @@ class _Plan:
         the program, so the GEMM runs on a side stream beside the reduce-scatters; for the
         row layer ``b = gather(dy)``, the program's second output (the row program always
         runs: it gathers ``b``)."""
+        if self.D == 1:
+            dx = dy @ w.t() if need_x else None
+            if dx is not None and pre is not None:
+                dx = torch.ops.aten.gelu_backward(dx, pre, approximate="tanh")
+            return dx, (saved.t() @ dy if need_w else None)
         run, column = self.bwd, self.kind == "column"
         first = _as_input(run, 0, dy) if column else dy.view(self.S, 1, self.m // self.S, self.n)
         args = (first, _as_input(run, 1, _transposed_weight(run, 1, w)))
