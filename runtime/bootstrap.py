@@ -199,6 +199,21 @@ def with_deadline(fn, what: str, rank: int, timeout_s: float | None = None):
     return value
 
 
+def init_distributed(device) -> None:
+    """A torch.distributed group for ``device`` (NCCL on CUDA, gloo on the CPU): from
+    torchrun's environment when it set one, else bootstrapped over MPI. Nothing if a group
+    exists already."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "MASTER_ADDR" in os.environ):
+        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+    else:
+        init_torch_distributed_from_mpi(backend)
+
+
 def init_torch_distributed_from_mpi(backend: str) -> None:
     """``torch.distributed.init_process_group`` for ranks started by mpirun: rank 0 picks
     an address and port and hands them to every rank (``exchange_over_mpi``)."""

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 from hostir.jobs.results import commit
 from hostir.nn import ColumnParallelLinear, RowParallelLinear, fused_mlp, shard_sequence
+from runtime.bootstrap import init_distributed, local_device
 from runtime.device import DTYPES
 
 
@@ -162,31 +163,10 @@ def validate(args, world) -> None:
 # ----------------------------------------------------------------------------- set-up
 
 
-def _device(args) -> torch.device:
-    from runtime.bootstrap import local_device
-
-    return local_device(args.device)
-
-
-def _init_distributed(device: torch.device) -> None:
-    """A torch.distributed group: from torchrun's environment, else bootstrapped over MPI."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    if "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "MASTER_ADDR" in os.environ):
-        dist.init_process_group(backend)
-    else:
-        from runtime.session import init_torch_distributed_from_mpi
-
-        init_torch_distributed_from_mpi(backend)
-
-
 def _setup(args):
-    device = _device(args)
+    device = local_device(args.device)
     if args.comm == "torch" or args.bench or "TORCHELASTIC_RUN_ID" in os.environ:
-        _init_distributed(device)
+        init_distributed(device)
     import torch.distributed as dist
 
     if dist.is_initialized() and args.comm in ("auto", "torch"):

@@ -26,7 +26,6 @@ from __future__ import annotations
 import copy
 import datetime
 import json
-import os
 import statistics
 
 import torch
@@ -36,6 +35,7 @@ from hostir.nn import LlamaBlock, _resolve, parallelize, shard_sequence
 from hostir.nn.llama import shard_state_dict
 from hostir.nn.transformer import check_block_shape
 from lowering.patterns import check_row_split
+from runtime.bootstrap import init_distributed, local_device
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Relative errors --check accepts: fp32 differs from the reference in summation order only;
@@ -112,27 +112,6 @@ def validate(args, world) -> None:
 
 
 # ----------------------------------------------------------------------------- set-up
-
-
-def _device(args) -> torch.device:
-    from runtime.bootstrap import local_device
-
-    return local_device(args.device)
-
-
-def _init_distributed(device: torch.device) -> None:
-    """A torch.distributed group: from torchrun's environment, else bootstrapped over MPI."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        return
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    if "TORCHELASTIC_RUN_ID" in os.environ or ("RANK" in os.environ and "MASTER_ADDR" in os.environ):
-        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
-    else:
-        from runtime.session import init_torch_distributed_from_mpi
-
-        init_torch_distributed_from_mpi(backend)
 
 
 def reference_model(args, device) -> torch.nn.Sequential:
@@ -284,8 +263,8 @@ def train(args, check: bool = False) -> dict:
 def setup(args):
     import torch.distributed as dist
 
-    device = _device(args)
-    _init_distributed(device)
+    device = local_device(args.device)
+    init_distributed(device)
     return dist.get_rank(), dist.get_world_size(), device
 
 
