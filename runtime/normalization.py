@@ -169,31 +169,13 @@ def tune_inputs(spec: NormalizationSpec, device, sets: int = 1, generator=None):
     return out
 
 
-def _compile_one(job):
-    """Worker of `precompile`: fills the disk cache ``directory`` (a process of its own:
-    NVRTC holds the GIL). Returns an error text, or None."""
-    spec, arch, directory = job
-    try:
-        from pathlib import Path
-
-        from runtime import jit
-
-        jit.KernelCache(Path(directory)).get(render_normalization(spec), [spec.kernel_name], arch)
-    except Exception as e:  # noqa: BLE001 -- reported; the caller compiles what is missing
-        return f"{type(e).__name__}: {e}"
-    return None
-
-
 def precompile(specs, arch: str) -> list:
     """Compile ``specs``' kernels for ``arch`` up front, in parallel worker processes,
-    into the disk kernel cache (a few hundred kernels take ~0.3 s each one after
-    another: the bench's sweep; the tuner's 15-30 candidates). Kernels already on disk
-    are skipped, and no pool starts when none is missing (the bench precompiles the
-    tuner's candidates with the rest, then `tune` asks again). Returns the error texts
-    (None for a kernel that compiled or was there); if the pool cannot start, nothing
-    is compiled here and each kernel compiles on first use."""
-    import concurrent.futures
-    import multiprocessing
+    into the disk kernel cache (`jit.precompile`; a few hundred kernels take ~0.3 s each
+    one after another: the bench's sweep; the tuner's 15-30 candidates). Kernels already
+    on disk are skipped, and no pool starts when none is missing. Returns the error texts
+    (None for a kernel that compiled or was there); with no disk cache to fill, or if
+    the pool cannot start, nothing is compiled here and each kernel compiles on first use."""
     import os
     import sys
 
@@ -201,21 +183,9 @@ def precompile(specs, arch: str) -> list:
 
     if options().disable("kernel_cache") or not specs:
         return []  # nowhere to leave them for this process
-    cache = jit.kernel_cache()
-    missing = [k for k, s in enumerate(specs) if not cache.path(jit.cache_key(
-        render_normalization(s), [s.kernel_name], arch)).exists()]
-    errors = [None] * len(specs)
-    if not missing:
-        return errors
-    directory = str(cache.directory)  # this process's, which workers share
-    workers = max(1, min(16, (os.cpu_count() or 2) - 1, len(missing)))
+    units = [(render_normalization(s), [s.kernel_name], arch) for s in specs]
     try:
-        with concurrent.futures.ProcessPoolExecutor(
-                workers, mp_context=multiprocessing.get_context("spawn")) as ex:
-            jobs = [(specs[k], arch, directory) for k in missing]
-            for k, err in zip(missing, ex.map(_compile_one, jobs, chunksize=4)):
-                errors[k] = err
-        return errors
+        return jit.precompile(units, workers=max(1, min(16, (os.cpu_count() or 2) - 1)))
     except Exception as e:  # noqa: BLE001
         print(f"precompile failed ({e}); compiling one by one", file=sys.stderr)
         return []
