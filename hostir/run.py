@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import time
 import traceback
 
 from hostir.jobs.exit_codes import (EXIT_CHECK_FAILED, EXIT_CODES, EXIT_DEPENDENCY,
@@ -54,6 +55,18 @@ def _exit_code(e) -> int:
 
     return EXIT_RUN_FAILED if isinstance(e, (CommunicationError, CompilationError,
                                              ExecutionError)) else EXIT_USAGE
+
+
+def _close_torch_group() -> None:
+    """Destroy a torch.distributed group the job created, on a clean exit, and give its
+    threads the GIL once more. A gloo worker frees a finished collective's tensors after
+    ``wait()`` has returned, and freeing a tensor that Python once held needs the GIL; a
+    rank that reaches interpreter shutdown first makes that thread abort the finished
+    process (SIGABRT after "ok"). 50 ms with the GIL released lets it finish first."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        time.sleep(0.05)
 
 
 def main(argv=None) -> int:
@@ -95,7 +108,9 @@ def main(argv=None) -> int:
         return problem.code
 
     try:
-        return int(module.main(args) or 0)
+        code = int(module.main(args) or 0)
+        _close_torch_group()
+        return code
     except (HostIrError, preflight.JobError) as e:
         # Refusals are the user's to fix: one clear line, rank first, no traceback.
         code = e.code if isinstance(e, preflight.JobError) else _exit_code(e)
