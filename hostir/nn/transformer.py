@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from hostir.errors import LoweringError
 from hostir.nn.linear import (COMMS, ColumnParallelLinear, RowParallelLinear, _resolve,
                               _runtime, _world)
-from runtime import fused
+from runtime import fused, rotary
 
 __all__ = ["ParallelTransformerBlock", "check_block_shape", "shard_fused", "unshard_fused",
            "rotary_tables", "apply_rotary", "causal_attention", "STYLES"]
@@ -178,6 +178,27 @@ class _AddNorm(torch.autograd.Function):
         dx, dw, db = fused.add_norm_backward(dy, h, weight, mean, rstd, ctx.kind, dh)
         dw, db = ctx.reduce(dw), (ctx.reduce(db) if db is not None else None)
         return dx, (dx if ctx.has_residual else None), dw, db, None, None, None
+
+
+class _QKVRotary(torch.autograd.Function):
+    """``(q, k, v)`` ``[T, heads, d]`` of the fused QKV output, q and k rotated by position
+    (``runtime.rotary``: one kernel forward, one backward writing the fused gradient)."""
+
+    @staticmethod
+    def forward(ctx, qkv, cos, sin, hq, hkv):
+        ctx.save_for_backward(cos, sin)
+        ctx.heads = (hq, hkv)
+        return rotary.rotary_forward(qkv, cos, sin, hq, hkv)
+
+    @staticmethod
+    def backward(ctx, dq, dk, dv):
+        cos, sin = ctx.saved_tensors
+        hq, hkv = ctx.heads
+        t, d = cos.shape[0], cos.shape[-1]
+        dq, dk, dv = (g if g is not None else torch.zeros(t, h, d, dtype=cos.dtype,
+                                                          device=cos.device)
+                      for g, h in ((dq, hq), (dk, hkv), (dv, hkv)))
+        return rotary.rotary_backward(dq, dk, dv, cos, sin, hq, hkv), None, None, None, None
 
 
 class _AddReplicatedBias(torch.autograd.Function):
@@ -355,11 +376,12 @@ class ParallelTransformerBlock(torch.nn.Module):
         qkv = self.qkv_proj(n)  # [T, (heads + 2 kv_heads) d / D]: all tokens, our heads
         t, d = qkv.shape[0], self.head_dim
         hq, hkv = self.heads // self.world_size, self.kv_heads // self.world_size
-        q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=1)
-        q, k, v = q.view(1, t, hq, d), k.view(1, t, hkv, d), v.view(1, t, hkv, d)
-        if self.style == "llama":
+        if self.style == "llama":  # q, k rotated and v split off in one pass
             cos, sin = self._rotary(t, qkv.device, qkv.dtype)
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+            q, k, v = (x.view(1, t, -1, d) for x in _QKVRotary.apply(qkv, cos, sin, hq, hkv))
+        else:
+            q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=1)
+            q, k, v = q.view(1, t, hq, d), k.view(1, t, hkv, d), v.view(1, t, hkv, d)
         y = self.o_proj(causal_attention(q, k, v).reshape(t, hq * d))
         return y if self.o_proj_bias is None else _AddReplicatedBias.apply(y, self.o_proj_bias,
                                                                             self._reduce)

@@ -1,0 +1,124 @@
+"""Rotary position embedding of a fused QKV output: one generated kernel each way on CUDA
+(bf16/fp16), torch otherwise (fp32, CPU, or CuPy missing).
+
+    >>> q, k, v = rotary_forward(qkv, cos, sin, hq, hkv)           # doctest: +SKIP
+    >>> d_qkv = rotary_backward(dq, dk, dv, cos, sin, hq, hkv)     # doctest: +SKIP
+
+``qkv [T, (hq + 2 hkv) d]``; ``cos, sin [T, d]`` (or ``[T, 1, d]``); ``q [T, hq, d]``,
+``k, v [T, hkv, d]``, new contiguous tensors. See `lowering.kernels.rotary`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_KERNEL_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def _rotate_half(t):
+    half = t.shape[-1] // 2
+    return torch.cat((-t[..., half:], t[..., :half]), -1)
+
+
+def _unrotate_half(t):  # the transpose of _rotate_half
+    half = t.shape[-1] // 2
+    return torch.cat((t[..., half:], -t[..., :half]), -1)
+
+
+def rotary_forward_reference(qkv, cos, sin, hq: int, hkv: int):
+    t = qkv.shape[0]
+    d = qkv.shape[1] // (hq + 2 * hkv)
+    cos, sin = cos.reshape(t, 1, d), sin.reshape(t, 1, d)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=1)
+    q, k, v = q.reshape(t, hq, d), k.reshape(t, hkv, d), v.reshape(t, hkv, d)
+    return (q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin,
+            v.contiguous())
+
+
+def rotary_backward_reference(dq, dk, dv, cos, sin, hq: int, hkv: int):
+    t, _, d = dq.shape
+    cos, sin = cos.reshape(t, 1, d), sin.reshape(t, 1, d)
+    back = [g * cos + _unrotate_half(g * sin) for g in (dq, dk)]
+    return torch.cat([back[0].reshape(t, -1), back[1].reshape(t, -1), dv.reshape(t, -1)], 1)
+
+
+def _kernel_path(*tensors) -> bool:
+    first = tensors[0]
+    if not (first.is_cuda and first.dtype in _KERNEL_DTYPES):
+        return False
+    if any(t.dtype != first.dtype or t.device != first.device for t in tensors):
+        return False
+    from runtime import fused  # the seam kernels' JIT availability check
+
+    return fused._jit_available()
+
+
+def _alignment(*tensors) -> int:
+    align = 16
+    for t in tensors:
+        while align > 2 and t.data_ptr() % align:
+            align //= 2
+    return align
+
+
+def _launch(backward: bool, fused_t, split, cos, sin, hq: int, hkv: int) -> None:
+    import numpy as np
+
+    from lowering.kernels.rotary import THREADS, RotarySpec, vector_width
+    from runtime import jit
+
+    t = fused_t.shape[0]
+    d = fused_t.shape[1] // (hq + 2 * hkv)
+    pitch = fused_t.stride(0)
+    align = _alignment(fused_t, *split, cos, sin)
+    while align > 2 and (2 * pitch) % align:
+        align //= 2
+    spec = RotarySpec(_KERNEL_DTYPES[fused_t.dtype], d, vector_width(d, align), backward)
+    device = fused_t.device
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    kernel = _KERNELS.get((spec, index))
+    if kernel is None:
+        from lowering.kernels.rotary import render
+
+        compiled = jit.kernel_cache().get(render(spec), [spec.kernel_name],
+                                          jit.device_arch(index))
+        kernel = _KERNELS[(spec, index)] = jit.load(compiled, index)[spec.kernel_name]
+    items = t * (hq + 2 * hkv) * (d // 2 // spec.vector)
+    sms = torch.cuda.get_device_properties(index).multi_processor_count
+    grid = max(1, min(-(-items // THREADS), sms * (2048 // THREADS)))
+    args = tuple(np.uint64(x.data_ptr()) for x in (fused_t, *split, cos, sin)) + (
+        np.int64(t), np.int32(hq), np.int32(hkv), np.int64(pitch))
+    with jit.on_device(index):
+        kernel.launch_raw((grid, 1, 1), (THREADS, 1, 1), args, 0,
+                          jit.current_stream_handle(index), False)
+
+
+_KERNELS: dict = {}
+
+
+def _tables(cos, sin, t: int, d: int):
+    return cos.reshape(t, d).contiguous(), sin.reshape(t, d).contiguous()
+
+
+def rotary_forward(qkv, cos, sin, hq: int, hkv: int):
+    """``(q, k, v)`` of ``qkv``: q and k rotated by position, v copied."""
+    t = qkv.shape[0]
+    d = qkv.shape[1] // (hq + 2 * hkv)
+    if not (_kernel_path(qkv, cos, sin) and qkv.stride(1) == 1 and t > 0):
+        return rotary_forward_reference(qkv, cos, sin, hq, hkv)
+    cos, sin = _tables(cos, sin, t, d)
+    out = tuple(torch.empty(t, h, d, dtype=qkv.dtype, device=qkv.device) for h in (hq, hkv, hkv))
+    _launch(False, qkv, out, cos, sin, hq, hkv)
+    return out
+
+
+def rotary_backward(dq, dk, dv, cos, sin, hq: int, hkv: int):
+    """``d_qkv [T, (hq + 2 hkv) d]`` from the gradients of ``rotary_forward``'s outputs."""
+    t, _, d = dq.shape
+    if not (_kernel_path(dq, dk, dv, cos, sin) and t > 0):
+        return rotary_backward_reference(dq, dk, dv, cos, sin, hq, hkv)
+    cos, sin = _tables(cos, sin, t, d)
+    grads = tuple(g.contiguous() for g in (dq, dk, dv))
+    d_qkv = torch.empty(t, (hq + 2 * hkv) * d, dtype=dq.dtype, device=dq.device)
+    _launch(True, d_qkv, grads, cos, sin, hq, hkv)
+    return d_qkv
