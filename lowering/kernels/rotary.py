@@ -52,13 +52,9 @@ for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < items; 
   unsigned short* split = seg == 0 ? s0 : (seg == 1 ? s1 : s2);
   const long long f = t * fused_pitch + (long long)head * D + c;
   const long long s = t * ((long long)seg_heads * D) + (long long)local * D + c;
-#if BACKWARD
-  const unsigned short* src = split; const long long src_at = s;
-  unsigned short* dst = fused; const long long dst_at = f;
-#else
-  const unsigned short* src = fused; const long long src_at = f;
-  unsigned short* dst = split; const long long dst_at = s;
-#endif
+  const unsigned short* src = BACKWARD ? split : fused;
+  unsigned short* dst = BACKWARD ? fused : split;
+  const long long src_at = BACKWARD ? s : f, dst_at = BACKWARD ? f : s;
   float x1[V], x2[V];
   load_vec<V>(src + src_at, x1);
   load_vec<V>(src + src_at + D / 2, x2);
@@ -106,8 +102,7 @@ class RotarySpec:
 
     def params(self) -> list[tuple[str, str]]:
         # fused (qkv) is read forward and written backward; the split side the other way
-        fused = "unsigned short*" if self.backward else "const unsigned short*"
-        return [(fused, "fused"), ("unsigned short*", "s0"), ("unsigned short*", "s1"),
+        return [("unsigned short*", "fused"), ("unsigned short*", "s0"), ("unsigned short*", "s1"),
                 ("unsigned short*", "s2"), ("const unsigned short*", "cos_table"),
                 ("const unsigned short*", "sin_table"), ("long long", "tokens"),
                 ("int", "hq"), ("int", "hkv"), ("long long", "fused_pitch")]
