@@ -157,17 +157,21 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
 
 
 class _AddNorm(torch.autograd.Function):
-    """``(norm(x + residual), x + residual)`` (``norm(x)`` alone without a residual) by
-    ``runtime.fused``; the backward returns the stream's gradient to both inputs and the
-    weight's (and bias's) summed over the group by ``reduce``."""
+    """``(norm(x + residual), x + residual)`` (``norm(x)`` alone without a residual, or
+    ``(norm(x), x)`` with ``passthrough``) by ``runtime.fused``; the backward returns the
+    stream's gradient to both inputs and the weight's (and bias's) summed over the group
+    by ``reduce``. The stream's own gradient (of ``x + residual``, or of the passed-through
+    ``x``) enters the norm's backward kernel as ``dh``: no separate accumulation."""
 
     @staticmethod
-    def forward(ctx, x, residual, weight, bias, eps, kind, reduce):
+    def forward(ctx, x, residual, weight, bias, eps, kind, reduce, passthrough=False):
         y, h, mean, rstd = fused.add_norm_forward(x, residual, weight, bias, eps, kind)
         ctx.kind, ctx.has_residual, ctx.reduce = kind, residual is not None, reduce
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(h, weight, mean, rstd)
-        return (y, h) if residual is not None else y
+        if residual is not None:
+            return y, h
+        return (y, x.view_as(x)) if passthrough else y
 
     @staticmethod
     def backward(ctx, dy, *rest):
@@ -177,7 +181,7 @@ class _AddNorm(torch.autograd.Function):
             dy = torch.zeros_like(h)
         dx, dw, db = fused.add_norm_backward(dy, h, weight, mean, rstd, ctx.kind, dh)
         dw, db = ctx.reduce(dw), (ctx.reduce(db) if db is not None else None)
-        return dx, (dx if ctx.has_residual else None), dw, db, None, None, None
+        return dx, (dx if ctx.has_residual else None), dw, db, None, None, None, None
 
 
 class _QKVRotary(torch.autograd.Function):
@@ -283,9 +287,11 @@ class ReplicatedNorm(torch.nn.Module):
         if kind == "layer_norm":
             self.bias = torch.nn.Parameter(torch.zeros(hidden, device=device, dtype=dtype))
 
-    def forward(self, x, residual=None):
+    def forward(self, x, residual=None, passthrough: bool = False):
+        """``norm(x + residual), x + residual``; ``norm(x)``; with ``passthrough``
+        ``norm(x), x`` where the returned ``x``'s gradient joins the norm's backward."""
         return _AddNorm.apply(x, residual, self.weight, self.bias, self.eps, self.kind,
-                              self.reduce)
+                              self.reduce, passthrough)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, kind={self.kind}, eps={self.eps}"
@@ -368,7 +374,7 @@ class ParallelTransformerBlock(torch.nn.Module):
         if x.dim() != 2 or x.shape[1] != self.hidden:
             raise LoweringError(f"ParallelTransformerBlock: expected input [tokens / ranks, "
                                 f"{self.hidden}], got {list(x.shape)}")
-        n = self.input_layernorm(x)
+        n, x = self.input_layernorm(x, passthrough=True)  # x's two gradients meet in one kernel
         n, h = self.post_attention_layernorm(self._attention(n), x)
         return h + self._mlp(n)
 
