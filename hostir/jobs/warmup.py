@@ -33,6 +33,8 @@ def add_arguments(p) -> None:
     p.add_argument("--hidden", default="4096", help="model width(s), comma-separated")
     p.add_argument("--ffn", type=pf.at_least(1), default=None,
                    help="train_transformer: MLP width (default Llama's 8/3 hidden, to 256)")
+    p.add_argument("--head-dim", type=pf.at_least(2), default=128,
+                   help="train_transformer: attention head width (rotary kernels; even)")
     p.add_argument("--world", type=pf.at_least(1), default=1,
                    help="train_transformer: the tensor-parallel ranks the model runs on")
     p.add_argument("--shapes", type=pf.shape_list, default=None,
@@ -56,6 +58,8 @@ def _widths(text: str) -> list[int]:
 
 def validate(args, world) -> None:
     args.widths = _widths(args.hidden)
+    if args.head_dim % 2:
+        raise pf.UsageError(f"--head-dim {args.head_dim}: expected an even head width (rotary)")
     if args.target == "matmul" and not args.shapes:
         raise pf.UsageError("warmup matmul needs --shapes MxNxK[,MxNxK...]")
     if args.arch is not None and not (args.arch.startswith("sm_") and args.arch[3:].isdigit()):
@@ -75,10 +79,12 @@ def _arch(args) -> tuple[str, int, int]:
     return "sm_90", 9, 0
 
 
-def transformer_units(widths, ffn, world, dtype, arch) -> list:
+def transformer_units(widths, ffn, world, dtype, arch, head_dim: int = 128) -> list:
     """Every seam kernel of a block: both norms (a Llama block uses RMSNorm, GPT-2 style
     LayerNorm), with and without residual, bias and dh; the column reduces; SwiGLU and
-    GELU. The elementwise kernels do not depend on the width."""
+    GELU; the rotary embedding of ``head_dim``-wide heads, both ways. The elementwise
+    kernels do not depend on the width."""
+    from lowering.kernels import rotary
     from lowering.kernels.seams import every_variant, render
 
     specs = []
@@ -86,6 +92,7 @@ def transformer_units(widths, ffn, world, dtype, arch) -> list:
         specs += every_variant(hidden, SHORT[dtype])
     del ffn, world  # the MLP's seams are elementwise: one kernel for any width
     unique = {render(s): s for s in specs}
+    unique.update({rotary.render(s): s for s in rotary.every_variant(head_dim, SHORT[dtype])})
     return [(src, [s.kernel_name], arch) for src, s in unique.items()]
 
 
@@ -139,7 +146,8 @@ def main(args) -> int:
         validate(args, None)
     arch, major, minor = _arch(args)
     if args.target == "train_transformer":
-        units = transformer_units(args.widths, args.ffn, args.world, args.dtype, arch)
+        units = transformer_units(args.widths, args.ffn, args.world, args.dtype, arch,
+                                  args.head_dim)
     elif args.target == "matmul":
         units = matmul_units(args.shapes, args.dtype, major, minor)
     else:
