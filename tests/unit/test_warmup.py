@@ -22,10 +22,12 @@ def _run(tmp_path, *argv):
 
 
 def test_warmup_fills_the_cache_a_later_process_reads(tmp_path, monkeypatch):
+    from lowering.kernels import rotary
     from lowering.kernels.seams import every_variant, render
     from runtime import jit
 
-    n = len({render(s) for s in every_variant(768, "bf16")})
+    rotaries = rotary.every_variant(128, "bf16")  # the default --head-dim
+    n = len({render(s) for s in every_variant(768, "bf16")}) + len(rotaries)
     done = _run(tmp_path, "train_transformer", "--hidden", "768", "--workers", "2")
     assert done.returncode == 0, done.stderr
     assert f"{n} of {n} kernels" in done.stdout
@@ -35,6 +37,8 @@ def test_warmup_fills_the_cache_a_later_process_reads(tmp_path, monkeypatch):
     cache = jit.KernelCache(tmp_path / "cache" / "kernels")  # where the warmup process wrote
     for spec in every_variant(768, "bf16"):
         cache.get(render(spec), [spec.kernel_name], "sm_90")
+    for spec in rotaries:
+        cache.get(rotary.render(spec), [spec.kernel_name], "sm_90")
     assert cache.stats.compiles == 0 and cache.stats.disk_hits == n
 
     again = _run(tmp_path, "train_transformer", "--hidden", "768")
