@@ -21,6 +21,10 @@ model (timed after the eager model's first step has paid torch's own start-up) o
 steady one: run ``python -m hostir.run warmup train_transformer ...`` first to measure
 it on a warm kernel cache. ``--json FILE`` writes the rows.
 
+On one GPU the bench also times ``ours_graphed``: the same blocks with each block's
+forward and backward replayed from CUDA graphs (``hostir.nn.graphs.capture_blocks``), the
+optimizer and loss eager as before.
+
 ``--graph`` (CUDA) captures our whole training step in a CUDA graph and replays it.
 """
 
@@ -353,6 +357,12 @@ def bench_steps(args, rank: int, world: int, device) -> dict:
     xs, ts = trainer.shard(x), trainer.shard(target)
     steps = {"ours": (lambda: trainer.step(x, target)) if args.graph
              else (lambda: trainer._step(xs, ts))}
+    if world == 1 and not args.graph:  # ours again, each block's passes from CUDA graphs
+        from hostir.nn.graphs import capture_blocks
+
+        graphed = Trainer(args, ref, rank, world)
+        graphed.model = capture_blocks(graphed.model, xs)
+        steps["ours_graphed"] = lambda: graphed._step(xs, ts)
     for name, model in (("eager", copy.deepcopy(ref)), ("compile", copy.deepcopy(ref))):
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
         run = torch.compile(model) if name == "compile" else model
@@ -397,6 +407,9 @@ def bench(args) -> int:
            "tokens_per_s": {n: args.tokens / (ms / 1e3) for n, ms in times.items()},
            "speedup_vs_eager": times["eager"] / times["ours"],
            "speedup_vs_compile": times["compile"] / times["ours"],
+           **({"graphed_speedup_vs_eager": times["eager"] / times["ours_graphed"],
+               "graphed_speedup_vs_compile": times["compile"] / times["ours_graphed"]}
+              if "ours_graphed" in times else {}),
            "ours_first_step_ms": _sum_over_ranks(torch.tensor(ours_first_ms), dist.ReduceOp.MAX),
            "first_loss_rel_err_vs_eager": abs(losses["ours"] - losses["eager"]) / losses["eager"]}
     row["first_step_over_steady"] = row["ours_first_step_ms"] / times["ours"]

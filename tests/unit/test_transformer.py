@@ -136,3 +136,14 @@ def test_column_splits_refuse_sizes_that_do_not_divide():
         shard_columns(torch.zeros(2, 5), 2, 0)
     check_row_split("x", 8, 2, 2)  # divides: no error
     assert sorted(torch.cat([stage_rows(2, 8, 2, r) for r in range(2)]).tolist()) == list(range(8))
+
+
+def test_capture_blocks_off_cuda_returns_the_blocks_and_refuses_none():
+    from hostir.errors import LoweringError
+    from hostir.nn import capture_blocks
+
+    blocks = [torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)]
+    model = capture_blocks(torch.nn.Sequential(*blocks), torch.randn(3, 4))
+    assert isinstance(model, torch.nn.Sequential) and list(model) == blocks
+    with pytest.raises(LoweringError, match="no blocks"):
+        capture_blocks([], torch.randn(3, 4))
