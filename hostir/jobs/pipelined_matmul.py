@@ -164,6 +164,15 @@ def resolve_schedule(args) -> None:
     world = MPI.COMM_WORLD.Get_size()
     pick = choose(args.m, args.k, args.n, world, "cuda" if device.startswith("cuda") else "cpu",
                   args.dtype)
+    if pick.transport == "copy_engine":
+        import dataclasses
+
+        from hostir.nn import copy_engine_available
+
+        if not copy_engine_available(torch.device(device), world):
+            # ranks on several nodes (or GPUs not all visible): peer writes cannot reach
+            # them; NCCL crosses nodes, under the schedule it overlaps best
+            pick = dataclasses.replace(pick, schedule="pipelined", transport="nccl")
     if args.schedule == "auto":
         args.schedule = pick.schedule
         if args.comm == "auto" and device.startswith("cuda"):
