@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The one-GPU benchmarks (generated kernels) and tests/gpu, from the repo root:
-#   HOSTIR_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/run_gpu_single.sh
-# With two GPUs the matmul work runs on GPU 0 and the normalization work on GPU 1, side by
-# side; with one, one after the other. Official results go to
-# benchmarks/results/<bench>_<device>.json (the next run overwrites them), logs under $OUT;
-# then docs/PERFORMANCE.md is regenerated.
+# The one-GPU benchmarks and tests/gpu, from the repo root:
+#   HOSTIR_COMMIT=$(git rev-parse --short HEAD) bash benchmarks/run_gpu_single.sh [PART...]
+# PART: kernels (the tuned matmul and normalization benches; with two GPUs the matmul work
+# runs on GPU 0 and the normalization work on GPU 1, side by side), layer (tests/gpu, the
+# transformer step after `warmup`, the seam kernels, host overhead), shapes (the untuned
+# any-shape GEMM and norm-width sweeps); default: all three. Official results go to
+# $RESULTS (default benchmarks/results)/<bench>_<device>.json (the next run overwrites
+# them), logs under $OUT; then docs/PERFORMANCE.md is regenerated.
 set -uo pipefail
 OUT="${OUT:-/tmp/hostir-evidence}"; mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
@@ -13,7 +15,8 @@ export HOSTIR_COMMIT="${HOSTIR_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 [ "$GPUS" -ge 1 ] || { echo "run_gpu_single.sh: error: no CUDA device"; exit 1; }
 DEV=$(python3 -c "import torch; print(torch.cuda.get_device_name(0).lower().replace(' ', '-'))")
-R="benchmarks/results"
+R="${RESULTS:-benchmarks/results}"; mkdir -p "$R"
+PARTS="${*:-kernels layer shapes}"
 matmul_work() {
   echo "== wgmma check"; timeout 200 python3 benchmarks/gpu_wgmma_check.py \
     --json "$R/wgmma_check_$DEV.json" > "$OUT/wgmma.log" 2>&1; echo "rc=$?"
@@ -28,15 +31,42 @@ norm_work() {
   echo "== tests/gpu"; timeout 400 python3 -m pytest -q -p no:cacheprovider --color=no tests/gpu \
     > "$OUT/gpu_tests.log" 2>&1; echo "rc=$?"
 }
-if [ "$GPUS" -ge 2 ]; then
-  (export CUDA_VISIBLE_DEVICES=0; matmul_work) > "$OUT/gpu0.log" 2>&1 &
-  (export CUDA_VISIBLE_DEVICES=1; norm_work) > "$OUT/gpu1.log" 2>&1 &
-  wait
-else
-  (matmul_work) > "$OUT/gpu0.log" 2>&1
-  (norm_work) > "$OUT/gpu1.log" 2>&1
-fi
-cat "$OUT/gpu0.log" "$OUT/gpu1.log"
-tail -25 "$OUT/wgmma.log"; tail -12 "$OUT/matmul.log"; tail -16 "$OUT/layer_norm.log"
-grep -a -E "passed|failed" "$OUT/gpu_tests.log" | tail -3
-python3 -m benchmarks.report
+layer_work() {
+  echo "== tests/gpu"; timeout 400 python3 -m pytest -q -p no:cacheprovider --color=no tests/gpu \
+    > "$OUT/gpu_tests.log" 2>&1; echo "rc=$?"; grep -a -E "passed|failed" "$OUT/gpu_tests.log" | tail -3
+  echo "== warmup + transformer step"; timeout 120 python3 -m hostir.run warmup train_transformer \
+    --hidden 4096 --head-dim 128 > "$OUT/warmup.log" 2>&1
+  timeout 300 python3 -m hostir.run train_transformer --bench --hidden 4096 --heads 32 \
+    --kv-heads 8 --tokens 4096 --layers 2 --dtype bfloat16 --json "$R/transformer_layer_$DEV.json" \
+    2>&1 | grep -a -E "bench|error"
+  echo "== seams"; timeout 200 python3 benchmarks/seams_bench.py --json "$R/seams_$DEV.json" \
+    > "$OUT/seams.log" 2>&1; echo "rc=$?"
+  echo "== host overhead"; timeout 120 python3 benchmarks/host_overhead.py \
+    --json "$R/host_overhead_$DEV.json" > "$OUT/host_overhead.log" 2>&1; echo "rc=$?"
+}
+shapes_work() {
+  echo "== norm widths"; timeout 300 python3 benchmarks/norm_widths.py --step 2048 --budget-s 230 \
+    --json "$R/norm_widths_$DEV.json" > "$OUT/norm_widths.log" 2>&1; echo "rc=$?"
+  echo "== matmul shapes"; timeout 300 python3 benchmarks/matmul_shapes.py --budget-s 220 \
+    --json "$R/matmul_shapes_$DEV.json" > "$OUT/matmul_shapes.log" 2>&1; echo "rc=$?"
+}
+for part in $PARTS; do
+  case "$part" in
+    kernels)
+      if [ "$GPUS" -ge 2 ]; then
+        (export CUDA_VISIBLE_DEVICES=0; matmul_work) > "$OUT/gpu0.log" 2>&1 &
+        (export CUDA_VISIBLE_DEVICES=1; norm_work) > "$OUT/gpu1.log" 2>&1 &
+        wait
+      else
+        (matmul_work) > "$OUT/gpu0.log" 2>&1
+        (norm_work) > "$OUT/gpu1.log" 2>&1
+      fi
+      cat "$OUT/gpu0.log" "$OUT/gpu1.log"
+      tail -25 "$OUT/wgmma.log"; tail -12 "$OUT/matmul.log"; tail -16 "$OUT/layer_norm.log"
+      grep -a -E "passed|failed" "$OUT/gpu_tests.log" | tail -3 ;;
+    layer) layer_work ;;
+    shapes) shapes_work ;;
+    *) echo "run_gpu_single.sh: error: unknown part '$part' (kernels, layer, shapes)"; exit 2 ;;
+  esac
+done
+[ "$R" = benchmarks/results ] && python3 -m benchmarks.report
