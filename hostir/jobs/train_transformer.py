@@ -336,6 +336,21 @@ def side_by_side(steps: dict, iters: int, warmup: int) -> dict:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def host_ms(steps: dict, calls: int = 3) -> dict:
+    """Host milliseconds to issue one step of each (``calls`` steps queued back to back
+    after a synchronize, divided; a few steps' kernels fit in the launch queue, so the
+    host does not wait on the GPU): what a step costs the CPU, beside its GPU time."""
+    out = {}
+    for name, step in steps.items():
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            step()
+        out[name] = (time.perf_counter() - start) * 1e3 / calls
+        torch.cuda.synchronize()
+    return out
+
+
 def _training_step(model, opt, x, target, tokens: int):
     def step():
         opt.zero_grad(set_to_none=False)
@@ -396,6 +411,7 @@ def bench(args) -> int:
     first.update({name: step() for name, step in steps.items() if name not in first})
     losses = {"ours": _sum_over_ranks(first["ours"]), "eager": float(first["eager"])}
     times = side_by_side(steps, args.iters, max(args.warmup - 1, 0))
+    host = host_ms(steps)
     import torch.distributed as dist
 
     times = {n: _sum_over_ranks(torch.tensor(ms), dist.ReduceOp.MAX) for n, ms in times.items()}
@@ -405,6 +421,7 @@ def bench(args) -> int:
               "comm_schedule": list(_resolve(device, None, args.comm, args.schedule))}
     row = {"config": config, **{f"{n}_ms": ms for n, ms in times.items()},
            "tokens_per_s": {n: args.tokens / (ms / 1e3) for n, ms in times.items()},
+           "host_ms": host,
            "speedup_vs_eager": times["eager"] / times["ours"],
            "speedup_vs_compile": times["compile"] / times["ours"],
            **({"graphed_speedup_vs_eager": times["eager"] / times["ours_graphed"],
@@ -416,7 +433,8 @@ def bench(args) -> int:
     if rank == 0:
         for name, ms in times.items():
             print(f"train_transformer bench {name}: {ms:.3f} ms/step "
-                  f"({row['tokens_per_s'][name]:.0f} tokens/s)", flush=True)
+                  f"({row['tokens_per_s'][name]:.0f} tokens/s, host {host[name]:.2f} ms)",
+                  flush=True)
         if args.json:
             write_rows(args.json, [row], world)
             print(f"-> {args.json}", flush=True)
