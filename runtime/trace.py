@@ -140,3 +140,53 @@ def draw(traces: dict, png: str, title: str = "") -> None:
     with _exclusive_target(png, "timeline") as tmp:
         fig.savefig(tmp, dpi=110, format=Path(png).suffix[1:] or "png")
     plt.close(fig)
+
+
+def _merged(intervals):
+    """The union of (start, end) intervals, as sorted disjoint intervals."""
+    out = []
+    for s, e in sorted(intervals):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+def _covered(intervals) -> float:
+    return sum(e - s for s, e in intervals)
+
+
+def _common(a, b) -> float:
+    """Length covered by both of two merged interval lists."""
+    i = j = 0
+    total = 0.0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0.0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def overlap(events, steps: int = 1) -> dict:
+    """How much of the communication ran beside computation, from `device_events`, per
+    step (milliseconds): ``comm_ms`` (time some NCCL kernel or copy-engine copy ran),
+    ``hidden_ms`` (of it, time some GEMM or other kernel ran too), ``exposed_ms`` (the
+    rest), ``span_ms`` (first event to last) and ``hidden_fraction``.
+
+    >>> ev = [(0, "GEMM", 0.0, 100.0, "g"), (1, "NCCL", 50.0, 100.0, "n")]
+    >>> overlap(ev)["hidden_fraction"]
+    0.5
+    """
+    comm = _merged((s, s + d) for _, kind, s, d, _ in events if kind in ("NCCL", "copy engine"))
+    work = _merged((s, s + d) for _, kind, s, d, _ in events if kind in ("GEMM", "other"))
+    starts = [s for _, _, s, _, _ in events]
+    span = (max(s + d for _, _, s, d, _ in events) - min(starts)) if events else 0.0
+    total, hidden = _covered(comm), _common(comm, work)
+    per = 1e3 * max(1, steps)
+    return {"span_ms": span / per, "comm_ms": total / per, "hidden_ms": hidden / per,
+            "exposed_ms": (total - hidden) / per,
+            "hidden_fraction": hidden / total if total else None}

@@ -25,6 +25,10 @@ On one GPU the bench also times ``ours_graphed``: the same blocks with each bloc
 forward and backward replayed from CUDA graphs (``hostir.nn.graphs.capture_blocks``), the
 optimizer and loss eager as before.
 
+On several GPUs the row also holds ``ours_comm``: from a profiler trace of two of ours'
+steps on rank 0, the milliseconds a step's collectives ran, how much of that some kernel
+of computation ran beside them (hidden) and the rest (exposed).
+
 ``--graph`` (CUDA) captures our whole training step in a CUDA graph and replays it.
 """
 
@@ -336,6 +340,28 @@ def side_by_side(steps: dict, iters: int, warmup: int) -> dict:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
+def communication_overlap(step, iters: int = 2) -> dict:
+    """Ours' communication beside its computation, from a profiler trace of ``iters``
+    steps on this rank (`runtime.trace.overlap`): per step, the time a collective ran,
+    how much of it some kernel of computation ran beside (hidden), and the rest."""
+    import os
+
+    from runtime import trace
+
+    path = f"{trace.default_trace_base()[:-5]}.rank{dist_rank()}.json"
+    trace.record(step, iters, path, warmup=2)
+    try:
+        return trace.overlap(trace.device_events(path), steps=iters)
+    finally:
+        os.unlink(path)
+
+
+def dist_rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
 def host_ms(steps: dict, calls: int = 3) -> dict:
     """Host milliseconds to issue one step of each (``calls`` steps queued back to back
     after a synchronize, divided; a few steps' kernels fit in the launch queue, so the
@@ -414,6 +440,7 @@ def bench(args) -> int:
     host = host_ms(steps)
     import torch.distributed as dist
 
+    comm = communication_overlap(steps["ours"]) if world > 1 else None
     times = {n: _sum_over_ranks(torch.tensor(ms), dist.ReduceOp.MAX) for n, ms in times.items()}
     config = {"layers": args.layers, "hidden": args.hidden, "heads": args.heads,
               "kv_heads": args.kv_heads, "ffn": ffn_width(args), "tokens": args.tokens,
@@ -422,6 +449,7 @@ def bench(args) -> int:
     row = {"config": config, **{f"{n}_ms": ms for n, ms in times.items()},
            "tokens_per_s": {n: args.tokens / (ms / 1e3) for n, ms in times.items()},
            "host_ms": host,
+           **({"ours_comm": comm} if comm is not None else {}),
            "speedup_vs_eager": times["eager"] / times["ours"],
            "speedup_vs_compile": times["compile"] / times["ours"],
            **({"graphed_speedup_vs_eager": times["eager"] / times["ours_graphed"],

@@ -1,0 +1,34 @@
+"""runtime.trace.overlap: communication hidden beside computation, from device events."""
+
+from __future__ import annotations
+
+import pytest
+
+from runtime.trace import overlap
+
+
+def ev(kind, start, dur, stream=0):
+    return (stream, kind, float(start), float(dur), kind.lower())
+
+
+def test_half_hidden_collective():
+    got = overlap([ev("GEMM", 0, 100), ev("NCCL", 50, 100, 1)])
+    assert got["comm_ms"] == pytest.approx(0.1) and got["hidden_ms"] == pytest.approx(0.05)
+    assert got["exposed_ms"] == pytest.approx(0.05) and got["span_ms"] == pytest.approx(0.15)
+    assert got["hidden_fraction"] == pytest.approx(0.5)
+
+
+def test_overlapping_collectives_count_once_and_steps_divide():
+    events = [ev("NCCL", 0, 100, 1), ev("copy engine", 50, 100, 2),  # comm covers 0-150
+              ev("GEMM", 20, 10), ev("other", 25, 30), ev("GEMM", 140, 100),  # 20-55, 140-240
+              ev("barrier", 0, 1000, 3)]  # neither side
+    got = overlap(events, steps=2)
+    assert got["comm_ms"] == pytest.approx(0.150 / 2)
+    assert got["hidden_ms"] == pytest.approx((35 + 10) / 1e3 / 2)
+    assert got["hidden_fraction"] == pytest.approx(45 / 150)
+
+
+def test_no_communication():
+    got = overlap([ev("GEMM", 0, 10)])
+    assert got["comm_ms"] == 0 and got["hidden_fraction"] is None
+    assert overlap([])["span_ms"] == 0
