@@ -185,11 +185,11 @@ REGISTER_STORE_BYTES_PER_SM_US = 25.0e3
 HOST_US = 34.0
 TMA_HOST_US = 7.0
 # cuBLAS, as the fallback rule models it (`cublas_estimate_us`): its mainloop rate an SM
-# (about 720 TF/s on both parts at large shapes), a small per-tile cost of a 128x256 tile
-# (it too slows at short K: 645 TF/s at 7616x16192x768 on the H100) and no wave
-# quantization (it picks among many tiles and splits); host time of `torch.matmul`, one
-# launch.
-CUBLAS_FLOPS_PER_SM_US = 5.45e6
+# (about 700 TF/s, the median of matmul_shapes' large shapes on both parts), a small cost
+# a 128x256 tile (it too slows at short K: 645 TF/s at 7616x16192x768 on the H100) and no
+# wave quantization (it picks among many tiles and splits); host time of `torch.matmul`,
+# one launch.
+CUBLAS_FLOPS_PER_SM_US = 5.3e6
 CUBLAS_TILE_US = 0.5
 CUBLAS_HOST_US = 22.0
 # A grid of at least this fraction of the SM count fills a wave (`fills_a_wave`): 128
