@@ -102,11 +102,11 @@ FEEDS = {"sync": {}, "ws": {"warp_specialized": True},
 # cp.async, whose two warps cannot issue enough copies for two warpgroups):
 # * 128x256 beats 256x128 on the same feed: a warpgroup's 64x256 block is one m64n256k16
 #   a k-step, where 128x128 takes two m64n128k16 that read A's 64 rows and B's 128 rows
-#   each, so 17% more shared-memory operand bytes for the same MMAs (the H100 agrees:
-#   0.946 vs 0.869 of cuBLAS at 3392x4608x7488, 1.018 vs 1.001 at 8192^3).
-# * The persistent feed's mainloop runs about 2% above the TMA feed's (its producer
-#   loads the next unit during the epilogue, no CTA relaunch); what it pays instead is
-#   its C store from registers (REGISTER_STORE_BYTES_PER_SM_US).
+#   each: 384 operand rows from shared memory where 320 do for the same MMAs (the H100
+#   agrees: 0.946 vs 0.869 of cuBLAS at 3392x4608x7488, 1.018 vs 1.001 at 8192^3).
+# * The persistent feed ran about 2% faster than the TMA feed at 8192^3 (1532 vs 1562 us
+#   for 128x256), though its mainloop is the same code: the figure carries that, and
+#   REGISTER_STORE_BYTES_PER_SM_US what the persistent feed pays a unit instead.
 # * Ping-pong (pptma) beats the plain persistent feed on the 128x128 tile; its 64x256
 #   tile, faster in that H200 run, lost to it on the H100 (512x9920x5248, 2688x1984x10368).
 # * The 2-CTA cluster feed (ctma, B multicast) ran within 5% of the TMA feed either way
@@ -174,8 +174,9 @@ EPILOGUE_BYTES_PER_SM_US = 48.0e3
 # its producer hides the next unit's prologue meanwhile. Fitted on the H100 (128x256,
 # side by side): about 0.5 us a unit more than the TMA feed's prologue + staged store,
 # which is what made the TMA feed win at K 1264-1616 (0.823 vs 0.745 of cuBLAS at
-# 12288x6144x1264) and tie at 8192^3. Ping-pong stores one warpgroup's C while the other
-# computes: only its last store shows.
+# 12288x6144x1264), and lose from K of about 4096 on. Ping-pong overlaps one
+# warpgroup's store with the other's mainloop, yet its 128x128 times at two K on the
+# H200 (8192^3, 16384x8192x4096) fit a per-unit cost no smaller: it is charged the same.
 REGISTER_STORE_BYTES_PER_SM_US = 25.0e3
 # Host time of one generated-kernel call (Python dispatch, argument packing, launch on
 # the lent VMs) and the extra of a TMA kernel (its tensor-map buffer looked up by
@@ -277,6 +278,7 @@ def gpu_estimate_us(spec: MatmulSpec, M: int, N: int, K: int, sm_count: int) -> 
     stream_rate = 1.0
     if spec.tma and 2 * M < spec.tile_m:
         stream_rate = SMALL_M_TMA_STREAM
+
     def wave_us(ctas: int) -> float:
         per_cta = _stream_bytes(spec, M, N, kslice, ctas)
         stream_us = max(ctas * per_cta / STREAM_BYTES_PER_US,
@@ -419,6 +421,7 @@ def choose(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str = "b
                        prefer_wgmma=True)
     if mode == "auto":
         specs = [s for s in specs if s.split_k == 1 or not _fills(s, M, N, sm_count)]
+
     def cost(s):  # ties (a host-bound call) go to the shorter GPU time
         return (estimate_us(s, M, N, K, sm_count), gpu_estimate_us(s, M, N, K, sm_count))
 
