@@ -220,21 +220,29 @@ def test_choose_spec_records_the_fallback_for_the_default_path_only(fake_hopper)
     assert rm.uses_cublas(lose) is None
 
 
-def test_matmul_runs_cublas_where_the_rule_says():
+def test_matmul_runs_cublas_where_the_rule_says(monkeypatch):
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("needs an sm_90 GPU")
+    launched = []
+    real_launch = rm.launch
+    monkeypatch.setattr(rm, "launch", lambda spec, *args: launched.append(spec)
+                        or real_launch(spec, *args))
     M, N, K = 7104, 576, 8640
     a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
     bias = torch.randn(N, device="cuda", dtype=torch.bfloat16)
+    ref = a.double() @ b.double().t() + bias.double()
     p = Problem(M, N, K, "bf16", "bf16", "TN", True)
     assert rm.uses_cublas(p, "auto", a.device.index) is not None
     out = rm.matmul(a, b, bias=bias)
-    assert torch.equal(out, torch.addmm(bias, a, b.t()))
-    kernel = rm.matmul(a, b, bias=bias, spec=rm.choose_spec(p, "auto", a.device.index))
-    ref = a.double() @ b.double().t() + bias.double()
-    assert ((kernel.double() - ref).norm() / ref.norm()).item() < 1e-2
+    assert launched == [] and ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+    spec = rm.choose_spec(p, "auto", a.device.index)
+    kernel = rm.matmul(a, b, bias=bias, spec=spec)  # a given spec runs the kernel
+    assert launched == [spec] and ((kernel.double() - ref).norm() / ref.norm()).item() < 1e-2
+    wins = torch.randn(8192, K, device="cuda", dtype=torch.bfloat16)
+    rm.matmul(wins, torch.randn(8192, K, device="cuda", dtype=torch.bfloat16))
+    assert len(launched) == 2  # predicted to win: the kernel
 
 
 def test_every_chosen_kernel_compiles_without_spills():
