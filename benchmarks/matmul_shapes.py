@@ -9,7 +9,10 @@ bench's shapes. Each is checked against float64 on fresh random data first, then
 (`runtime.matmul.matmul`, layout TN: ``a @ b.T``) and ``torch.matmul`` are timed side by
 side (`runtime.timing.side_by_side`) on rotated input copies. Rows: shape (MxNxK),
 ours_tflops, cublas_tflops, ratio (ours over cuBLAS throughput), choice (the spec the
-heuristics picked), first_call_ms (compile or cache load included), tuned false.
+heuristics picked), fallback ("cublas" where the default path runs cuBLAS because the
+model predicts the pick under `runtime.matmul.CUBLAS_BELOW`, else null), predicted_ratio
+(the model's), kernel_ratio (the pick itself, timed in the same rounds), first_call_ms
+(compile or cache load included), tuned false.
 """
 
 from __future__ import annotations
@@ -52,7 +55,8 @@ def choice(spec) -> str:
 def measure(M: int, N: int, K: int, reps: int) -> dict:
     import torch
 
-    from runtime.matmul import choose_spec, matmul
+    from lowering.kernels.heuristics import predicted_ratio
+    from runtime.matmul import choose_spec, matmul, sm_count, uses_cublas
     from runtime.matmul_kernel import Problem
     from runtime.timing import input_copies, side_by_side
 
@@ -65,16 +69,27 @@ def measure(M: int, N: int, K: int, reps: int) -> dict:
     torch.cuda.synchronize()
     first_ms = (time.perf_counter() - start) * 1e3
     ref = a[0].double() @ b[0].double().T
-    err = ((out.double() - ref).norm() / ref.norm()).item()
-    if not err < 1e-2:
-        raise AssertionError(f"{M}x{N}x{K}: relative error {err:.2e}")
-    spec = choose_spec(Problem(M, N, K, "bf16", "bf16", "TN", False))
-    times = side_by_side({"ours": lambda i: matmul(a[i % sets], b[i % sets], layout="TN"),
-                          "cublas": lambda i: torch.matmul(a[i % sets], b[i % sets].T)}, reps=reps)
+    p = Problem(M, N, K, "bf16", "bf16", "TN", False)
+    spec = choose_spec(p, "auto", dev)
+    fallback = uses_cublas(p, "auto", dev) is not None
+    outs = [out] + ([matmul(a[0], b[0], layout="TN", spec=spec)] if fallback else [])
+    for out in outs:  # the default path's output, and the pick's where that was cuBLAS
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        if not err < 1e-2:
+            raise AssertionError(f"{M}x{N}x{K}: relative error {err:.2e}")
+    calls = {"ours": lambda i: matmul(a[i % sets], b[i % sets], layout="TN"),
+             "cublas": lambda i: torch.matmul(a[i % sets], b[i % sets].T)}
+    if fallback:
+        calls["kernel"] = lambda i: matmul(a[i % sets], b[i % sets], layout="TN", spec=spec)
+    times = side_by_side(calls, reps=reps)
     flop = 2.0 * M * N * K
     return {"shape": f"{M}x{N}x{K}", "ours_tflops": flop / times["ours"] / 1e6,
             "cublas_tflops": flop / times["cublas"] / 1e6,
-            "ratio": times["cublas"] / times["ours"], "choice": choice(spec), "first_call_ms": first_ms, "rel_err": err, "tuned": False}
+            "ratio": times["cublas"] / times["ours"], "choice": choice(spec),
+            "fallback": "cublas" if fallback else None,
+            "predicted_ratio": predicted_ratio(spec, M, N, K, sm_count(dev)),
+            "kernel_ratio": times["cublas"] / times.get("kernel", times["ours"]),
+            "first_call_ms": first_ms, "rel_err": err, "tuned": False}
 
 
 def main(argv=None) -> int:
@@ -102,16 +117,20 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
         r = rows[-1]
         print(f"{r['shape']:>20} " + (f"ratio {r['ratio']:.3f} ours {r['ours_tflops']:.0f} "
-              f"cuBLAS {r['cublas_tflops']:.0f} TFLOP/s" if "ratio" in r else str(r)), flush=True)
+              f"cuBLAS {r['cublas_tflops']:.0f} TFLOP/s, {r['choice']} (kernel "
+              f"{r['kernel_ratio']:.3f}, model {r['predicted_ratio']:.3f})"
+              + (" -> cuBLAS" if r["fallback"] else "") if "ratio" in r else str(r)), flush=True)
     ok = sorted(r["ratio"] for r in rows if "ratio" in r)
     summary = {"shapes": len(rows), "measured": len(ok),
                "ratio_min": ok[0] if ok else None, "ratio_median": ok[len(ok) // 2] if ok else None,
-               "at_least_0.90": sum(r >= 0.9 for r in ok)}
+               "at_least_0.90": sum(r >= 0.9 for r in ok),
+               "cublas_fallbacks": sum(bool(r.get("fallback")) for r in rows)}
     print(summary)
     if args.json:
         doc = {"bench": "matmul_shapes", "device": torch.cuda.get_device_name(),
                "date": datetime.date.today().isoformat(), "commit": commit(),
-               "method": "bf16 TN, the heuristics' default (no tuning, fresh cache) vs "
+               "method": "bf16 TN, the default path (the heuristics' pick, or cuBLAS where "
+                         "the model predicts the pick loses; no tuning, fresh cache) vs "
                          "torch.matmul, side by side on rotated inputs, medians",
                "summary": summary, "rows": rows}
         with open(args.json, "w") as f:

@@ -1,20 +1,32 @@
 """Pick a matmul tile and split-K factor for a shape; list what the autotuner may sweep.
 
 The choice comes from a small cost model rather than a decision tree, so each rule is a
-term of the model (see `estimate_us`):
+term of the model (see `gpu_estimate_us`):
 
-* A CTA's time is proportional to its tile's MMA work (tile_m * tile_n * its K-slice),
-  divided by how efficiently that tile config feeds the tensor cores (TILE_EFFICIENCY,
-  measured).
+* A CTA's mainloop time is its tile's MMA work (tile_m * tile_n * its K-slice) divided
+  by how efficiently that tile and feed keep the tensor cores busy (TILE_EFFICIENCY,
+  measured: 128x256 above 256x128, the persistent TMA feed's mainloop above the plain
+  TMA feed's), or the time its wave takes to stream A and B from DRAM if that is longer
+  (skinny M: the product is a stream of B; the TMA feeds stream it slower there, the
+  small-M rule).
 * CTAs run in waves of `sm_count * ctas_per_sm`; a partly filled last wave costs a whole
   wave. This is the "fill at least one wave" rule: a grid of 128 tiles on 132 SMs leaves
   SMs idle for the whole kernel, so splitting K (more, shorter CTAs) wins when M*N is
   small and K large.
+* Each CTA (a persistent kernel: each unit) pays what its mainloop does not hide: a
+  non-persistent CTA its prologue and its C tile staged through shared memory, a
+  persistent unit its C stored from registers (a little more: the TMA feed wins short K).
 * Splitting is not free: serial split-K chains (split-1) fp32 tile round trips through
-  L2 per tile; parallel split-K writes split fp32 planes, reads them back in a second
-  kernel and pays a second launch (about 20 us on the lent VMs, GPU.md); cluster split-K
-  (Hopper) reads each CTA's tile once from the cluster's shared memory and waits on two
-  cluster barriers, nothing through L2.
+  L2 per tile, in every wave; parallel split-K writes split fp32 planes, reads them back
+  in a second kernel and pays a second launch (about 20 us on the lent VMs, GPU.md);
+  cluster split-K (Hopper) reads its rows' partials from its peers' shared memory and
+  waits on two cluster barriers, nothing through L2. So where K is long and the grid
+  short, a cluster pair beats a serial chain of three over four waves.
+* A call takes at least its host time (`estimate_us`): a tiny product is host-bound,
+  and then the kernels without a tensor map to look up win.
+
+`predicted_ratio` sets the model against a model of cuBLAS (`cublas_estimate_us`) for the
+default path's fallback rule (`runtime.matmul.cublas_fallback`).
 
 Example:
     >>> spec = choose(512, 1024, 50304, sm_count=132)
@@ -27,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from lowering.kernels.matmul import (CLUSTER_SPLITS, DEFAULT_SM_COUNT, MatmulSpec,
+from lowering.kernels.matmul import (CLUSTER_SPLITS, DEFAULT_SM_COUNT, GROUP_M, MatmulSpec,
                                      supports_wgmma, tiles)
 
 # (tile_m, tile_n, tile_k, warps_m, warps_n, stages): the tile shapes we generate. Each
@@ -81,27 +93,38 @@ FEEDS = {"sync": {}, "ws": {"warp_specialized": True},
          "pptma": {"warp_specialized": True, "tma": True, "persistent": True, "pingpong": True},
          "ctma": {"warp_specialized": True, "tma": True, "cluster_m": 2}}
 
-# Relative MMA throughput of each tile config: its measured unsplit TFLOP/s on an H200
-# (8192x8192x8192 bf16 TN, from the autotuner's timings; 128x128x32 with 4 warps =
-# 385 TF/s = 1.0). The 8-warp configs run one CTA per SM and hide latency worse than
-# two 4-warp CTAs; 128x128x64 with 4 warps spills 8 bytes.
+# Relative mainloop throughput of each tile config: MMA work a microsecond an SM, with
+# the per-CTA (or per-unit) costs `estimate_us` charges separately taken out; 1.0 is the
+# mma.sync 128x128x32 tile with 4 warps (385 TF/s on an H200 = MMA_FLOPS_PER_SM_US).
+# The wgmma entries come from one run of benchmarks/gpu_wgmma_check.py on an H200
+# (8192^3 bf16, every tile and feed; its time a wave less the modelled per-wave costs).
+# What they say, beyond the feeds' order (TMA > all-thread cp.async > producer-warp
+# cp.async, whose two warps cannot issue enough copies for two warpgroups):
+# * 128x256 beats 256x128 on the same feed: a warpgroup's 64x256 block is one m64n256k16
+#   a k-step, where 128x128 takes two m64n128k16 that read A's 64 rows and B's 128 rows
+#   each: 384 operand rows from shared memory where 320 do for the same MMAs (the H100
+#   agrees: 0.946 vs 0.869 of cuBLAS at 3392x4608x7488, 1.018 vs 1.001 at 8192^3).
+# * The persistent feed ran about 2% faster than the TMA feed at 8192^3 (1532 vs 1562 us
+#   for 128x256), though its mainloop is the same code: the figure carries that, and
+#   REGISTER_STORE_BYTES_PER_SM_US what the persistent feed pays a unit instead.
+# * Ping-pong (pptma) beats the plain persistent feed on the 128x128 tile; its 64x256
+#   tile, faster in that H200 run, lost to it on the H100 (512x9920x5248, 2688x1984x10368).
+# * The 2-CTA cluster feed (ctma, B multicast) ran within 5% of the TMA feed either way
+#   on the three large shapes: the TMA feed's figures less 1%.
+# The mma.sync entries (H200, 8192^3, the autotuner's timings) have their epilogue in.
 # A config not listed gets 0.7. The autotuner measures the real thing per shape.
-# The wgmma entries are measured too (benchmarks/gpu_wgmma_check.py on an H200, 8192^3,
-# the mma.sync 128x128x32 tile at 0.443 of cuBLAS = 1.0): the TMA feed is the
-# fastest on every shape of the matmul benchmark (0.87-0.97 of cuBLAS), the all-thread
-# cp.async feed next (0.80-0.86), and the producer-warp cp.async feed last (0.40-0.45:
-# two warps cannot issue enough cp.async to keep two warpgroups fed).
 TILE_EFFICIENCY = {
-    ("wgmma", 128, 256, 64, 8, 1, 4, "tma"): 2.01, ("wgmma", 256, 128, 64, 8, 1, 4, "tma"): 2.03,
-    ("wgmma", 128, 128, 64, 8, 1, 6, "tma"): 1.81,
-    # Persistent TMA: the TMA feed's mainloop figures; what it gains is the C stores it
-    # hides behind the next unit's loads (estimate_us, EPILOGUE_BYTES_PER_SM_US).
-    ("wgmma", 128, 256, 64, 8, 1, 4, "ptma"): 2.01, ("wgmma", 256, 128, 64, 8, 1, 4, "ptma"): 2.03,
-    ("wgmma", 128, 128, 64, 8, 1, 6, "ptma"): 1.81,
-    ("wgmma", 128, 256, 64, 8, 1, 4, "sync"): 1.83, ("wgmma", 256, 128, 64, 8, 1, 4, "sync"): 1.66,
-    ("wgmma", 128, 128, 64, 8, 1, 5, "sync"): 1.45,
-    ("wgmma", 128, 256, 64, 8, 1, 4, "ws"): 0.95, ("wgmma", 256, 128, 64, 8, 1, 4, "ws"): 0.82,
-    ("wgmma", 128, 128, 64, 8, 1, 6, "ws"): 0.60,
+    ("wgmma", 128, 256, 64, 8, 1, 4, "tma"): 1.98, ("wgmma", 256, 128, 64, 8, 1, 4, "tma"): 1.85,
+    ("wgmma", 128, 128, 64, 8, 1, 6, "tma"): 1.67,
+    ("wgmma", 128, 256, 64, 8, 1, 4, "ptma"): 2.02, ("wgmma", 256, 128, 64, 8, 1, 4, "ptma"): 1.98,
+    ("wgmma", 128, 128, 64, 8, 1, 6, "ptma"): 1.65,
+    ("wgmma", 128, 128, 64, 8, 1, 6, "pptma"): 1.88, ("wgmma", 64, 256, 64, 8, 1, 5, "pptma"): 1.85,
+    ("wgmma", 128, 256, 64, 8, 1, 4, "ctma"): 1.96, ("wgmma", 256, 128, 64, 8, 1, 4, "ctma"): 1.83,
+    ("wgmma", 128, 128, 64, 8, 1, 6, "ctma"): 1.65,
+    ("wgmma", 128, 256, 64, 8, 1, 4, "sync"): 1.67, ("wgmma", 256, 128, 64, 8, 1, 4, "sync"): 1.63,
+    ("wgmma", 128, 128, 64, 8, 1, 5, "sync"): 1.35,
+    ("wgmma", 128, 256, 64, 8, 1, 4, "ws"): 0.93, ("wgmma", 256, 128, 64, 8, 1, 4, "ws"): 0.73,
+    ("wgmma", 128, 128, 64, 8, 1, 6, "ws"): 0.56,
     (128, 128, 32, 2, 2, 4): 1.0, (128, 256, 64, 2, 4, 3): 0.85,
     (256, 128, 32, 4, 2, 3): 0.81, (128, 256, 32, 2, 4, 3): 0.77,
     (128, 128, 64, 2, 2, 3): 0.76, (64, 128, 64, 2, 2, 4): 0.73,
@@ -118,23 +141,62 @@ CLUSTER_SPLIT_FEEDS = ("tma",)
 # pipeline and in the epilogue.
 MIN_KTILES_PER_SLICE = 8
 
-# Model constants (rough H100/H200 figures, only their ratios matter).
-MMA_FLOPS_PER_SM_US = 4.0e6        # mma.sync bf16 per SM per microsecond (about 530 TF/s)
+# Model constants (H100/H200 figures; the choice depends on their ratios, the cuBLAS
+# fallback on their scale too).
+MMA_FLOPS_PER_SM_US = 2.92e6       # efficiency 1.0: 385 TF/s over 132 SMs
 L2_BYTES_PER_SM_US = 40.0e3        # L2 bandwidth share of one SM, bytes per microsecond
 DRAM_BYTES_PER_US = 3.5e6          # device bandwidth for the parallel reduction
+# Operand bytes a GEMM streams from DRAM: what the grid as a whole gets (cuBLAS reached
+# 1.9 TB/s at 19x3904x11456 on the H100, a pure stream of B), and what one SM's loads in
+# flight get when few SMs stream.
+STREAM_BYTES_PER_US = 2.0e6
+STREAM_BYTES_PER_SM_US = 20.0e3
+# The small-M rule: where most of a tile's rows lie past M, the TMA feeds streamed B
+# measurably slower than the all-thread cp.async feed (H100, 19x3904x11456 side by side:
+# cp.async 128x128 split 4 ways 0.92 of cuBLAS, the TMA feeds below 0.89; the cause, the
+# TMA unit's zero fill of the rows past M or its one issuing thread, is not isolated):
+# their stream rate, scaled by this.
+SMALL_M_TMA_STREAM = 0.85
 DSMEM_BYTES_PER_SM_US = 100.0e3    # one SM's reads of its cluster's shared memory
-CLUSTER_SYNC_US = 1.0              # the cluster split's two barriers
+# The cluster split's two cluster barriers and its pairs' co-scheduling: fitted on the
+# H200 (1024x2048x50304 and 256x4096x16384, one wave, cluster vs serial pairs side by side).
+CLUSTER_SYNC_US = 3.0
 LAUNCH_US = 20.0                   # one extra kernel launch on the lent VMs
-CTA_FIXED_US = 2.0                 # prologue (STAGES-1 tiles in flight) + epilogue
-# Storing a CTA's fp32 C tile while its tensor cores idle: a non-persistent wgmma CTA does
-# it once a wave; a persistent one stores a unit's C while its producer loads the next
-# unit, so only its last store shows. Fitted on the H200 (tma vs ptma 256x128, final
-# rounds side by side: 61 us over 16 waves at 8192^3, 50 us over 32 waves at
-# 16384x8192x4096: about 2.7 us a 128 KiB tile).
+CTA_FIXED_US = 2.0                 # a CTA's prologue (STAGES-1 tiles in flight)
+# The fraction of the shorter of a wave's MMA time and its DRAM stream time that the
+# pipeline does not hide (the two overlap, but not perfectly).
+STREAM_OVERLAP_LOSS = 0.1
+# Storing a CTA's fp32 C tile, staged through shared memory, while its tensor cores idle:
+# a non-persistent wgmma CTA does it once a wave.
 EPILOGUE_BYTES_PER_SM_US = 48.0e3
+# The persistent feed stores each unit's C straight from registers in the accumulator
+# layout (16 contiguous bytes a row and warp), while both warpgroups' tensor cores idle;
+# its producer hides the next unit's prologue meanwhile. Fitted on the H100 (128x256,
+# side by side): about 0.5 us a unit more than the TMA feed's prologue + staged store,
+# which is what made the TMA feed win at K 1264-1616 (0.823 vs 0.745 of cuBLAS at
+# 12288x6144x1264), and lose from K of about 4096 on. Ping-pong overlaps one
+# warpgroup's store with the other's mainloop, yet its 128x128 times at two K on the
+# H200 (8192^3, 16384x8192x4096) fit a per-unit cost no smaller: it is charged the same.
+REGISTER_STORE_BYTES_PER_SM_US = 25.0e3
+# Host time of one generated-kernel call (Python dispatch, argument packing, launch on
+# the lent VMs) and the extra of a TMA kernel (its tensor-map buffer looked up by
+# pointers, shapes and strides): a tiny GEMM takes whichever is longer, GPU or host.
+# Fitted on the H100 at 167x15296x712: producer-warp cp.async 35.5 us, persistent TMA
+# 42.9 us, where the GPU needs about 15.
+HOST_US = 34.0
+TMA_HOST_US = 7.0
+# cuBLAS, as the fallback rule models it (`cublas_estimate_us`): its mainloop rate an SM
+# (about 700 TF/s, the median of matmul_shapes' large shapes on both parts), a small cost
+# a 128x256 tile (it too slows at short K: 645 TF/s at 7616x16192x768 on the H100) and no
+# wave quantization (it picks among many tiles and splits); host time of `torch.matmul`,
+# one launch.
+CUBLAS_FLOPS_PER_SM_US = 5.3e6
+CUBLAS_TILE_US = 0.5
+CUBLAS_HOST_US = 22.0
 # A grid of at least this fraction of the SM count fills a wave (`fills_a_wave`): 128
-# tiles on 132 SMs do.
-WAVE_FILL = 0.95
+# tiles on 132 SMs do, and so do 124 (the 4-way split of 31 tiles at 19x3904x11456,
+# which a 6-way split's second, 40%-full wave made 1.8x slower on the H100).
+WAVE_FILL = 0.93
 # With this many waves unsplit, the last wave's idle SMs cost little: do not split (the
 # workspace traffic of split-K then competes with the mainloop for DRAM).
 NO_SPLIT_WAVES = 2
@@ -174,34 +236,108 @@ def ctas_per_sm(spec: MatmulSpec) -> int:
     return max(1, min(by_regs, by_smem, 64 // spec.warps))
 
 
-def estimate_us(spec: MatmulSpec, M: int, N: int, K: int, sm_count: int) -> float:
-    """Model time of `spec` on an M x N x K product (see the module docstring)."""
+def efficiency(spec: MatmulSpec) -> float:
+    """The spec's relative mainloop throughput (TILE_EFFICIENCY; 0.7 if not listed)."""
+    config = (spec.tile_m, spec.tile_n, spec.tile_k, spec.warps_m, spec.warps_n, spec.stages)
+    if spec.instr != "mma":
+        config = (spec.instr, *config, spec.feed)
+    return TILE_EFFICIENCY.get(config, 0.7)
+
+
+def _stream_bytes(spec: MatmulSpec, M: int, N: int, kslice: int, ctas: int) -> float:
+    """DRAM bytes of A and B one CTA of a wave of `ctas` streams for its K-slice.
+
+    Tiles are rastered in groups of GROUP_M tile rows, so a wave's CTAs share B columns
+    with the others of their group's rows and A rows with the others of their columns;
+    each CTA counts its share (the rest it finds in L2). Rows past M cost nothing: the
+    loads are predicated or out of the tensor map's bounds.
+    """
+    rows = -(-M // spec.tile_m)
+    group_rows = max(1, min(GROUP_M, rows, ctas))
+    per_row = max(1, ctas // group_rows)
+    a_rows = min(spec.tile_m, M) / per_row
+    b_rows = min(spec.tile_n, N) / group_rows
+    return (a_rows + b_rows) * kslice * 2
+
+
+def gpu_estimate_us(spec: MatmulSpec, M: int, N: int, K: int, sm_count: int) -> float:
+    """Model GPU time of `spec` on an M x N x K product (see the module docstring)."""
     t = tiles(spec, M, N)
     ktiles = math.ceil(K / spec.tile_k)
     kslice = math.ceil(ktiles / spec.split_k) * spec.tile_k
     occ = ctas_per_sm(spec)
-    waves = math.ceil(t * spec.split_k / (sm_count * occ))
-    config = (spec.tile_m, spec.tile_n, spec.tile_k, spec.warps_m, spec.warps_n, spec.stages)
-    if spec.instr != "mma":
-        config = (spec.instr, *config, spec.feed)
-    eff = TILE_EFFICIENCY.get(config, 0.7)
+    units = t * spec.split_k
+    slots = sm_count * occ
+    waves = math.ceil(units / slots)
     # `occ` CTAs share one SM, so each runs at 1/occ of its rate.
-    cta_us = 2.0 * spec.tile_m * spec.tile_n * kslice / (MMA_FLOPS_PER_SM_US * eff) * occ
-    # Pipeline fill and epilogue: a fixed cost per CTA, so many short CTAs are not free.
-    total = waves * (cta_us + CTA_FIXED_US * occ)
-    tile_bytes = spec.tile_m * spec.tile_n * 4
-    if spec.instr == "wgmma":  # (the mma.sync efficiencies were measured with it in)
-        total += (1 if spec.persistent else waves) * tile_bytes / EPILOGUE_BYTES_PER_SM_US
+    rate = MMA_FLOPS_PER_SM_US * efficiency(spec)
+    cta_us = 2.0 * spec.tile_m * spec.tile_n * kslice / rate * occ
+    # The wave's CTAs stream their operands' DRAM bytes at the device's rate, and each at
+    # no more than one SM's: a wave of skinny tiles (M of a few rows) is bound by that,
+    # not by its MMAs. The pipeline overlaps most of the shorter of the two, not all.
+    stream_rate = 1.0
+    if spec.tma and 2 * M < spec.tile_m:
+        stream_rate = SMALL_M_TMA_STREAM
+
+    def wave_us(ctas: int) -> float:
+        per_cta = _stream_bytes(spec, M, N, kslice, ctas)
+        stream_us = max(ctas * per_cta / STREAM_BYTES_PER_US,
+                        per_cta / STREAM_BYTES_PER_SM_US) / stream_rate
+        return max(cta_us, stream_us) + STREAM_OVERLAP_LOSS * min(cta_us, stream_us)
+
+    full, last = divmod(units, slots)
+    total = full * wave_us(slots) + (wave_us(last) if last else 0.0)
+    # Per-CTA costs the mainloop does not hide (a persistent kernel: per unit).
+    tile_bytes = min(spec.tile_m, M) * min(spec.tile_n, N) * 4
+    if spec.instr == "mma":  # (the mma.sync efficiencies were measured with these in)
+        total += waves * CTA_FIXED_US * occ
+    elif spec.persistent:
+        total += CTA_FIXED_US + waves * tile_bytes / REGISTER_STORE_BYTES_PER_SM_US
+    else:
+        # (a cluster split's CTA stores only its 1/split of the tile's rows)
+        total += waves * (CTA_FIXED_US * occ
+                          + tile_bytes / spec.cluster_k / EPILOGUE_BYTES_PER_SM_US)
     if spec.split_mode == "serial":
-        # Each step reads and writes one fp32 tile; steps of one tile are chained.
-        total += (spec.split_k - 1) * 2 * tile_bytes / L2_BYTES_PER_SM_US
+        # Each later slice reads and writes one fp32 tile after its predecessor did: the
+        # chain of a tile's slices, in every wave (its slices run side by side).
+        total += waves * (spec.split_k - 1) * 2 * tile_bytes / L2_BYTES_PER_SM_US
     elif spec.split_mode == "parallel":
         total += tile_bytes / L2_BYTES_PER_SM_US
         total += LAUNCH_US + (spec.split_k + 1) * M * N * 4 / DRAM_BYTES_PER_US
     elif spec.split_mode == "cluster":
-        # Each wave's CTAs read a tile of partials (theirs and their peers' rows) once.
-        total += waves * (tile_bytes / DSMEM_BYTES_PER_SM_US + CLUSTER_SYNC_US)
+        # Each CTA reads its rows' partials from its peers' shared memory.
+        peers = (spec.split_k - 1) / spec.split_k
+        total += waves * (tile_bytes * peers / DSMEM_BYTES_PER_SM_US + CLUSTER_SYNC_US)
     return total
+
+
+def host_us(spec: MatmulSpec) -> float:
+    """Host time of one call of `spec`'s kernel (HOST_US, TMA_HOST_US)."""
+    return HOST_US + (TMA_HOST_US if spec.tma else 0.0)
+
+
+def estimate_us(spec: MatmulSpec, M: int, N: int, K: int, sm_count: int) -> float:
+    """Model time of one call: the GPU's (`gpu_estimate_us`) or the host's, the longer."""
+    return max(gpu_estimate_us(spec, M, N, K, sm_count), host_us(spec))
+
+
+def cublas_estimate_us(M: int, N: int, K: int, sm_count: int) -> float:
+    """Model time of cuBLAS (through `torch.matmul`) on an M x N x K product.
+
+    The same terms as `estimate_us` for an ideal kernel: a 128x256 tile's MMAs at cuBLAS's
+    rate and CUBLAS_TILE_US each, in fractional waves (no quantization), or streaming A
+    and B once from DRAM if that takes longer; or its host time if that is longer still.
+    """
+    tile_us = 2.0 * 128 * 256 * K / CUBLAS_FLOPS_PER_SM_US + CUBLAS_TILE_US
+    compute_us = M * N / (128 * 256 * sm_count) * tile_us
+    stream_us = 2.0 * (M + N) * K / STREAM_BYTES_PER_US
+    return max(compute_us, stream_us, CUBLAS_HOST_US)
+
+
+def predicted_ratio(spec: MatmulSpec, M: int, N: int, K: int, sm_count: int) -> float:
+    """The model's cuBLAS time over `spec`'s: above 1, the generated kernel is predicted
+    faster."""
+    return cublas_estimate_us(M, N, K, sm_count) / estimate_us(spec, M, N, K, sm_count)
 
 
 def fills_a_wave(ctas: int, sm_count: int) -> bool:
@@ -285,12 +421,18 @@ def choose(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str = "b
                        prefer_wgmma=True)
     if mode == "auto":
         specs = [s for s in specs if s.split_k == 1 or not _fills(s, M, N, sm_count)]
+
+    def cost(s):  # ties (a host-bound call) go to the shorter GPU time
+        return (estimate_us(s, M, N, K, sm_count), gpu_estimate_us(s, M, N, K, sm_count))
+
     # The wave rule, as a hard constraint where it can be met: a grid much smaller than
-    # the SM count leaves SMs idle for the whole kernel, whatever the model says.
+    # the SM count leaves SMs idle for the whole kernel, whatever the model says; unless
+    # the call is host-bound anyway (some spec's GPU time is under the host's a call).
     # (Tiles that hold rows: a cluster pair's second tile past M stores nothing.)
     filling = [s for s in specs
                if fills_a_wave(-(-M // s.tile_m) * -(-N // s.tile_n) * s.split_k, sm_count)]
-    specs = filling or specs
+    if filling and not any(cost(s)[1] <= HOST_US for s in specs):
+        specs = filling
     if not specs:
         # A forced split mode on a K too short to split: split in two anyway.
         small = WGMMA_CONFIGS[-1] if hopper else TILE_CONFIGS[2]
@@ -300,7 +442,7 @@ def choose(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str = "b
                                               b_dtype=a_dtype, out_dtype=out_dtype,
                                               layout=layout, bias=bias),
                                      split_k=2, split_mode=mode)]
-    return min(specs, key=lambda s: estimate_us(s, M, N, K, sm_count))
+    return min(specs, key=cost)
 
 
 def all_source_specs() -> list[MatmulSpec]:
