@@ -97,10 +97,11 @@ class MatmulChoice:
         if self.use_codegen(a2, b):
             from runtime.matmul import matmul
 
+            # "codegen" (or a measured win) means the generated kernel: no cuBLAS fallback
             if b.is_contiguous():
-                matmul(a2, b, layout="NN", out=out2)
+                matmul(a2, b, layout="NN", out=out2, cublas=False)
             else:
-                matmul(a2, b.t(), layout="TN", out=out2)
+                matmul(a2, b.t(), layout="TN", out=out2, cublas=False)
         else:
             torch.mm(a2, b, out=out2)
 
@@ -118,7 +119,8 @@ class MatmulChoice:
             out = torch.empty(m, n, device=device, dtype=dtype)
             times = {}
             for name, fn in (("cublas", lambda: torch.mm(a, b, out=out)),
-                             ("codegen", lambda: matmul(a, b, layout="NN", out=out))):
+                             ("codegen", lambda: matmul(a, b, layout="NN", out=out,
+                                                        cublas=False))):
                 try:
                     times[name] = time_us(fn, warmup=1, reps=reps)
                 except Exception as e:  # noqa: BLE001 - a shape the generator refuses

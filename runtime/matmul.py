@@ -96,13 +96,13 @@ def prepare(M: int, N: int, K: int, *, dtype=torch.bfloat16, out_dtype=None, lay
 def matmul(a: torch.Tensor, b: torch.Tensor, *, layout: str = "TN",
            out: torch.Tensor | None = None, bias: torch.Tensor | None = None,
            spec: MatmulSpec | None = None, mode: str = "auto",
-           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+           out_dtype: torch.dtype | None = None, cublas: bool = True) -> torch.Tensor:
     """C = A @ B^T (layout "TN", B is [N, K]) or A @ B ("NN", B is [K, N]) plus bias.
 
     mode: "auto" (stored autotune winner or heuristics; cuBLAS where the model predicts
     the heuristics' pick loses, `uses_cublas`), "none", "serial", "parallel", "cluster"
-    (Hopper: a tile's K-slices summed in a thread-block cluster). A given `spec` always
-    runs the generated kernel.
+    (Hopper: a tile's K-slices summed in a thread-block cluster). A given `spec`, or
+    ``cublas=False``, always runs the generated kernel.
     Launches on the current torch stream; serial split-K is one launch and takes its
     semaphores from the zeroed arena of (device, current stream); cluster split-K is one
     launch and takes nothing from the arena.
@@ -110,7 +110,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, layout: str = "TN",
     p, out = operands(a, b, layout, out, bias, out_dtype)
     if spec is None:
         spec = choose_spec(p, mode, a.device.index)
-        if (p, mode, a.device.index) in _CUBLAS:
+        if cublas and (p, mode, a.device.index) in _CUBLAS:
             bt = b.t() if layout == "TN" else b
             if bias is None:
                 return torch.mm(a, bt, out=out)
