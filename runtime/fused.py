@@ -276,7 +276,7 @@ def add_norm_backward_fused(dy, h, weight, mean, rstd, kind: str, dh=None,
     rows = h.numel() // hidden
     dx = torch.empty_like(h)
     spec = _backward_spec(kind, h.dtype, hidden, dh is not None,
-                          _alignment(dy, h, dh, dx), h.device)
+                          _alignment(dy, h, dh, dx, weight), h.device)
     plan = spec.plan
     grid = _backward_grid(spec, rows, h.device, threads_per_sm)
     teams = grid // plan.cluster
@@ -352,13 +352,13 @@ def _backward_grid_of(spec, rows: int, index: int, threads_per_sm: int) -> int:
                  _resident_blocks(kernel, plan.block_threads, plan.smem_bytes))
     if plan.cluster == 1:
         return max(1, min(tiles, _sm_count(device) * per_sm))
-    clusters = _active_clusters(kernel, plan.block_threads, plan.smem_bytes)
+    clusters = _active_clusters(kernel, plan.cluster, plan.block_threads, plan.smem_bytes)
     if clusters <= 0:  # no answer: the GPCs' SMs hold about 3 in 4 of the even split
         clusters = max(1, _sm_count(device) * per_sm // plan.cluster * 3 // 4)
     return plan.cluster * max(1, min(tiles, clusters))
 
 
-def _active_clusters(kernel, threads: int, smem: int) -> int:
+def _active_clusters(kernel, cluster: int, threads: int, smem: int) -> int:
     """cuOccupancyMaxActiveClusters of a kernel with compiled-in cluster dims; 0 where
     the driver cannot say."""
     import ctypes
@@ -370,7 +370,7 @@ def _active_clusters(kernel, threads: int, smem: int) -> int:
         fn.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
                        ctypes.POINTER(jit._LaunchConfig)]
         fn.restype = ctypes.c_int
-        config = jit._LaunchConfig(1, 1, 1, threads, 1, 1, smem, None, None, 0)
+        config = jit._LaunchConfig(cluster, 1, 1, threads, 1, 1, smem, None, None, 0)
         n = ctypes.c_int(0)
         if fn(ctypes.byref(n), kernel.function.ptr, ctypes.byref(config)):
             return 0

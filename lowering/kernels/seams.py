@@ -221,7 +221,8 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held):
     rpb = BACKWARD_THREADS // tpr
     stream_bytes = _ceil(2 * rpb * sl + 14, 16)
     tile = streams * stream_bytes
-    fixed = _ceil(2 * sl, 16) + _ceil(rpb * (tpr // 32) * 8, 16) + 16
+    weight_bytes = _ceil(2 * sl + 14, 16)  # the slice's 16-byte cover, as a stream's
+    fixed = weight_bytes + _ceil(rpb * (tpr // 32) * 8, 16) + 16
     per_stage = tile + 8 * rpb
     fit = (hw.smem_per_block - fixed - 16) // per_stage
     want = max(3, 1 + -(-hw.in_flight_target // tile))
@@ -230,7 +231,7 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held):
         return None
     stats = stages * tile
     weight = _ceil(stats + stages * 8 * rpb, 16)
-    red = weight + _ceil(2 * sl, 16)
+    red = weight + weight_bytes
     cslot = red + _ceil(rpb * (tpr // 32) * 8, 16)
     hold = k * vs * (4 if layer else 3) <= 4 * BACKWARD_HELD_FLOATS
     return BackwardPlan(vs, tpr, rpb, k, sl, cluster, stages, streams, stream_bytes, hold,
@@ -314,7 +315,7 @@ class AddNormBackwardSpec:
     dtype: str
     hidden: int
     dh: bool
-    alignment: int = 16  # of dy, h, dh and dx's base addresses, in bytes
+    alignment: int = 16  # of dy, h, dh, dx and weight's base addresses, in bytes
     hardware: Hardware = SM90
 
     def __post_init__(self):

@@ -323,7 +323,7 @@ ADD_NORM_BACKWARD = r"""
 dependent_launch_entry();
 unsigned char* smem = seam_dynamic_smem();
 float* stats = reinterpret_cast<float*>(smem + STATS_OFF);        // [STAGES][2][RPB]
-unsigned short* w_s = reinterpret_cast<unsigned short*>(smem + W_OFF);  // [SL]
+unsigned short* w_s = reinterpret_cast<unsigned short*>(smem + W_OFF);  // [SL + 8]
 float* red = reinterpret_cast<float*>(smem + RED_OFF);            // [RPB][WARPS * 2]
 float* cslot = reinterpret_cast<float*>(smem + CSLOT_OFF);        // [2][2]
 const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * TPR + tx;
@@ -332,7 +332,15 @@ const int team = blockIdx.x / CLUSTER, teams = gridDim.x / CLUSTER;
 const int c0 = rank * SL;
 const int len = HIDDEN - c0 < SL ? HIDDEN - c0 : SL;  // columns of this CTA's slice
 const int tiles = (rows + RPB - 1) / RPB;
-for (int e = tid; e < len; e += THREADS) w_s[e] = weight[c0 + e];
+// the weight's slice, copied like a stream with the first tile (group 0)
+const unsigned short* w_src = weight + c0;
+const char* w_lo = reinterpret_cast<const char*>((unsigned long long)w_src & ~15ull);
+{
+  const int chunks = (int)((reinterpret_cast<const char*>(w_src + len) - w_lo + 15) >> 4);
+  for (int j = tid; j < chunks; j += THREADS)
+    cp_async16(reinterpret_cast<unsigned char*>(w_s) + 16 * j, w_lo + 16 * j);
+}
+w_s += VS == 8 ? 0 : (int)(((unsigned long long)w_src & 15ull) >> 1);
 float aw[K][VS], ab[LAYER ? K : 1][VS];
 #pragma unroll
 for (int k = 0; k < K; ++k) {
@@ -385,7 +393,9 @@ for (int tile = team; tile < tiles; tile += teams, ++it) {
     st[s] = reinterpret_cast<const unsigned short*>(smem + (size_t)(stage * NSTREAM + s) * STREAM_BYTES)
             + shift + ty * SL;
   }
-  float s2[2] = {0.f, 0.f};  // sum(g * n), sum(g)
+  float s2[LAYER ? 2 : 1];  // sum(g * n), sum(g)
+#pragma unroll
+  for (int q = 0; q < (LAYER ? 2 : 1); ++q) s2[q] = 0.f;
   float hn[HOLD ? K : 1][VS], hg[HOLD ? K : 1][VS];
 #pragma unroll
   for (int k = 0; k < K; ++k) {
@@ -402,22 +412,31 @@ for (int tile = team; tile < tiles; tile += teams, ++it) {
         if constexpr (LAYER) ab[k][i] += d[i];
         const float g = d[i] * w[i];
         s2[0] += g * n[i];
-        s2[1] += g;
+        if constexpr (LAYER) s2[LAYER ? 1 : 0] += g;
         if constexpr (HOLD) { hn[k][i] = n[i]; hg[k][i] = g; }
       }
     }
   }
-  row_sum<2>(s2, red + ty * WARPS * 2);
+  row_sum<LAYER ? 2 : 1>(s2, red + ty * WARPS * 2);
   if constexpr (CLUSTER > 1) {
+    // each CTA's share, in its slot of this row's parity: the slot is written again two
+    // rows on, after every CTA has passed the next row's cluster barrier (done reading)
     float* slot = cslot + (it & 1) * 2;
-    if (tid == 0) { slot[0] = s2[0]; slot[1] = s2[1]; }
+    if (tid == 0) {
+#pragma unroll
+      for (int q = 0; q < (LAYER ? 2 : 1); ++q) slot[q] = s2[q];
+    }
     cluster_sync();
-    float t0 = 0.f, t1 = 0.f;
+#pragma unroll
+    for (int q = 0; q < (LAYER ? 2 : 1); ++q) {
+      float t = 0.f;
 #pragma unroll 1
-    for (int q = 0; q < CLUSTER; ++q) { t0 += cluster_load(slot, q); t1 += cluster_load(slot + 1, q); }
-    s2[0] = t0; s2[1] = t1;
+      for (int c = 0; c < CLUSTER; ++c) t += cluster_load(slot + q, c);
+      s2[q] = t;
+    }
   }
-  const float dot = s2[0] * (1.f / HIDDEN), gmean = LAYER ? s2[1] * (1.f / HIDDEN) : 0.f;
+  const float dot = s2[0] * (1.f / HIDDEN);
+  const float gmean = LAYER ? s2[LAYER ? 1 : 0] * (1.f / HIDDEN) : 0.f;
   unsigned short* out_row = dx + (size_t)(live ? row : 0) * HIDDEN + c0;
 #pragma unroll
   for (int k = 0; k < K; ++k) {

@@ -75,6 +75,50 @@ def test_kernel_names_differ_between_variants():
     assert len(names) == len(set(names))
 
 
+BACKWARD_WIDTHS = (1, 7, 100, 513, 4096, 4097, 8192, 16384, 16385, 24575, 40001, 65535,
+                   65536, 131072)
+H200 = S.Hardware(dram_bytes_per_s=4.8e12)  # an H100 model but for the bandwidth
+
+
+@pytest.mark.parametrize("hw", [S.SM90, H200], ids=["h100", "h200"])
+def test_backward_plans_fit_and_cover_every_width(hw):
+    widths = list(range(1, 1100)) + list(range(1100, 131073, 97)) + list(BACKWARD_WIDTHS)
+    for hidden in widths:
+        for dh in (False, True):
+            for alignment in (16, 2):
+                p = S.plan_backward(hidden, alignment, dh, True, hw)
+                # the cluster's slices cover the row, none empty
+                assert p.cluster * p.slice >= hidden > (p.cluster - 1) * p.slice
+                assert p.cluster == 1 or p.rows_per_block == 1
+                assert p.vectors_per_thread * p.threads_per_row * p.vector >= p.slice
+                assert p.block_threads == S.BACKWARD_THREADS
+                assert p.vector == (8 if alignment == 16 and hidden % 8 == 0 else 1)
+                assert p.smem_bytes <= hw.smem_per_block and p.stages >= 2
+                # a tile's spans fit their stage whatever their first chunk's offset
+                assert p.stream_bytes >= 2 * p.rows_per_block * p.slice + 14
+                # the row slots' sums fit the stages at the end
+                assert p.stages * p.tile_bytes >= 8 * p.rows_per_block * p.slice
+                if 512 <= hidden <= 65536:
+                    assert (p.stages - 1) * p.tile_bytes >= hw.in_flight_target, (hidden, p)
+    with pytest.raises(LoweringError, match="no plan fits"):
+        S.plan_backward(2 ** 20, 16, True, True, hw)
+
+
+def test_backward_plans_transfer_between_devices():
+    """The H100 and H200 models differ in bandwidth only: the same layout, the H200's
+    deeper stages where its shared memory allows."""
+    for hidden in (512, 4096, 8192, 12345, 16384, 65536):
+        a = S.plan_backward(hidden, 16, True, False, S.SM90)
+        b = S.plan_backward(hidden, 16, True, False, H200)
+        assert (a.vector, a.threads_per_row, a.cluster, a.slice) == (
+            b.vector, b.threads_per_row, b.cluster, b.slice)
+        assert b.stages >= a.stages
+    # without clusters (an A100 model) the widest rows have no plan: the torch path
+    assert S.plan_backward(8192, 16, True, True, S.SM80).cluster == 1
+    with pytest.raises(LoweringError):
+        S.plan_backward(65536, 16, True, True, S.SM80)
+
+
 # --------------------------------------------------------------------------- NVRTC
 
 def _assert_compiles_clean(spec, arch):
@@ -103,6 +147,16 @@ def test_odd_widths_compile(dtype, hidden):
     for spec in S.every_variant(hidden, dtype):
         if isinstance(spec, (S.AddNormForwardSpec, S.AddNormBackwardSpec)):
             _assert_compiles_clean(spec, "sm_90")
+
+
+@pytest.mark.parametrize("dtype", S.DTYPES)
+@pytest.mark.parametrize("hidden", BACKWARD_WIDTHS)
+def test_every_backward_plan_compiles_without_spills(dtype, hidden):
+    for kind in S.NORM_KINDS:
+        for dh in (False, True):
+            for alignment in ((16, 2) if hidden % 8 == 0 else (16,)):
+                _assert_compiles_clean(S.AddNormBackwardSpec(kind, dtype, hidden, dh, alignment),
+                                       "sm_90")
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
@@ -466,11 +520,11 @@ def test_backward_and_column_reduce_run_on_the_host(dtype, hidden, rows, teams, 
 
     h = make((torch.randn(rows, hidden, generator=g)
               + 10 * (torch.arange(rows) % 3)[:, None]).to(tdt))
-    w = (torch.rand(hidden, generator=g) + 0.5).to(tdt)
+    w = make((torch.rand(hidden, generator=g) + 0.5).to(tdt))
     dy = make(torch.randn(rows, hidden, generator=g).to(tdt))
     dh = make(torch.randn(rows, hidden, generator=g).to(tdt)) if with_dh else None
     _, _, mean, rstd = fused.add_norm_forward_reference(h, None, w, None, 1e-5, kind)
-    spec = S.AddNormBackwardSpec(kind, dtype, hidden, with_dh, fused._alignment(dy, h, dh))
+    spec = S.AddNormBackwardSpec(kind, dtype, hidden, with_dh, fused._alignment(dy, h, dh, w))
     plan = spec.plan
     assert (plan.vector == 8) == (offset == 0 and hidden % 8 == 0)
     parts = teams
