@@ -164,8 +164,8 @@ MAX_CLUSTER = 8  # portable cluster size
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class BackwardPlan:
-    """Layout of the staged norm backward: VS-value accesses (8 where every row starts
-    16-byte aligned, else 1), TPR threads a row, RPB rows a tile (a CTA of TPR x RPB),
+    """Layout of the staged norm backward: VS-value accesses (`vector_width`: every row
+    start is aligned to them), TPR threads a row, RPB rows a tile (a CTA of TPR x RPB),
     K accesses a thread a row; a row split over CLUSTER CTAs of SL columns each; STAGES
     shared-memory stages of STREAM_BYTES a stream; HOLD: n and g kept in registers
     between the row's two phases (else read again from the stage)."""
@@ -247,7 +247,7 @@ def plan_backward(hidden: int, alignment: int, dh: bool, layer: bool,
     the GPU cannot hold: runtime.fused then takes the torch path)."""
     if hidden < 1:
         raise LoweringError(f"seam kernel: hidden {hidden}: expected >= 1")
-    vs = 8 if alignment >= 16 and hidden % 8 == 0 else 1
+    vs = vector_width(hidden, alignment)
     streams = 3 if dh else 2
     clusters = [c for c in (1, 2, 4, 8) if c == 1 or (hw.clusters and c <= MAX_CLUSTER)]
     for held in (BACKWARD_HELD_FLOATS, 2 * BACKWARD_HELD_FLOATS):

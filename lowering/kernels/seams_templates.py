@@ -294,13 +294,6 @@ __device__ __forceinline__ void cluster_sync() {}
 __device__ __forceinline__ float cluster_load(const float* local, unsigned) { return *local; }
 #endif
 #endif
-// VS values from shared memory: one 16-byte access (VS = 8, aligned) or one value
-template <int VS> __device__ __forceinline__ void load_s(const unsigned short* p, float* f) {
-  if constexpr (VS == 8) load_vec<8>(p, f); else f[0] = to_f(*p);
-}
-template <int VS> __device__ __forceinline__ void store_g(unsigned short* p, const float* f) {
-  if constexpr (VS == 8) store_vec<8>(p, f); else *p = from_f(f[0]);
-}
 """
 
 # dx = rstd * (g - mean(g) - n * mean(g * n)) (+ dh), g = dy * w, n = (h - mean) * rstd
@@ -312,8 +305,9 @@ template <int VS> __device__ __forceinline__ void store_g(unsigned short* p, con
 # cp.async into one of STAGES shared-memory stages, STAGES - 1 tiles ahead of the one
 # being reduced, so the bytes in flight do not depend on registers. Staged in 16-byte
 # chunks of the span's aligned cover, so any width and any base address is copied with
-# 16-byte accesses; VS = 8 (rows 16-byte aligned) reads the stage in 16-byte vectors,
-# VS = 1 value by value at the span's offset in its first chunk (`shift`).
+# 16-byte accesses; the stage is read in accesses of VS values (8 where every row starts
+# 16-byte aligned, else the widest that every row start allows: 4, 2 or 1) at the span's
+# offset in its first chunk (`shift`, a multiple of VS).
 # Each thread sums dy * n (and dy) of its columns (c = tx + k * TPR, VS values each) over
 # all rows it meets in registers; at the end the RPB row slots are summed through shared
 # memory and each team writes one row of the fp32 workspace [sets][teams][HIDDEN], summed
@@ -341,6 +335,9 @@ const char* w_lo = reinterpret_cast<const char*>((unsigned long long)w_src & ~15
     cp_async16(reinterpret_cast<unsigned char*>(w_s) + 16 * j, w_lo + 16 * j);
 }
 w_s += VS == 8 ? 0 : (int)(((unsigned long long)w_src & 15ull) >> 1);
+// Group 0 is the weight alone: the tiles' copies follow it at once, then the weight is
+// read into registers where the row's n and g are held too (HOLD), else read per row.
+cp_async_commit();
 float aw[K][VS], ab[LAYER ? K : 1][VS];
 #pragma unroll
 for (int k = 0; k < K; ++k) {
@@ -374,17 +371,28 @@ auto issue = [&](int tile, int stage) {
 };
 #pragma unroll 1
 for (int s = 0; s < STAGES - 1; ++s) issue(team + s * teams, s);
+float wr[HOLD ? K : 1][VS];
+if constexpr (HOLD) {
+  cp_async_wait<STAGES - 1>();  // group 0: the weight
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int col = (tx + k * TPR) * VS;
+    if (col < len) load_vec<VS>(w_s + col, wr[k]);
+  }
+}
 int it = 0;
 #pragma unroll 1
 for (int tile = team; tile < tiles; tile += teams, ++it) {
   const int stage = it % STAGES;
-  cp_async_wait<STAGES - 2>();  // this thread's copies of `tile` have landed
+  cp_async_wait<STAGES - 2>();  // this thread's copies of `tile` (group it + 1) have landed
   __syncthreads();              // everyone's; and the stage refilled next is read out
   issue(tile + (STAGES - 1) * teams, (it + STAGES - 1) % STAGES);
   const int row = tile * RPB + ty;
   const bool live = row < rows;
   const float r = live ? stats[(stage * 2) * RPB + ty] : 0.f;
   const float m = (LAYER && live) ? stats[(stage * 2 + 1) * RPB + ty] : 0.f;
+  const float mr = -m * r;  // n = h * r - m * r: one fma
   const size_t first = (size_t)tile * RPB * HIDDEN + c0;
   const unsigned short* st[NSTREAM > 2 ? 3 : 2];
 #pragma unroll
@@ -401,13 +409,14 @@ for (int tile = team; tile < tiles; tile += teams, ++it) {
   for (int k = 0; k < K; ++k) {
     const int col = (tx + k * TPR) * VS;
     if (live && col < len) {
-      float d[VS], n[VS], w[VS];
-      load_s<VS>(st[0] + col, d);
-      load_s<VS>(st[1] + col, n);
-      load_s<VS>(w_s + col, w);
+      float d[VS], n[VS], wl[VS];
+      load_vec<VS>(st[0] + col, d);
+      load_vec<VS>(st[1] + col, n);
+      if constexpr (!HOLD) load_vec<VS>(w_s + col, wl);
+      const float* w = HOLD ? wr[HOLD ? k : 0] : wl;
 #pragma unroll
       for (int i = 0; i < VS; ++i) {
-        n[i] = (n[i] - m) * r;
+        n[i] = fmaf(n[i], r, mr);
         aw[k][i] += d[i] * n[i];
         if constexpr (LAYER) ab[k][i] += d[i];
         const float g = d[i] * w[i];
@@ -448,21 +457,21 @@ for (int tile = team; tile < tiles; tile += teams, ++it) {
         for (int i = 0; i < VS; ++i) { n[i] = hn[k][i]; g[i] = hg[k][i]; }
       } else {
         float w[VS];
-        load_s<VS>(st[0] + col, g);
-        load_s<VS>(st[1] + col, n);
-        load_s<VS>(w_s + col, w);
+        load_vec<VS>(st[0] + col, g);
+        load_vec<VS>(st[1] + col, n);
+        load_vec<VS>(w_s + col, w);
 #pragma unroll
-        for (int i = 0; i < VS; ++i) { n[i] = (n[i] - m) * r; g[i] *= w[i]; }
+        for (int i = 0; i < VS; ++i) { n[i] = fmaf(n[i], r, mr); g[i] *= w[i]; }
       }
 #pragma unroll
       for (int i = 0; i < VS; ++i) out[i] = r * (g[i] - gmean - n[i] * dot);
       if constexpr (HAS_DH) {
         float e[VS];
-        load_s<VS>(st[NSTREAM - 1] + col, e);
+        load_vec<VS>(st[NSTREAM - 1] + col, e);
 #pragma unroll
         for (int i = 0; i < VS; ++i) out[i] += e[i];
       }
-      store_g<VS>(out_row + col, out);
+      store_vec<VS>(out_row + col, out);
     }
   }
 }

@@ -92,7 +92,7 @@ def test_backward_plans_fit_and_cover_every_width(hw):
                 assert p.cluster == 1 or p.rows_per_block == 1
                 assert p.vectors_per_thread * p.threads_per_row * p.vector >= p.slice
                 assert p.block_threads == S.BACKWARD_THREADS
-                assert p.vector == (8 if alignment == 16 and hidden % 8 == 0 else 1)
+                assert p.vector == S.vector_width(hidden, alignment)
                 assert p.smem_bytes <= hw.smem_per_block and p.stages >= 2
                 # a tile's spans fit their stage whatever their first chunk's offset
                 assert p.stream_bytes >= 2 * p.rows_per_block * p.slice + 14
@@ -171,10 +171,10 @@ def test_elementwise_and_reduce_kernels_compile(arch, dtype):
         _assert_compiles_clean(S.ColumnReduceSpec(dtype, sets), arch)
 
 
-def test_misaligned_rows_compile_with_single_values():
+def test_misaligned_rows_compile_with_narrow_vectors():
     for alignment in (8, 4, 2):
         spec = S.AddNormBackwardSpec("layer_norm", "fp16", 4096, True, alignment)
-        assert spec.plan.vector == 1
+        assert spec.plan.vector == alignment // 2
         _assert_compiles_clean(spec, "sm_90")
 
 
@@ -498,17 +498,20 @@ def test_forward_runs_on_the_host(dtype, hidden, rows, grid, kind, residual):
         assert torch.allclose(mean.double(), rmean.double(), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("dtype, hidden, rows, teams, kind, with_dh, offset", [
-    ("bf16", 4096, 5, 2, "layer_norm", True, 0),   # 2 rows a tile, rows held (v8)
-    ("fp16", 768, 9, 3, "rms_norm", False, 0),     # 4 rows a tile
-    ("bf16", 7, 40, 2, "layer_norm", False, 0),    # single values, 16 rows a tile
-    ("bf16", 4097, 7, 2, "rms_norm", True, 0),     # rows at every 2-byte offset
-    ("bf16", 512, 37, 2, "layer_norm", True, 1),   # misaligned bases: single values
-    ("bf16", 16384, 3, 2, "layer_norm", True, 0),  # a cluster of 2 (v8)
-    ("fp16", 16385, 3, 1, "rms_norm", True, 0),    # a cluster of 4, single values
+@pytest.mark.parametrize("dtype, hidden, rows, teams, kind, with_dh, offset, vector", [
+    ("bf16", 4096, 5, 2, "layer_norm", True, 0, 8),   # 2 rows a tile, 16-byte vectors
+    ("fp16", 768, 9, 3, "rms_norm", False, 0, 8),     # 4 rows a tile
+    ("bf16", 7, 40, 2, "layer_norm", False, 0, 1),    # single values, 16 rows a tile
+    ("bf16", 4097, 7, 2, "rms_norm", True, 0, 1),     # rows at every 2-byte offset
+    ("bf16", 5140, 5, 2, "layer_norm", True, 0, 4),   # rows 8- or 16-byte aligned
+    ("fp16", 4098, 4, 1, "layer_norm", False, 0, 2),
+    ("bf16", 512, 37, 2, "layer_norm", True, 1, 1),   # bases 2 bytes off: single values
+    ("bf16", 1024, 9, 2, "rms_norm", True, 2, 2),     # 4 bytes off: pairs, shifted
+    ("bf16", 16384, 3, 2, "layer_norm", True, 0, 8),  # a cluster of 2
+    ("fp16", 16385, 3, 1, "rms_norm", True, 0, 1),    # a cluster of 4, single values
 ])
 def test_backward_and_column_reduce_run_on_the_host(dtype, hidden, rows, teams, kind, with_dh,
-                                                    offset):
+                                                    offset, vector):
     tdt = HOST_DTYPES[dtype]
     g = torch.Generator().manual_seed(hidden * 3 + rows)
 
@@ -526,7 +529,7 @@ def test_backward_and_column_reduce_run_on_the_host(dtype, hidden, rows, teams, 
     _, _, mean, rstd = fused.add_norm_forward_reference(h, None, w, None, 1e-5, kind)
     spec = S.AddNormBackwardSpec(kind, dtype, hidden, with_dh, fused._alignment(dy, h, dh, w))
     plan = spec.plan
-    assert (plan.vector == 8) == (offset == 0 and hidden % 8 == 0)
+    assert plan.vector == vector
     parts = teams
     ws = torch.full((spec.sets * parts * hidden,), float("nan"))
     dx = make(torch.full((rows, hidden), float("nan")).to(tdt))
