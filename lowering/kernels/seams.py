@@ -222,7 +222,8 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held):
     stream_bytes = _ceil(2 * rpb * sl + 14, 16)
     tile = streams * stream_bytes
     weight_bytes = _ceil(2 * sl + 14, 16)  # the slice's 16-byte cover, as a stream's
-    fixed = weight_bytes + _ceil(rpb * (tpr // 32) * 8, 16) + 16
+    red_bytes = _ceil(2 * rpb * (tpr // 32) * 8, 16)  # two alternating row-sum slots
+    fixed = weight_bytes + red_bytes + 16
     per_stage = tile + 8 * rpb
     fit = (hw.smem_per_block - fixed - 16) // per_stage
     want = max(3, 1 + -(-hw.in_flight_target // tile))
@@ -232,7 +233,7 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held):
     stats = stages * tile
     weight = _ceil(stats + stages * 8 * rpb, 16)
     red = weight + weight_bytes
-    cslot = red + _ceil(rpb * (tpr // 32) * 8, 16)
+    cslot = red + red_bytes
     hold = k * vs * (4 if layer else 3) <= 4 * BACKWARD_HELD_FLOATS
     return BackwardPlan(vs, tpr, rpb, k, sl, cluster, stages, streams, stream_bytes, hold,
                         (stats, weight, red, cslot), cslot + 16)

@@ -294,6 +294,31 @@ __device__ __forceinline__ void cluster_sync() {}
 __device__ __forceinline__ float cluster_load(const float* local, unsigned) { return *local; }
 #endif
 #endif
+// `row_sum` with one barrier: the caller alternates between two slots (`red` is this
+// call's), so a slot is written again only two calls on, after every thread has passed
+// the barrier of the call between (and so has read the slot out).
+template <int N> __device__ __forceinline__ void row_sum_alternating(float (&v)[N], float* red) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
+  }
+  if constexpr (WARPS > 1) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) red[warp * N + i] = v[i];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      float s = 0.f;
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) s += red[w * N + i];
+      v[i] = s;
+    }
+  }
+}
 """
 
 # dx = rstd * (g - mean(g) - n * mean(g * n)) (+ dh), g = dy * w, n = (h - mean) * rstd
@@ -318,7 +343,7 @@ dependent_launch_entry();
 unsigned char* smem = seam_dynamic_smem();
 float* stats = reinterpret_cast<float*>(smem + STATS_OFF);        // [STAGES][2][RPB]
 unsigned short* w_s = reinterpret_cast<unsigned short*>(smem + W_OFF);  // [SL + 8]
-float* red = reinterpret_cast<float*>(smem + RED_OFF);            // [RPB][WARPS * 2]
+float* red = reinterpret_cast<float*>(smem + RED_OFF);            // [2][RPB][WARPS * 2]
 float* cslot = reinterpret_cast<float*>(smem + CSLOT_OFF);        // [2][2]
 const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * TPR + tx;
 const int rank = CLUSTER > 1 ? (int)cluster_rank() : 0;
@@ -326,7 +351,7 @@ const int team = blockIdx.x / CLUSTER, teams = gridDim.x / CLUSTER;
 const int c0 = rank * SL;
 const int len = HIDDEN - c0 < SL ? HIDDEN - c0 : SL;  // columns of this CTA's slice
 const int tiles = (rows + RPB - 1) / RPB;
-// the weight's slice, copied like a stream with the first tile (group 0)
+// the weight's slice, copied like a stream's span
 const unsigned short* w_src = weight + c0;
 const char* w_lo = reinterpret_cast<const char*>((unsigned long long)w_src & ~15ull);
 {
@@ -426,7 +451,7 @@ for (int tile = team; tile < tiles; tile += teams, ++it) {
       }
     }
   }
-  row_sum<LAYER ? 2 : 1>(s2, red + ty * WARPS * 2);
+  row_sum_alternating<LAYER ? 2 : 1>(s2, red + ((it & 1) * RPB + ty) * WARPS * 2);
   if constexpr (CLUSTER > 1) {
     // each CTA's share, in its slot of this row's parity: the slot is written again two
     // rows on, after every CTA has passed the next row's cluster barrier (done reading)
