@@ -195,6 +195,18 @@ class BackwardPlan:
     def tile_bytes(self) -> int:
         return self.streams * self.stream_bytes
 
+    @property
+    def deferred(self) -> bool:
+        """A row's second phase runs after the next row's first, so that the cluster
+        barrier between the phases completes meanwhile (its stage is held one more
+        iteration: needs three stages)."""
+        return self.cluster > 1 and self.stages >= 3
+
+    @property
+    def lookahead(self) -> int:
+        """Tiles a team has in flight while it reduces one."""
+        return self.stages - (2 if self.deferred else 1)
+
     def describe(self) -> str:
         return (f"v{self.vector} t{self.threads_per_row}x{self.rows_per_block} k"
                 f"{self.vectors_per_thread} c{self.cluster} s{self.stages}"
@@ -226,7 +238,10 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held):
     fixed = weight_bytes + red_bytes + 16
     per_stage = tile + 8 * rpb
     fit = (hw.smem_per_block - fixed - 16) // per_stage
-    want = max(3, 1 + -(-hw.in_flight_target // tile))
+    # tiles in flight: all stages but the one being reduced (and, in a cluster, the one
+    # whose second phase waits for the next row's first: `BackwardPlan.deferred`)
+    held_back = 2 if cluster > 1 else 1
+    want = max(held_back + 2, held_back + -(-hw.in_flight_target // tile))
     stages = min(fit, want, BACKWARD_MAX_STAGES)
     if stages < 2:
         return None
@@ -472,7 +487,8 @@ def render(spec: Spec) -> str:
             "WARPS": p.threads_per_row // 32, "THREADS": p.block_threads,
             "K": p.vectors_per_thread, "SL": p.slice, "CLUSTER": p.cluster,
             "STAGES": p.stages, "NSTREAM": p.streams, "STREAM_BYTES": p.stream_bytes,
-            "HOLD": p.hold, "STATS_OFF": stats, "W_OFF": weight, "RED_OFF": red,
+            "HOLD": p.hold, "DEFER": p.deferred, "LOOKAHEAD": p.lookahead,
+            "STATS_OFF": stats, "W_OFF": weight, "RED_OFF": red,
             "CSLOT_OFF": cslot})
         text = _bounded_kernel(spec.kernel_name, spec.params(), T.ADD_NORM_BACKWARD,
                                p.block_threads, 1)

@@ -277,10 +277,15 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ unsigned cluster_rank() {
   unsigned r; asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r)); return r;
 }
-// every thread of every CTA of the cluster, release / acquire at cluster scope
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+// every thread of every CTA of the cluster, release / acquire at cluster scope; or its
+// two halves, with work between
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
 }
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_sync() { cluster_arrive(); cluster_wait(); }
 // a float at the same shared-memory offset in CTA `rank` of this cluster
 __device__ __forceinline__ float cluster_load(const float* local, unsigned rank) {
   unsigned remote; float v;
@@ -290,6 +295,8 @@ __device__ __forceinline__ float cluster_load(const float* local, unsigned rank)
 }
 #else
 __device__ __forceinline__ unsigned cluster_rank() { return 0; }
+__device__ __forceinline__ void cluster_arrive() {}
+__device__ __forceinline__ void cluster_wait() {}
 __device__ __forceinline__ void cluster_sync() {}
 __device__ __forceinline__ float cluster_load(const float* local, unsigned) { return *local; }
 #endif
@@ -394,11 +401,14 @@ auto issue = [&](int tile, int stage) {
   }
   cp_async_commit();
 };
+// DEFER (in a cluster): a row's second phase waits for the next row's first, so that
+// the cluster barrier completes meanwhile; its stage is still read then, so LOOKAHEAD
+// is one fewer.
 #pragma unroll 1
-for (int s = 0; s < STAGES - 1; ++s) issue(team + s * teams, s);
+for (int s = 0; s < LOOKAHEAD; ++s) issue(team + s * teams, s);
 float wr[HOLD ? K : 1][VS];
 if constexpr (HOLD) {
-  cp_async_wait<STAGES - 1>();  // group 0: the weight
+  cp_async_wait<LOOKAHEAD>();  // group 0: the weight
   __syncthreads();
 #pragma unroll
   for (int k = 0; k < K; ++k) {
@@ -406,99 +416,129 @@ if constexpr (HOLD) {
     if (col < len) load_vec<VS>(w_s + col, wr[k]);
   }
 }
-int it = 0;
-#pragma unroll 1
-for (int tile = team; tile < tiles; tile += teams, ++it) {
-  const int stage = it % STAGES;
-  cp_async_wait<STAGES - 2>();  // this thread's copies of `tile` (group it + 1) have landed
-  __syncthreads();              // everyone's; and the stage refilled next is read out
-  issue(tile + (STAGES - 1) * teams, (it + STAGES - 1) % STAGES);
-  const int row = tile * RPB + ty;
-  const bool live = row < rows;
-  const float r = live ? stats[(stage * 2) * RPB + ty] : 0.f;
-  const float m = (LAYER && live) ? stats[(stage * 2 + 1) * RPB + ty] : 0.f;
-  const float mr = -m * r;  // n = h * r - m * r: one fma
+// A row between its two phases: where it is, its statistics, its stage, its sums.
+struct RowState {
+  bool live; int row, stage; float r, mr; const unsigned short* st[NSTREAM > 2 ? 3 : 2];
+  float s[LAYER ? 2 : 1];
+};
+float hn[HOLD ? K : 1][VS], hg[HOLD ? K : 1][VS];
+// Phase 1 of tile `tile` (the `it`-th of this team): n and g, the weight-gradient terms,
+// the row's sums over this CTA (and, in a cluster, this CTA's share in its slot).
+auto begin = [&](int tile, int it, RowState& q) {
+  q.stage = it % STAGES;
+  q.row = tile * RPB + ty;
+  q.live = q.row < rows;
+  q.r = q.live ? stats[(q.stage * 2) * RPB + ty] : 0.f;
+  const float m = (LAYER && q.live) ? stats[(q.stage * 2 + 1) * RPB + ty] : 0.f;
+  q.mr = -m * q.r;  // n = h * r - m * r: one fma
   const size_t first = (size_t)tile * RPB * HIDDEN + c0;
-  const unsigned short* st[NSTREAM > 2 ? 3 : 2];
 #pragma unroll
   for (int s = 0; s < NSTREAM; ++s) {
     const int shift = VS == 8 ? 0 : (int)(((unsigned long long)(srcs[s] + first) & 15ull) >> 1);
-    st[s] = reinterpret_cast<const unsigned short*>(smem + (size_t)(stage * NSTREAM + s) * STREAM_BYTES)
-            + shift + ty * SL;
+    q.st[s] = reinterpret_cast<const unsigned short*>(smem + (size_t)(q.stage * NSTREAM + s) * STREAM_BYTES)
+              + shift + ty * SL;
   }
-  float s2[LAYER ? 2 : 1];  // sum(g * n), sum(g)
 #pragma unroll
-  for (int q = 0; q < (LAYER ? 2 : 1); ++q) s2[q] = 0.f;
-  float hn[HOLD ? K : 1][VS], hg[HOLD ? K : 1][VS];
+  for (int j = 0; j < (LAYER ? 2 : 1); ++j) q.s[j] = 0.f;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const int col = (tx + k * TPR) * VS;
-    if (live && col < len) {
+    if (q.live && col < len) {
       float d[VS], n[VS], wl[VS];
-      load_vec<VS>(st[0] + col, d);
-      load_vec<VS>(st[1] + col, n);
+      load_vec<VS>(q.st[0] + col, d);
+      load_vec<VS>(q.st[1] + col, n);
       if constexpr (!HOLD) load_vec<VS>(w_s + col, wl);
       const float* w = HOLD ? wr[HOLD ? k : 0] : wl;
 #pragma unroll
       for (int i = 0; i < VS; ++i) {
-        n[i] = fmaf(n[i], r, mr);
+        n[i] = fmaf(n[i], q.r, q.mr);
         aw[k][i] += d[i] * n[i];
         if constexpr (LAYER) ab[k][i] += d[i];
         const float g = d[i] * w[i];
-        s2[0] += g * n[i];
-        if constexpr (LAYER) s2[LAYER ? 1 : 0] += g;
+        q.s[0] += g * n[i];
+        if constexpr (LAYER) q.s[LAYER ? 1 : 0] += g;
         if constexpr (HOLD) { hn[k][i] = n[i]; hg[k][i] = g; }
       }
     }
   }
-  row_sum_alternating<LAYER ? 2 : 1>(s2, red + ((it & 1) * RPB + ty) * WARPS * 2);
+  row_sum_alternating<LAYER ? 2 : 1>(q.s, red + ((it & 1) * RPB + ty) * WARPS * 2);
   if constexpr (CLUSTER > 1) {
-    // each CTA's share, in its slot of this row's parity: the slot is written again two
-    // rows on, after every CTA has passed the next row's cluster barrier (done reading)
-    float* slot = cslot + (it & 1) * 2;
+    // this CTA's share, in its slot of the row's parity: written again two rows on,
+    // after every CTA has passed the cluster barrier of the row between (done reading)
     if (tid == 0) {
 #pragma unroll
-      for (int q = 0; q < (LAYER ? 2 : 1); ++q) slot[q] = s2[q];
-    }
-    cluster_sync();
-#pragma unroll
-    for (int q = 0; q < (LAYER ? 2 : 1); ++q) {
-      float t = 0.f;
-#pragma unroll 1
-      for (int c = 0; c < CLUSTER; ++c) t += cluster_load(slot + q, c);
-      s2[q] = t;
+      for (int j = 0; j < (LAYER ? 2 : 1); ++j) cslot[(it & 1) * 2 + j] = q.s[j];
     }
   }
-  const float dot = s2[0] * (1.f / HIDDEN);
-  const float gmean = LAYER ? s2[LAYER ? 1 : 0] * (1.f / HIDDEN) : 0.f;
-  unsigned short* out_row = dx + (size_t)(live ? row : 0) * HIDDEN + c0;
+};
+// Phase 2 (after the cluster barrier of the row, in a cluster): the row's totals, dx.
+auto finish = [&](int it, RowState& q) {
+  if constexpr (CLUSTER > 1) {
+    float part[CLUSTER][LAYER ? 2 : 1];
+#pragma unroll
+    for (int c = 0; c < CLUSTER; ++c) {
+#pragma unroll
+      for (int j = 0; j < (LAYER ? 2 : 1); ++j) part[c][j] = cluster_load(cslot + (it & 1) * 2 + j, c);
+    }
+#pragma unroll
+    for (int j = 0; j < (LAYER ? 2 : 1); ++j) {
+      float t = 0.f;
+#pragma unroll
+      for (int c = 0; c < CLUSTER; ++c) t += part[c][j];  // one order in every CTA
+      q.s[j] = t;
+    }
+  }
+  const float dot = q.s[0] * (1.f / HIDDEN);
+  const float gmean = LAYER ? q.s[LAYER ? 1 : 0] * (1.f / HIDDEN) : 0.f;
+  unsigned short* out_row = dx + (size_t)(q.live ? q.row : 0) * HIDDEN + c0;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const int col = (tx + k * TPR) * VS;
-    if (live && col < len) {
+    if (q.live && col < len) {
       float n[VS], g[VS], out[VS];
       if constexpr (HOLD) {
 #pragma unroll
         for (int i = 0; i < VS; ++i) { n[i] = hn[k][i]; g[i] = hg[k][i]; }
       } else {
         float w[VS];
-        load_vec<VS>(st[0] + col, g);
-        load_vec<VS>(st[1] + col, n);
+        load_vec<VS>(q.st[0] + col, g);
+        load_vec<VS>(q.st[1] + col, n);
         load_vec<VS>(w_s + col, w);
 #pragma unroll
-        for (int i = 0; i < VS; ++i) { n[i] = fmaf(n[i], r, mr); g[i] *= w[i]; }
+        for (int i = 0; i < VS; ++i) { n[i] = fmaf(n[i], q.r, q.mr); g[i] *= w[i]; }
       }
 #pragma unroll
-      for (int i = 0; i < VS; ++i) out[i] = r * (g[i] - gmean - n[i] * dot);
+      for (int i = 0; i < VS; ++i) out[i] = q.r * (g[i] - gmean - n[i] * dot);
       if constexpr (HAS_DH) {
         float e[VS];
-        load_vec<VS>(st[NSTREAM - 1] + col, e);
+        load_vec<VS>(q.st[NSTREAM - 1] + col, e);
 #pragma unroll
         for (int i = 0; i < VS; ++i) out[i] += e[i];
       }
       store_vec<VS>(out_row + col, out);
     }
   }
+};
+RowState q;
+int it = 0;
+#pragma unroll 1
+for (int tile = team; tile < tiles; tile += teams, ++it) {
+  cp_async_wait<LOOKAHEAD - 1>();  // this thread's copies of `tile` (group it + 1) landed
+  __syncthreads();  // everyone's; and the stage refilled next is read out
+  issue(tile + LOOKAHEAD * teams, (it + LOOKAHEAD) % STAGES);
+  if constexpr (DEFER) {
+    // the previous row's cluster barrier has had this row's wait and issue to complete
+    if (it > 0) { cluster_wait(); finish(it - 1, q); }
+    begin(tile, it, q);
+    cluster_arrive();
+  } else {
+    begin(tile, it, q);
+    if constexpr (CLUSTER > 1) cluster_sync();
+    finish(it, q);
+  }
+}
+if constexpr (DEFER) {
+  if (it > 0) { cluster_wait(); finish(it - 1, q); }
 }
 cp_async_wait<0>();
 __syncthreads();  // the stages are free: they hold the row slots' sums now

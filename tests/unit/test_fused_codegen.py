@@ -98,8 +98,13 @@ def test_backward_plans_fit_and_cover_every_width(hw):
                 assert p.stream_bytes >= 2 * p.rows_per_block * p.slice + 14
                 # the row slots' sums fit the stages at the end
                 assert p.stages * p.tile_bytes >= 8 * p.rows_per_block * p.slice
+                # the model's bytes in flight, or as many stages as fit or are allowed
+                assert p.lookahead >= 1 and p.deferred == (p.cluster > 1 and p.stages >= 3)
                 if 512 <= hidden <= 65536:
-                    assert (p.stages - 1) * p.tile_bytes >= hw.in_flight_target, (hidden, p)
+                    assert (p.lookahead * p.tile_bytes >= hw.in_flight_target
+                            or p.smem_bytes + p.tile_bytes > hw.smem_per_block
+                            or p.stages == S.BACKWARD_MAX_STAGES), (hidden, p)
+                    assert p.lookahead * p.tile_bytes >= hw.in_flight_target * 3 // 4
     with pytest.raises(LoweringError, match="no plan fits"):
         S.plan_backward(2 ** 20, 16, True, True, hw)
 
@@ -317,6 +322,7 @@ HOST_PRELUDE = r"""
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 struct dim3h { unsigned x, y, z; };
@@ -342,6 +348,9 @@ static void cp_async_commit() {}
 template <int N> static void cp_async_wait() {}
 static unsigned cluster_rank() { return t_rank; }
 static void cluster_sync() { t_cluster->arrive_and_wait(); }
+thread_local std::optional<std::barrier<>::arrival_token> t_arrival;
+static void cluster_arrive() { t_arrival.emplace(t_cluster->arrive()); }
+static void cluster_wait() { t_cluster->wait(std::move(*t_arrival)); t_arrival.reset(); }
 static float cluster_load(const float* local, unsigned rank) {
   float v;
   std::memcpy(&v, t_cluster_smem[rank] + ((const unsigned char*)local - t_smem), 4);
@@ -509,6 +518,7 @@ def test_forward_runs_on_the_host(dtype, hidden, rows, grid, kind, residual):
     ("bf16", 1024, 9, 2, "rms_norm", True, 2, 2),     # 4 bytes off: pairs, shifted
     ("bf16", 16384, 3, 2, "layer_norm", True, 0, 8),  # a cluster of 2
     ("fp16", 16385, 3, 1, "rms_norm", True, 0, 1),    # a cluster of 4, single values
+    ("bf16", 16384, 4, 1, "layer_norm", True, -1, 8),  # a cluster with 2 stages: no defer
 ])
 def test_backward_and_column_reduce_run_on_the_host(dtype, hidden, rows, teams, kind, with_dh,
                                                     offset, vector):
@@ -517,7 +527,7 @@ def test_backward_and_column_reduce_run_on_the_host(dtype, hidden, rows, teams, 
 
     def make(t):  # `offset` values into a larger buffer: the base off 16-byte alignment
         buf = torch.empty(t.numel() + 8, dtype=tdt)
-        view = buf[offset:offset + t.numel()].view(t.shape)
+        view = buf[max(0, offset):max(0, offset) + t.numel()].view(t.shape)
         view.copy_(t)
         return view
 
@@ -527,7 +537,11 @@ def test_backward_and_column_reduce_run_on_the_host(dtype, hidden, rows, teams, 
     dy = make(torch.randn(rows, hidden, generator=g).to(tdt))
     dh = make(torch.randn(rows, hidden, generator=g).to(tdt)) if with_dh else None
     _, _, mean, rstd = fused.add_norm_forward_reference(h, None, w, None, 1e-5, kind)
-    spec = S.AddNormBackwardSpec(kind, dtype, hidden, with_dh, fused._alignment(dy, h, dh, w))
+    # offset -1: aligned, on a GPU of 120 kB of shared memory a block
+    hw = S.Hardware(smem_per_block=120000) if offset < 0 else S.SM90
+    spec = S.AddNormBackwardSpec(kind, dtype, hidden, with_dh, fused._alignment(dy, h, dh, w),
+                                 hw)
+    assert (spec.plan.stages == 2) == (offset < 0)
     plan = spec.plan
     assert plan.vector == vector
     parts = teams
