@@ -144,8 +144,8 @@ class Hardware:
 
     @property
     def in_flight_target(self) -> int:
-        """Bytes an SM keeps in flight: three times bandwidth x latency of its share."""
-        return int(3 * self.dram_bytes_per_s / self.sm_count * LOAD_LATENCY_S)
+        """Bytes an SM keeps in flight: twice bandwidth x latency of its share."""
+        return int(2 * self.dram_bytes_per_s / self.sm_count * LOAD_LATENCY_S)
 
 
 SM90 = Hardware()  # an H100 SXM (an H200 differs in bandwidth only)
@@ -238,11 +238,9 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held):
     fixed = weight_bytes + red_bytes + 16
     per_stage = tile + 8 * rpb
     fit = (hw.smem_per_block - fixed - 16) // per_stage
-    # tiles in flight: all stages but the one being reduced (and, in a cluster, the one
-    # whose second phase waits for the next row's first: `BackwardPlan.deferred`)
-    held_back = 2 if cluster > 1 else 1
-    want = max(held_back + 2, held_back + -(-hw.in_flight_target // tile))
-    stages = min(fit, want, BACKWARD_MAX_STAGES)
+    # As many stages as fit: with one CTA an SM the shared memory has no other use, and
+    # deeper is never slower; `plan_backward` checks them against the bandwidth.
+    stages = min(fit, BACKWARD_MAX_STAGES)
     if stages < 2:
         return None
     stats = stages * tile
@@ -258,19 +256,23 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held):
 def plan_backward(hidden: int, alignment: int, dh: bool, layer: bool,
                   hw: Hardware = SM90) -> BackwardPlan:
     """The smallest cluster (1 where the whole row fits a CTA) whose CTAs hold at most
-    `BACKWARD_HELD_FLOATS` columns a thread and whose stages fit shared memory; else
-    twice the columns at the largest cluster. LoweringError where none fits (a width
-    the GPU cannot hold: runtime.fused then takes the torch path)."""
+    `BACKWARD_HELD_FLOATS` columns a thread, whose stages fit shared memory and keep
+    `Hardware.in_flight_target` bytes in flight (else the one that keeps the most); where
+    none holds the row so, twice the columns a thread. LoweringError where none fits (a
+    width the GPU cannot hold: runtime.fused then takes the torch path)."""
     if hidden < 1:
         raise LoweringError(f"seam kernel: hidden {hidden}: expected >= 1")
     vs = vector_width(hidden, alignment)
     streams = 3 if dh else 2
     clusters = [c for c in (1, 2, 4, 8) if c == 1 or (hw.clusters and c <= MAX_CLUSTER)]
     for held in (BACKWARD_HELD_FLOATS, 2 * BACKWARD_HELD_FLOATS):
-        for c in clusters:
-            plan = _backward_layout(hidden, vs, c, streams, layer, hw, held)
-            if plan is not None:
-                return plan
+        plans = [p for p in (_backward_layout(hidden, vs, c, streams, layer, hw, held)
+                             for c in clusters) if p is not None]
+        for p in plans:  # the smallest cluster that keeps the bandwidth's bytes in flight
+            if p.lookahead * p.tile_bytes >= hw.in_flight_target:
+                return p
+        if plans:  # none does: the most in flight
+            return max(plans, key=lambda p: p.lookahead * p.tile_bytes)
     raise LoweringError(f"seam kernel: norm backward of width {hidden}: no plan fits "
                         f"{hw.smem_per_block} bytes of shared memory a block")
 

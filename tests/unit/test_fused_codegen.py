@@ -104,20 +104,19 @@ def test_backward_plans_fit_and_cover_every_width(hw):
                     assert (p.lookahead * p.tile_bytes >= hw.in_flight_target
                             or p.smem_bytes + p.tile_bytes > hw.smem_per_block
                             or p.stages == S.BACKWARD_MAX_STAGES), (hidden, p)
-                    assert p.lookahead * p.tile_bytes >= hw.in_flight_target * 3 // 4
+                    # at least bandwidth x latency (the target is twice that)
+                    assert p.lookahead * p.tile_bytes >= hw.in_flight_target // 2
     with pytest.raises(LoweringError, match="no plan fits"):
         S.plan_backward(2 ** 20, 16, True, True, hw)
 
 
 def test_backward_plans_transfer_between_devices():
-    """The H100 and H200 models differ in bandwidth only: the same layout, the H200's
-    deeper stages where its shared memory allows."""
-    for hidden in (512, 4096, 8192, 12345, 16384, 65536):
-        a = S.plan_backward(hidden, 16, True, False, S.SM90)
-        b = S.plan_backward(hidden, 16, True, False, H200)
-        assert (a.vector, a.threads_per_row, a.cluster, a.slice) == (
-            b.vector, b.threads_per_row, b.cluster, b.slice)
-        assert b.stages >= a.stages
+    """The H100 and H200 models differ in bandwidth only, and both keep enough in flight
+    with the same plan: one kernel for both (what `warmup` compiles)."""
+    for hidden in list(range(1, 600)) + list(range(600, 131073, 61)):
+        for dh in (False, True):
+            assert (S.plan_backward(hidden, 16, dh, True, S.SM90)
+                    == S.plan_backward(hidden, 16, dh, True, H200)), hidden
     # without clusters (an A100 model) the widest rows have no plan: the torch path
     assert S.plan_backward(8192, 16, True, True, S.SM80).cluster == 1
     with pytest.raises(LoweringError):
@@ -537,8 +536,9 @@ def test_backward_and_column_reduce_run_on_the_host(dtype, hidden, rows, teams, 
     dy = make(torch.randn(rows, hidden, generator=g).to(tdt))
     dh = make(torch.randn(rows, hidden, generator=g).to(tdt)) if with_dh else None
     _, _, mean, rstd = fused.add_norm_forward_reference(h, None, w, None, 1e-5, kind)
-    # offset -1: aligned, on a GPU of 120 kB of shared memory a block
-    hw = S.Hardware(smem_per_block=120000) if offset < 0 else S.SM90
+    # offset -1: aligned, on a GPU of 120 kB of shared memory a block (and a bandwidth
+    # that two stages serve)
+    hw = S.Hardware(smem_per_block=120000, dram_bytes_per_s=1e9) if offset < 0 else S.SM90
     spec = S.AddNormBackwardSpec(kind, dtype, hidden, with_dh, fused._alignment(dy, h, dh, w),
                                  hw)
     assert (spec.plan.stages == 2) == (offset < 0)
