@@ -189,17 +189,17 @@ def _norm_backward_path(dy, h, weight, mean, rstd, kind, dh) -> bool:
             and (kind == "rms_norm" or _float_vector(mean, rows, h.device))
             and not (torch.is_grad_enabled() and (rstd.requires_grad or (
                 mean is not None and mean.requires_grad)))
-            and _backward_plannable(kind, h.dtype, hidden, dh is not None, h.device))
+            and _backward_plannable(kind, h.dtype, hidden, dh is not None,
+                                    _alignment(dy, h, dh, weight), h.device))
 
 
-def _backward_plannable(kind, dtype, hidden: int, dh: bool, device) -> bool:
-    """Whether the device's shared memory holds a plan of this width (all widths on
-    sm_90; the widest need clusters, so older GPUs take the torch path there)."""
+def _backward_plannable(kind, dtype, hidden: int, dh: bool, alignment: int, device) -> bool:
+    """Whether the device's shared memory holds a plan of this width (every width to
+    131072 on sm_90; the widest need clusters, so older GPUs take the torch path there)."""
     from hostir.errors import LoweringError
 
     try:
-        _backward_spec(kind, dtype, hidden, dh, 16, device).plan
-        _backward_spec(kind, dtype, hidden, dh, 2, device).plan
+        _backward_spec(kind, dtype, hidden, dh, alignment, device).plan
     except LoweringError:
         return False
     return True
@@ -284,7 +284,9 @@ def add_norm_backward_fused(dy, h, weight, mean, rstd, kind: str, dh=None,
     ws = torch.empty(spec.sets * teams * hidden, dtype=torch.float32, device=h.device)
     args = (_ptr(dy), _ptr(h), _ptr(weight), _ptr(mean), _ptr(rstd), _ptr(dh), _ptr(dx),
             _ptr(ws), np.int32(rows))
-    _launch(spec, h.device, (grid, 1, 1), plan.block, args, plan.smem_bytes)
+    # a cluster kernel launches plainly: its rows are long, the launch overlap small
+    _launch(spec, h.device, (grid, 1, 1), plan.block, args, plan.smem_bytes,
+            dependent=plan.cluster == 1)
     dweight = torch.empty_like(weight)
     dbias = torch.empty_like(weight) if kind == "layer_norm" else None
     reduce = ColumnReduceSpec(_KERNEL_DTYPES[weight.dtype], spec.sets)
@@ -498,14 +500,14 @@ def _row_grid_of(spec, rows: int, index: int, threads_per_sm: int) -> int:
     return max(1, min(groups, _sm_count(device) * per_sm))
 
 
-def _launch(spec, device, grid, block, args, smem: int = 0) -> None:
+def _launch(spec, device, grid, block, args, smem: int = 0, dependent: bool = True) -> None:
     from runtime import jit
 
     index = device.index if device.index is not None else torch.cuda.current_device()
     kernel = _kernel(spec, device)
     with jit.on_device(index):
         kernel.launch_raw(grid, block, args, smem, jit.current_stream_handle(index),
-                          _dependent_launch(index))
+                          dependent and _dependent_launch(index))
 
 
 _DEPENDENT: dict[int, bool] = {}

@@ -11,9 +11,11 @@ its math in fp32. The pieces:
 - the kernels' bodies (`ADD_NORM_FORWARD`, `ADD_NORM_BACKWARD`, `COLUMN_REDUCE`,
   `ELEMENTWISE`) and the pointwise math of the elementwise ops (`POINTWISE`).
 
-The row kernels are persistent: a grid of a few CTAs per SM strides over groups of RPB
-rows, so that the backward can keep each thread's weight-gradient partial sums in
-registers over all of its rows and write them once per CTA.
+The row kernels are persistent: a grid of a few CTAs per SM (the forward) or one CTA an
+SM (the backward, whose tiles of rows are staged through shared memory by cp.async,
+`STAGING`) strides over groups of RPB rows, so that the backward can keep each thread's
+weight-gradient partial sums in registers over all of its rows and write them once per
+CTA (or cluster of CTAs, for rows wider than one CTA holds).
 """
 
 from __future__ import annotations

@@ -585,7 +585,7 @@ def test_elementwise_runs_on_the_host(dtype, op, n, alignment):
 def _host_dispatch(monkeypatch, grid=3):
     """runtime.fused's launches sent to the host builds (CPU tensors, a grid of ``grid``):
     the arguments it packs must be the kernel's parameters, in order."""
-    def launch(spec, device, grid_, block, args, smem=0):
+    def launch(spec, device, grid_, block, args, smem=0, dependent=True):
         values = [a.item() if a.dtype.kind in "iuf" else a for a in args]
         values = [None if (isinstance(v, int) and v == 0 and t.endswith("*")) else v
                   for v, (t, _) in zip(values, spec.params())]
