@@ -490,8 +490,9 @@ auto finish = [&](int it, RowState& q) {
       q.s[j] = t;
     }
   }
-  const float dot = q.s[0] * (1.f / HIDDEN);
-  const float gmean = LAYER ? q.s[LAYER ? 1 : 0] * (1.f / HIDDEN) : 0.f;
+  // dx = r * (g - gmean - n * dot) = r * g + (rn * n + rg): two fmas an element
+  const float rn = -q.r * (q.s[0] * (1.f / HIDDEN));
+  const float rg = LAYER ? -q.r * (q.s[LAYER ? 1 : 0] * (1.f / HIDDEN)) : 0.f;
   unsigned short* out_row = dx + (size_t)(q.live ? q.row : 0) * HIDDEN + c0;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
@@ -510,7 +511,7 @@ auto finish = [&](int it, RowState& q) {
         for (int i = 0; i < VS; ++i) { n[i] = fmaf(n[i], q.r, q.mr); g[i] *= w[i]; }
       }
 #pragma unroll
-      for (int i = 0; i < VS; ++i) out[i] = q.r * (g[i] - gmean - n[i] * dot);
+      for (int i = 0; i < VS; ++i) out[i] = fmaf(q.r, g[i], fmaf(rn, n[i], rg));
       if constexpr (HAS_DH) {
         float e[VS];
         load_vec<VS>(q.st[NSTREAM - 1] + col, e);
