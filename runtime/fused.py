@@ -551,6 +551,8 @@ def _kernel(spec, device):
         compiled = jit.kernel_cache().get(render(spec), [spec.kernel_name],
                                           jit.device_arch(index))
         kernel = _KERNELS[key] = jit.load(compiled, index)[spec.kernel_name]
+        # its compiled-in cluster, shown by the launch_params dump
+        kernel.cluster = getattr(getattr(spec, "plan", None), "cluster", 1)
     return kernel
 
 
