@@ -113,11 +113,10 @@ def gelu_backward_reference(dy, x):
 
 _KERNEL_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 # Threads of a persistent row kernel per SM at most, by default (the driver's occupancy
-# may allow fewer blocks). The forward takes what fits. The backward's workspace has a
-# row per CTA row slot, written and read once more (at 512 threads an SM, ~4 MB per
-# weight-gradient array on 132 SMs, whatever the width), so it keeps fewer threads in
-# flight; each still has 16 values of each of its 3-4 streams in flight. The bench's
-# --sweep times others (the ``threads_per_sm`` argument of the ``*_fused`` functions).
+# may allow fewer blocks). The forward takes what fits. The backward runs one CTA an SM:
+# its bytes in flight are its shared-memory stages, and its workspace has a row per CTA
+# (written and read once more), so more CTAs would only grow that. The bench's --sweep
+# times others (the ``threads_per_sm`` argument of the ``*_fused`` functions).
 FORWARD_THREADS_PER_SM = 2048
 BACKWARD_THREADS_PER_SM = 512
 ELEMENTWISE_BLOCKS_PER_SM = 8
@@ -189,7 +188,21 @@ def _norm_backward_path(dy, h, weight, mean, rstd, kind, dh) -> bool:
             and weight.shape == (hidden,) and _float_vector(rstd, rows, h.device)
             and (kind == "rms_norm" or _float_vector(mean, rows, h.device))
             and not (torch.is_grad_enabled() and (rstd.requires_grad or (
-                mean is not None and mean.requires_grad))))
+                mean is not None and mean.requires_grad)))
+            and _backward_plannable(kind, h.dtype, hidden, dh is not None,
+                                    _alignment(dy, h, dh, weight), h.device))
+
+
+def _backward_plannable(kind, dtype, hidden: int, dh: bool, alignment: int, device) -> bool:
+    """Whether the device's shared memory holds a plan of this width (every width to
+    131072 on sm_90; the widest need clusters, so older GPUs take the torch path there)."""
+    from hostir.errors import LoweringError
+
+    try:
+        _backward_spec(kind, dtype, hidden, dh, alignment, device).plan
+    except LoweringError:
+        return False
+    return True
 
 
 def kernel_path(op: str, *args) -> bool:
@@ -251,31 +264,121 @@ def add_norm_forward_fused(x, residual, weight, bias, eps: float, kind: str,
 
 def add_norm_backward_fused(dy, h, weight, mean, rstd, kind: str, dh=None,
                             threads_per_sm: int = BACKWARD_THREADS_PER_SM):
-    """`add_norm_backward` through the generated kernels (the row kernel, then the
-    column reduce of its per-CTA weight-gradient sums), for tensors `kernel_path`
-    accepts; ``threads_per_sm`` sizes the persistent grid (the bench's --sweep)."""
+    """`add_norm_backward` through the generated kernels (the staged row kernel, then the
+    column reduce of its per-team weight-gradient rows), for tensors `kernel_path`
+    accepts; ``threads_per_sm`` caps the persistent grid's CTAs an SM (the bench's
+    --sweep)."""
     import numpy as np
 
-    from lowering.kernels.seams import REDUCE_BLOCK, AddNormBackwardSpec, ColumnReduceSpec
+    from lowering.kernels.seams import REDUCE_BLOCK, ColumnReduceSpec
 
     hidden = h.shape[-1]
     rows = h.numel() // hidden
     dx = torch.empty_like(h)
-    spec = AddNormBackwardSpec(kind, _KERNEL_DTYPES[h.dtype], hidden, dh is not None,
-                               _alignment(dy, h, weight, dh, dx))
-    grid = _row_grid(spec, rows, h.device, threads_per_sm)
-    parts = grid * spec.plan.rows_per_block
-    # every CTA slot writes its whole workspace row (zeros where it met no row): no memset
-    ws = torch.empty(spec.sets * parts * hidden, dtype=torch.float32, device=h.device)
+    spec = _backward_spec(kind, h.dtype, hidden, dh is not None,
+                          _alignment(dy, h, dh, dx, weight), h.device)
+    plan = spec.plan
+    grid = _backward_grid(spec, rows, h.device, threads_per_sm)
+    teams = grid // plan.cluster
+    # every team writes its whole workspace row (zeros where it met no row): no memset
+    ws = torch.empty(spec.sets * teams * hidden, dtype=torch.float32, device=h.device)
     args = (_ptr(dy), _ptr(h), _ptr(weight), _ptr(mean), _ptr(rstd), _ptr(dh), _ptr(dx),
             _ptr(ws), np.int32(rows))
-    _launch(spec, h.device, (grid, 1, 1), spec.plan.block, args)
+    # a cluster kernel launches plainly: its rows are long, the launch overlap small
+    _launch(spec, h.device, (grid, 1, 1), plan.block, args, plan.smem_bytes,
+            dependent=plan.cluster == 1)
     dweight = torch.empty_like(weight)
     dbias = torch.empty_like(weight) if kind == "layer_norm" else None
     reduce = ColumnReduceSpec(_KERNEL_DTYPES[weight.dtype], spec.sets)
     _launch(reduce, h.device, (-(-hidden // REDUCE_BLOCK[0]), 1, 1), REDUCE_BLOCK,
-            (_ptr(ws), _ptr(dweight), _ptr(dbias), np.int32(parts), np.int32(hidden)))
+            (_ptr(ws), _ptr(dweight), _ptr(dbias), np.int32(teams), np.int32(hidden)))
     return dx, dweight, dbias
+
+
+def _backward_spec(kind, dtype, hidden: int, dh: bool, alignment: int, device):
+    from lowering.kernels.seams import AddNormBackwardSpec
+
+    return AddNormBackwardSpec(kind, _KERNEL_DTYPES[dtype], hidden, dh, alignment,
+                               _hardware(_index(device)))
+
+
+def _index(device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+@functools.lru_cache(maxsize=16)
+def _hardware(index: int):
+    """`lowering.kernels.seams.Hardware` of a device, from the driver's attributes (the
+    DRAM bandwidth from the memory clock and bus width where the driver reports them)."""
+    from lowering.kernels.seams import SM90, Hardware
+
+    from cupy.cuda import runtime
+
+    def attr(name: str, default):
+        try:
+            return runtime.deviceGetAttribute(getattr(runtime, name), index)
+        except Exception:  # noqa: BLE001 -- an attribute this CUDA lacks: the model's
+            return default
+
+    bandwidth = SM90.dram_bytes_per_s
+    clock_khz = attr("cudaDevAttrMemoryClockRate", 0)
+    bus_bits = attr("cudaDevAttrGlobalMemoryBusWidth", 0)
+    if clock_khz and bus_bits:
+        bandwidth = 2.0 * clock_khz * 1e3 * bus_bits / 8
+    major = torch.cuda.get_device_capability(index)[0]
+    return Hardware(
+        sm_count=_sm_count(torch.device("cuda", index)),
+        smem_per_block=attr("cudaDevAttrMaxSharedMemoryPerBlockOptin", 48 * 1024),
+        smem_per_sm=attr("cudaDevAttrMaxSharedMemoryPerMultiprocessor", 64 * 1024),
+        regs_per_sm=attr("cudaDevAttrMaxRegistersPerMultiprocessor", 65536),
+        threads_per_sm=attr("cudaDevAttrMaxThreadsPerMultiProcessor", 2048),
+        clusters=major >= 9, dram_bytes_per_s=bandwidth)
+
+
+def _backward_grid(spec, rows: int, device, threads_per_sm: int) -> int:
+    return _backward_grid_of(spec, rows, _index(device), threads_per_sm)
+
+
+@functools.lru_cache(maxsize=4096)
+def _backward_grid_of(spec, rows: int, index: int, threads_per_sm: int) -> int:
+    """CTAs of the persistent backward: as many as the SMs hold at once (the driver's
+    occupancy with the plan's shared memory; for a cluster, the clusters the GPCs hold
+    at once, since a cluster that waits for a second wave doubles the time), never more
+    teams than tiles of rows."""
+    plan = spec.plan
+    device = torch.device("cuda", index)
+    kernel = _kernel(spec, device)
+    kernel.ensure_smem(plan.smem_bytes)
+    tiles = -(-rows // plan.rows_per_block)
+    per_sm = min(max(1, threads_per_sm // plan.block_threads),
+                 _resident_blocks(kernel, plan.block_threads, plan.smem_bytes))
+    if plan.cluster == 1:
+        return max(1, min(tiles, _sm_count(device) * per_sm))
+    clusters = _active_clusters(kernel, plan.cluster, plan.block_threads, plan.smem_bytes)
+    if clusters <= 0:  # no answer: the GPCs' SMs hold about 3 in 4 of the even split
+        clusters = max(1, _sm_count(device) * per_sm // plan.cluster * 3 // 4)
+    return plan.cluster * max(1, min(tiles, clusters))
+
+
+def _active_clusters(kernel, cluster: int, threads: int, smem: int) -> int:
+    """cuOccupancyMaxActiveClusters of a kernel with compiled-in cluster dims; 0 where
+    the driver cannot say."""
+    import ctypes
+
+    from runtime import jit
+
+    try:
+        fn = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveClusters
+        fn.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_void_p,
+                       ctypes.POINTER(jit._LaunchConfig)]
+        fn.restype = ctypes.c_int
+        config = jit._LaunchConfig(cluster, 1, 1, threads, 1, 1, smem, None, None, 0)
+        n = ctypes.c_int(0)
+        if fn(ctypes.byref(n), kernel.function.ptr, ctypes.byref(config)):
+            return 0
+        return n.value
+    except (OSError, AttributeError):
+        return 0
 
 
 def swiglu_forward(gate, up, out=None):
@@ -397,14 +500,14 @@ def _row_grid_of(spec, rows: int, index: int, threads_per_sm: int) -> int:
     return max(1, min(groups, _sm_count(device) * per_sm))
 
 
-def _launch(spec, device, grid, block, args) -> None:
+def _launch(spec, device, grid, block, args, smem: int = 0, dependent: bool = True) -> None:
     from runtime import jit
 
     index = device.index if device.index is not None else torch.cuda.current_device()
     kernel = _kernel(spec, device)
     with jit.on_device(index):
-        kernel.launch_raw(grid, block, args, 0, jit.current_stream_handle(index),
-                          _dependent_launch(index))
+        kernel.launch_raw(grid, block, args, smem, jit.current_stream_handle(index),
+                          dependent and _dependent_launch(index))
 
 
 _DEPENDENT: dict[int, bool] = {}
@@ -448,22 +551,26 @@ def _kernel(spec, device):
         compiled = jit.kernel_cache().get(render(spec), [spec.kernel_name],
                                           jit.device_arch(index))
         kernel = _KERNELS[key] = jit.load(compiled, index)[spec.kernel_name]
+        # its compiled-in cluster, shown by the launch_params dump
+        kernel.cluster = getattr(getattr(spec, "plan", None), "cluster", 1)
     return kernel
 
 
 _RESIDENT: dict = {}
 
 
-def _resident_blocks(kernel, threads: int) -> int:
-    n = _RESIDENT.get((kernel.function.ptr, threads))
+def _resident_blocks(kernel, threads: int, smem: int = 0) -> int:
+    n = _RESIDENT.get((kernel.function.ptr, threads, smem))
     if n is None:
         try:
             from cupy.cuda import driver
 
-            n = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.function.ptr, threads, 0)
+            n = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.function.ptr, threads,
+                                                                 smem)
         except Exception:  # noqa: BLE001 -- a binding without the call: assume two
-            n = 0
-        n = _RESIDENT[(kernel.function.ptr, threads)] = n if n and n > 0 else 2
+            n = 0                  # (one where the plan's shared memory is its own)
+        n = _RESIDENT[(kernel.function.ptr, threads, smem)] = (
+            n if n and n > 0 else (1 if smem else 2))
     return n
 
 

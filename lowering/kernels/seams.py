@@ -13,13 +13,15 @@ Kernels (one fused kernel per op; the norm backward adds a small column reduce):
   CTAs per SM striding over the rows. A row's V-wide vectors stay in registers (K per
   thread) up to `FORWARD_CACHE_FLOATS` floats a thread; wider rows are streamed (each pass
   reads the row again, through L2).
-- `AddNormBackwardSpec`: dx (+ dh) in one pass over dy and the saved h, mean, rstd; each
-  thread sums its columns' dweight (and dbias) terms over all rows its CTA visits and
-  writes them once to a per-CTA row of an fp32 workspace ``[sets, parts, hidden]``;
-  `ColumnReduceSpec` then sums the parts into the weight's dtype. No atomics, so the
-  gradient is deterministic for a given grid. Rows up to 8192 wide stay in registers;
-  wider ones are read twice, their sums still in registers up to 16384 wide, in the
-  workspace row itself past that.
+- `AddNormBackwardSpec`: dx (+ dh) in one pass over dy and the saved h, mean, rstd, and
+  the weight (and bias) gradient. Persistent, one CTA an SM, its tiles of rows copied by
+  cp.async into shared-memory stages a few tiles ahead (`plan_backward` sizes them from a
+  `Hardware` model: shared memory, SMs, bandwidth x latency); rows wider than a CTA holds
+  are split over a thread-block cluster whose CTAs add their shares of a row's sums
+  through distributed shared memory. Each thread sums its columns' dweight (and dbias)
+  terms in registers over all rows its CTA visits and each CTA (cluster) writes them once
+  to a row of an fp32 workspace ``[sets, teams, hidden]``; `ColumnReduceSpec` then sums
+  the rows into the weight's dtype. No atomics: deterministic for a given grid.
 - `ElementwiseSpec`: SwiGLU / GELU (tanh) forward and backward, 16-byte vectors,
   grid-stride, then a scalar tail for the elements past the last whole vector.
 
@@ -53,24 +55,16 @@ ELEMENTWISE_OPS = {  # op -> (inputs, outputs)
     "gelu_backward": (2, 1),
 }
 
-# Floats of a row a thread may hold in registers (its K vectors of V values). The
-# forward holds one array (h); the backward four (n, g and the dweight / dbias sums),
-# so it gets half. Past these the kernel streams the row.
+# Floats of a row a forward thread may hold in registers (its K vectors of V values);
+# past this the kernel streams the row.
 FORWARD_CACHE_FLOATS = 32
-BACKWARD_CACHE_FLOATS = 16
-# Floats of each weight-gradient sum a thread of a streamed backward may hold in
-# registers (up to 16384 wide at 512 threads a row with 16-byte vectors).
-STREAMED_SUM_FLOATS = 32
 # Threads per row at most: 512 leaves 128 registers a thread to the backward.
 MAX_THREADS_PER_ROW = 512
 # Threads a row CTA should have at least (narrow rows share a CTA, one row a warp or two).
 MIN_BLOCK_THREADS = 128
-# Threads per SM the row kernels promise ptxas (`__launch_bounds__`' second argument): the
-# forward's 1024 leave it 64 registers a thread, the backward's 512 leave 128 (it holds
-# four arrays). With the block size alone, ptxas chose 72 registers for the backward and
-# spilled 16 bytes (sm_80, 128-thread blocks); with these promises nothing spills.
+# Threads per SM the forward promises ptxas (`__launch_bounds__`' second argument): 1024
+# leave it 64 registers a thread.
 FORWARD_PROMISED_THREADS_PER_SM = 1024
-BACKWARD_PROMISED_THREADS_PER_SM = 512
 ELEMENTWISE_THREADS = 256
 # Vector loads a thread of an elementwise kernel issues before it computes: at 2048
 # threads an SM, one 16-byte load each (GELU forward's one input) left it at ~0.85 of
@@ -133,6 +127,156 @@ def plan_row(hidden: int, alignment: int, cache_floats: int) -> RowPlan:
     return RowPlan(v, tpr, rpb, k if cached else 0, cached)
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class Hardware:
+    """What the backward's plan depends on: shared memory a block may opt into and an SM
+    holds, registers and threads an SM holds, whether thread-block clusters exist
+    (sm_90+), and the DRAM bandwidth a SM's share of which, times `LOAD_LATENCY_S`, is
+    the bytes an SM must keep in flight. `runtime.fused` reads them off the device."""
+
+    sm_count: int = 132
+    smem_per_block: int = 232448
+    smem_per_sm: int = 233472
+    regs_per_sm: int = 65536
+    threads_per_sm: int = 2048
+    clusters: bool = True
+    dram_bytes_per_s: float = 3.35e12
+
+    @property
+    def in_flight_target(self) -> int:
+        """Bytes an SM keeps in flight: twice bandwidth x latency of its share."""
+        return int(2 * self.dram_bytes_per_s / self.sm_count * LOAD_LATENCY_S)
+
+
+SM90 = Hardware()  # an H100 SXM (an H200 differs in bandwidth only)
+SM80 = Hardware(108, 166912, 167936, 65536, 2048, False, 2.0e12)  # an A100
+# A loaded DRAM access's latency, about: with the bandwidth, the bytes in flight needed.
+LOAD_LATENCY_S = 1.0e-6
+# The backward's block: one CTA an SM (its stages take the shared memory), 512 threads,
+# each holding at most `BACKWARD_HELD_FLOATS` of a row's columns (their dweight / dbias
+# sums, and the row's n and g between its two phases) or up to twice that without the
+# held n and g where a cluster of 8 cannot split the row finer.
+BACKWARD_THREADS = 512
+BACKWARD_HELD_FLOATS = 16
+BACKWARD_MAX_STAGES = 8
+MAX_CLUSTER = 8  # portable cluster size
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class BackwardPlan:
+    """Layout of the staged norm backward: VS-value accesses (`vector_width`: every row
+    start is aligned to them), TPR threads a row, RPB rows a tile (a CTA of TPR x RPB),
+    K accesses a thread a row; a row split over CLUSTER CTAs of SL columns each; STAGES
+    shared-memory stages of STREAM_BYTES a stream; HOLD: n and g kept in registers
+    between the row's two phases (else read again from the stage)."""
+
+    vector: int
+    threads_per_row: int
+    rows_per_block: int
+    vectors_per_thread: int
+    slice: int
+    cluster: int
+    stages: int
+    streams: int
+    stream_bytes: int
+    hold: bool
+    offsets: tuple[int, int, int, int]  # stats, weight, row-sum scratch, cluster slots
+    smem_bytes: int
+
+    @property
+    def block(self) -> tuple[int, int, int]:
+        return (self.threads_per_row, self.rows_per_block, 1)
+
+    @property
+    def block_threads(self) -> int:
+        return self.threads_per_row * self.rows_per_block
+
+    @property
+    def tile_bytes(self) -> int:
+        return self.streams * self.stream_bytes
+
+    @property
+    def deferred(self) -> bool:
+        """A row's second phase runs after the next row's first, so that the cluster
+        barrier between the phases completes meanwhile (its stage is held one more
+        iteration: needs three stages)."""
+        return self.cluster > 1 and self.stages >= 3
+
+    @property
+    def lookahead(self) -> int:
+        """Tiles a team has in flight while it reduces one."""
+        return self.stages - (2 if self.deferred else 1)
+
+    def describe(self) -> str:
+        return (f"v{self.vector} t{self.threads_per_row}x{self.rows_per_block} k"
+                f"{self.vectors_per_thread} c{self.cluster} s{self.stages}"
+                + (" hold" if self.hold else ""))
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b) * b
+
+
+def _backward_layout(hidden, vs, cluster, streams, layer, hw, held):
+    """The plan of one cluster size, or None where its stages do not fit."""
+    sl = hidden if cluster == 1 else _ceil(-(-hidden // cluster), 8)
+    if cluster > 1 and (cluster - 1) * sl >= hidden:
+        return None
+    tpr = 32
+    while tpr < BACKWARD_THREADS and -(-sl // (tpr * vs)) * vs > held:
+        tpr *= 2
+    if cluster > 1:
+        tpr = BACKWARD_THREADS
+    k = -(-sl // (tpr * vs))
+    if k * vs > held:
+        return None
+    rpb = BACKWARD_THREADS // tpr
+    stream_bytes = _ceil(2 * rpb * sl + 14, 16)
+    tile = streams * stream_bytes
+    weight_bytes = _ceil(2 * sl + 14, 16)  # the slice's 16-byte cover, as a stream's
+    red_bytes = _ceil(2 * rpb * (tpr // 32) * 8, 16)  # two alternating row-sum slots
+    fixed = weight_bytes + red_bytes + 16
+    per_stage = tile + 8 * rpb
+    fit = (hw.smem_per_block - fixed - 16) // per_stage
+    # As many stages as fit: with one CTA an SM the shared memory has no other use, and
+    # deeper is never slower; `plan_backward` checks them against the bandwidth.
+    stages = min(fit, BACKWARD_MAX_STAGES)
+    if stages < 2:
+        return None
+    stats = stages * tile
+    weight = _ceil(stats + stages * 8 * rpb, 16)
+    red = weight + weight_bytes
+    cslot = red + red_bytes
+    hold = k * vs * (4 if layer else 3) <= 4 * BACKWARD_HELD_FLOATS
+    return BackwardPlan(vs, tpr, rpb, k, sl, cluster, stages, streams, stream_bytes, hold,
+                        (stats, weight, red, cslot), cslot + 16)
+
+
+@functools.lru_cache(maxsize=1024)
+def plan_backward(hidden: int, alignment: int, dh: bool, layer: bool,
+                  hw: Hardware = SM90) -> BackwardPlan:
+    """The smallest cluster (1 where the whole row fits a CTA) whose CTAs hold at most
+    `BACKWARD_HELD_FLOATS` columns a thread, whose stages fit shared memory and keep
+    `Hardware.in_flight_target` bytes in flight (else the one that keeps the most); where
+    none holds the row so, twice the columns a thread. LoweringError where none fits (a
+    width the GPU cannot hold: runtime.fused then takes the torch path)."""
+    if hidden < 1:
+        raise LoweringError(f"seam kernel: hidden {hidden}: expected >= 1")
+    vs = vector_width(hidden, alignment)
+    streams = 3 if dh else 2
+    clusters = [c for c in (1, 2, 4, 8) if c == 1 or (hw.clusters and c <= MAX_CLUSTER)]
+    for held in (BACKWARD_HELD_FLOATS, 2 * BACKWARD_HELD_FLOATS):
+        plans = [p for p in (_backward_layout(hidden, vs, c, streams, layer, hw, held)
+                             for c in clusters) if p is not None]
+        for p in plans:  # the smallest cluster that keeps the bandwidth's bytes in flight
+            if p.lookahead * p.tile_bytes >= hw.in_flight_target:
+                return p
+        if plans:  # none does: the most in flight
+            return max(plans, key=lambda p: p.lookahead * p.tile_bytes)
+    raise LoweringError(f"seam kernel: norm backward of width {hidden}: no plan fits "
+                        f"{hw.smem_per_block} bytes of shared memory a block")
+
+
 def _check_common(dtype: str, hidden: int) -> None:
     if dtype not in DTYPES:
         raise LoweringError(f"seam kernel: dtype {dtype!r}: expected one of {DTYPES}")
@@ -189,7 +333,8 @@ class AddNormBackwardSpec:
     dtype: str
     hidden: int
     dh: bool
-    alignment: int = 16
+    alignment: int = 16  # of dy, h, dh, dx and weight's base addresses, in bytes
+    hardware: Hardware = SM90
 
     def __post_init__(self):
         _check_common(self.dtype, self.hidden)
@@ -197,17 +342,9 @@ class AddNormBackwardSpec:
             raise LoweringError(f"seam kernel: norm kind {self.kind!r}: expected {NORM_KINDS}")
 
     @property
-    def plan(self) -> RowPlan:
-        return plan_row(self.hidden, self.alignment, BACKWARD_CACHE_FLOATS)
-
-    @property
-    def sums_in_registers(self) -> bool:
-        """Whether a thread's weight-gradient sums stay in registers (its K vectors of
-        each, `STREAMED_SUM_FLOATS` floats at most where the row itself is streamed);
-        else they live in the workspace row, read-modify-written each row (the widest)."""
-        p = self.plan
-        per_thread = -(-(self.hidden // p.vector) // p.threads_per_row) * p.vector
-        return p.cached or per_thread <= STREAMED_SUM_FLOATS
+    def plan(self) -> BackwardPlan:
+        return plan_backward(self.hidden, self.alignment, self.dh, self.kind == "layer_norm",
+                             self.hardware)
 
     @property
     def sets(self) -> int:
@@ -216,7 +353,9 @@ class AddNormBackwardSpec:
 
     @property
     def kernel_name(self) -> str:
-        return f"seam_{self.kind}_bwd_{self.dtype}_h{self.hidden}" + ("_dh" if self.dh else "")
+        p = self.plan
+        return (f"seam_{self.kind}_bwd_{self.dtype}_h{self.hidden}_v{p.vector}_c{p.cluster}"
+                f"_s{p.stages}" + ("_dh" if self.dh else ""))
 
     def params(self) -> list[tuple[str, str]]:
         u, cu = "unsigned short* __restrict__", "const unsigned short* __restrict__"
@@ -342,17 +481,24 @@ def render(spec: Spec) -> str:
                                         plan.block_threads,
                                         plan.min_blocks(FORWARD_PROMISED_THREADS_PER_SM)))
     if isinstance(spec, AddNormBackwardSpec):
-        plan = spec.plan
-        # the next row's loads are held packed, which single-value vectors cannot be
-        prefetch = plan.cached and plan.vector >= 2
-        consts = _row_constants(spec, plan, spec.kind == "layer_norm") + "\n" + r.constants(
-            {"HAS_DH": spec.dh}) + (f"\n#define SEAM_ACC_REGS {int(spec.sums_in_registers)}"
-                                    f"\n#define SEAM_PREFETCH {int(prefetch)}")
+        p = spec.plan
+        stats, weight, red, cslot = p.offsets
+        consts = r.constants({
+            "HIDDEN": spec.hidden, "LAYER": spec.kind == "layer_norm", "HAS_DH": spec.dh,
+            "VS": p.vector, "TPR": p.threads_per_row, "RPB": p.rows_per_block,
+            "WARPS": p.threads_per_row // 32, "THREADS": p.block_threads,
+            "K": p.vectors_per_thread, "SL": p.slice, "CLUSTER": p.cluster,
+            "STAGES": p.stages, "NSTREAM": p.streams, "STREAM_BYTES": p.stream_bytes,
+            "HOLD": p.hold, "DEFER": p.deferred, "LOOKAHEAD": p.lookahead,
+            "STATS_OFF": stats, "W_OFF": weight, "RED_OFF": red,
+            "CSLOT_OFF": cslot})
+        text = _bounded_kernel(spec.kernel_name, spec.params(), T.ADD_NORM_BACKWARD,
+                               p.block_threads, 1)
+        if p.cluster > 1:
+            text = text.replace("__global__ void ",
+                                f"__global__ void __cluster_dims__({p.cluster}, 1, 1) ", 1)
         return r.source(["convert"], _dtype_functions(spec.dtype), consts, T.DEPENDENT_ENTRY,
-                        T.VEC_IO, T.ROW_SUM,
-                        _bounded_kernel(spec.kernel_name, spec.params(), T.ADD_NORM_BACKWARD,
-                                        plan.block_threads,
-                                        plan.min_blocks(BACKWARD_PROMISED_THREADS_PER_SM)))
+                        T.VEC_IO, T.ROW_SUM, T.STAGING, text)
     if isinstance(spec, ColumnReduceSpec):
         return r.source(["convert"], _dtype_functions(spec.dtype),
                         r.constants({"SETS": spec.sets, "REDUCE_LANES": REDUCE_BLOCK[1]}),

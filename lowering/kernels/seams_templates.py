@@ -11,9 +11,11 @@ its math in fp32. The pieces:
 - the kernels' bodies (`ADD_NORM_FORWARD`, `ADD_NORM_BACKWARD`, `COLUMN_REDUCE`,
   `ELEMENTWISE`) and the pointwise math of the elementwise ops (`POINTWISE`).
 
-The row kernels are persistent: a grid of a few CTAs per SM strides over groups of RPB
-rows, so that the backward can keep each thread's weight-gradient partial sums in
-registers over all of its rows and write them once per CTA.
+The row kernels are persistent: a grid of a few CTAs per SM (the forward) or one CTA an
+SM (the backward, whose tiles of rows are staged through shared memory by cp.async,
+`STAGING`) strides over groups of RPB rows, so that the backward can keep each thread's
+weight-gradient partial sums in registers over all of its rows and write them once per
+CTA (or cluster of CTAs, for rows wider than one CTA holds).
 """
 
 from __future__ import annotations
@@ -250,185 +252,336 @@ for (int g = blockIdx.x; g < groups; g += gridDim.x) {
 }
 """
 
+# Shared-memory staging of the backward (sm_80+: cp.async; sm_90+: clusters). A
+# 16-byte chunk that holds a byte of a tensor lies in the same page as that byte, so a
+# row's first and last chunks may be copied whole (their bytes outside the row are never
+# read back) without faulting. The host tests swap these for plain copies.
+STAGING = r"""
+#ifndef SEAM_HOST
+__device__ __forceinline__ unsigned char* seam_dynamic_smem() {
+  extern __shared__ __align__(16) unsigned char seam_smem[];
+  return seam_smem;
+}
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" :: "r"(smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" :: "r"(smem_addr(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory");
+}
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r; asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r)); return r;
+}
+// every thread of every CTA of the cluster, release / acquire at cluster scope; or its
+// two halves, with work between
+__device__ __forceinline__ void cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_sync() { cluster_arrive(); cluster_wait(); }
+// a float at the same shared-memory offset in CTA `rank` of this cluster
+__device__ __forceinline__ float cluster_load(const float* local, unsigned rank) {
+  unsigned remote; float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(local)), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+#else
+__device__ __forceinline__ unsigned cluster_rank() { return 0; }
+__device__ __forceinline__ void cluster_arrive() {}
+__device__ __forceinline__ void cluster_wait() {}
+__device__ __forceinline__ void cluster_sync() {}
+__device__ __forceinline__ float cluster_load(const float* local, unsigned) { return *local; }
+#endif
+#endif
+// `row_sum` with one barrier: the caller alternates between two slots (`red` is this
+// call's), so a slot is written again only two calls on, after every thread has passed
+// the barrier of the call between (and so has read the slot out).
+template <int N> __device__ __forceinline__ void row_sum_alternating(float (&v)[N], float* red) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
+  }
+  if constexpr (WARPS > 1) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) red[warp * N + i] = v[i];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      float s = 0.f;
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) s += red[w * N + i];
+      v[i] = s;
+    }
+  }
+}
+"""
+
 # dx = rstd * (g - mean(g) - n * mean(g * n)) (+ dh), g = dy * w, n = (h - mean) * rstd
-# (rms: no mean(g) term, mean = 0). Each thread sums dy * n (and dy) of its columns (the
-# K vectors c = tx + k * TPR) over all rows it visits and writes the sums once, to its CTA
-# row slot's row of the fp32 workspace [sets][parts][HIDDEN], parts = gridDim.x * RPB;
-# `COLUMN_REDUCE` then sums the parts. The row is held in registers (CACHED) or read
-# twice (the second read from L2); the sums are held in registers (ACC_REGS, always when
-# CACHED) or, for the widest rows, in the workspace row itself (zeroed first, then
-# read-modify-written by the one thread that owns the column).
+# (rms: no mean(g) term, mean = 0).
+#
+# Persistent, one CTA an SM (or one cluster of CLUSTER CTAs per CLUSTER SMs): a team (a
+# CTA, or a cluster whose CTAs each own a SL-wide column slice of the row) strides over
+# tiles of RPB rows. A tile's dy, h (and dh) and its rows' rstd / mean are copied by
+# cp.async into one of STAGES shared-memory stages, STAGES - 1 tiles ahead of the one
+# being reduced, so the bytes in flight do not depend on registers. Staged in 16-byte
+# chunks of the span's aligned cover, so any width and any base address is copied with
+# 16-byte accesses; the stage is read in accesses of VS values (8 where every row starts
+# 16-byte aligned, else the widest that every row start allows: 4, 2 or 1) at the span's
+# offset in its first chunk (`shift`, a multiple of VS).
+# Each thread sums dy * n (and dy) of its columns (c = tx + k * TPR, VS values each) over
+# all rows it meets in registers; at the end the RPB row slots are summed through shared
+# memory and each team writes one row of the fp32 workspace [sets][teams][HIDDEN], summed
+# by `COLUMN_REDUCE`. A row's two sums: warp shuffles, shared memory between warps, and
+# in a cluster each CTA's share read through distributed shared memory.
 ADD_NORM_BACKWARD = r"""
 dependent_launch_entry();
-__shared__ float red[RPB][WARPS * 2];
-const int tx = threadIdx.x, ty = threadIdx.y;
-const int groups = (rows + RPB - 1) / RPB;
-const int parts = gridDim.x * RPB;
-const int part = blockIdx.x * RPB + ty;
-float* __restrict__ ws_w = ws + (size_t)part * HIDDEN;
-float* __restrict__ ws_b = ws + ((size_t)parts + part) * HIDDEN;
-#if SEAM_ACC_REGS
-float aw[K][V], ab[LAYER ? K : 1][V];
+unsigned char* smem = seam_dynamic_smem();
+float* stats = reinterpret_cast<float*>(smem + STATS_OFF);        // [STAGES][2][RPB]
+unsigned short* w_s = reinterpret_cast<unsigned short*>(smem + W_OFF);  // [SL + 8]
+float* red = reinterpret_cast<float*>(smem + RED_OFF);            // [2][RPB][WARPS * 2]
+float* cslot = reinterpret_cast<float*>(smem + CSLOT_OFF);        // [2][2]
+const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * TPR + tx;
+const int rank = CLUSTER > 1 ? (int)cluster_rank() : 0;
+const int team = blockIdx.x / CLUSTER, teams = gridDim.x / CLUSTER;
+const int c0 = rank * SL;
+const int len = HIDDEN - c0 < SL ? HIDDEN - c0 : SL;  // columns of this CTA's slice
+const int tiles = (rows + RPB - 1) / RPB;
+// the weight's slice, copied like a stream's span
+const unsigned short* w_src = weight + c0;
+const char* w_lo = reinterpret_cast<const char*>((unsigned long long)w_src & ~15ull);
+{
+  const int chunks = (int)((reinterpret_cast<const char*>(w_src + len) - w_lo + 15) >> 4);
+  for (int j = tid; j < chunks; j += THREADS)
+    cp_async16(reinterpret_cast<unsigned char*>(w_s) + 16 * j, w_lo + 16 * j);
+}
+w_s += VS == 8 ? 0 : (int)(((unsigned long long)w_src & 15ull) >> 1);
+// Group 0 is the weight alone: the tiles' copies follow it at once, then the weight is
+// read into registers where the row's n and g are held too (HOLD), else read per row.
+cp_async_commit();
+float aw[K][VS], ab[LAYER ? K : 1][VS];
 #pragma unroll
 for (int k = 0; k < K; ++k) {
 #pragma unroll
-  for (int i = 0; i < V; ++i) { aw[k][i] = 0.f; ab[LAYER ? k : 0][i] = 0.f; }
+  for (int i = 0; i < VS; ++i) { aw[k][i] = 0.f; ab[LAYER ? k : 0][i] = 0.f; }
 }
-#else
-for (int c = tx; c < NVEC; c += TPR) {
+const unsigned short* srcs[NSTREAM > 2 ? 3 : 2];
+srcs[0] = dy; srcs[1] = h;
+if constexpr (HAS_DH) srcs[NSTREAM - 1] = dh;
+// The copies of tile `tile` into stage `stage` (none past the last tile), one group.
+auto issue = [&](int tile, int stage) {
+  if (tile < tiles) {
+    const int row0 = tile * RPB;
+    const int nrows = rows - row0 < RPB ? rows - row0 : RPB;
+    const size_t first = (size_t)row0 * HIDDEN + c0;
+    const int count = CLUSTER > 1 ? len : nrows * HIDDEN;  // one contiguous span
 #pragma unroll
-  for (int i = 0; i < V; ++i) {
-    ws_w[(size_t)c * V + i] = 0.f;
-    if constexpr (LAYER) ws_b[(size_t)c * V + i] = 0.f;
+    for (int s = 0; s < NSTREAM; ++s) {
+      const unsigned short* src = srcs[s] + first;
+      const char* lo = reinterpret_cast<const char*>((unsigned long long)src & ~15ull);
+      const int chunks = (int)((reinterpret_cast<const char*>(src + count) - lo + 15) >> 4);
+      unsigned char* dst = smem + (size_t)(stage * NSTREAM + s) * STREAM_BYTES;
+      for (int j = tid; j < chunks; j += THREADS) cp_async16(dst + 16 * j, lo + 16 * j);
+    }
+    if (tid < nrows) {
+      cp_async4(stats + (stage * 2) * RPB + tid, rstd + row0 + tid);
+      if constexpr (LAYER) cp_async4(stats + (stage * 2 + 1) * RPB + tid, mean + row0 + tid);
+    }
+  }
+  cp_async_commit();
+};
+// DEFER (in a cluster): a row's second phase waits for the next row's first, so that
+// the cluster barrier completes meanwhile; its stage is still read then, so LOOKAHEAD
+// is one fewer.
+#pragma unroll 1
+for (int s = 0; s < LOOKAHEAD; ++s) issue(team + s * teams, s);
+float wr[HOLD ? K : 1][VS];
+if constexpr (HOLD) {
+  cp_async_wait<LOOKAHEAD>();  // group 0: the weight
+  __syncthreads();
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int col = (tx + k * TPR) * VS;
+    if (col < len) load_vec<VS>(w_s + col, wr[k]);
   }
 }
-#endif
-#if SEAM_PREFETCH
-// The next row group's dy, h (and dh) and its rstd / mean are loaded while this one is
-// reduced and its dx computed and stored: a CTA's loads otherwise stop at every row's
-// barriers, and the few CTAs an SM holds (the sums' registers) cannot cover that. Held
-// packed: single-value vectors would take a register each, so they are loaded in place.
-Raw<V> pg[K], pn[K], pe[HAS_DH ? K : 1];
-float pr = 0.f, pm = 0.f;
-auto prefetch = [&](int g) {
-  const int row = g * RPB + ty;
-  if (g < groups && row < rows) {
-    const size_t base = (size_t)row * HIDDEN;
-    pr = rstd[row];
-    if constexpr (LAYER) pm = mean[row];
+// A row between its two phases: where it is, its statistics, its stage, its sums.
+struct RowState {
+  bool live; int row, stage; float r, mr; const unsigned short* st[NSTREAM > 2 ? 3 : 2];
+  float s[LAYER ? 2 : 1];
+};
+float hn[HOLD ? K : 1][VS], hg[HOLD ? K : 1][VS];
+// Phase 1 of tile `tile` (the `it`-th of this team): n and g, the weight-gradient terms,
+// the row's sums over this CTA (and, in a cluster, this CTA's share in its slot).
+auto begin = [&](int tile, int it, RowState& q) {
+  q.stage = it % STAGES;
+  q.row = tile * RPB + ty;
+  q.live = q.row < rows;
+  q.r = q.live ? stats[(q.stage * 2) * RPB + ty] : 0.f;
+  const float m = (LAYER && q.live) ? stats[(q.stage * 2 + 1) * RPB + ty] : 0.f;
+  q.mr = -m * q.r;  // n = h * r - m * r: one fma
+  const size_t first = (size_t)tile * RPB * HIDDEN + c0;
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
-      const int c = tx + k * TPR;
-      if (c < NVEC) {
-        load_raw<V>(dy + base + (size_t)c * V, pg[k]);
-        load_raw<V>(h + base + (size_t)c * V, pn[k]);
-        if constexpr (HAS_DH) load_raw<V>(dh + base + (size_t)c * V, pe[k]);
+  for (int s = 0; s < NSTREAM; ++s) {
+    const int shift = VS == 8 ? 0 : (int)(((unsigned long long)(srcs[s] + first) & 15ull) >> 1);
+    q.st[s] = reinterpret_cast<const unsigned short*>(smem + (size_t)(q.stage * NSTREAM + s) * STREAM_BYTES)
+              + shift + ty * SL;
+  }
+#pragma unroll
+  for (int j = 0; j < (LAYER ? 2 : 1); ++j) q.s[j] = 0.f;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int col = (tx + k * TPR) * VS;
+    if (q.live && col < len) {
+      float d[VS], n[VS], wl[VS];
+      load_vec<VS>(q.st[0] + col, d);
+      load_vec<VS>(q.st[1] + col, n);
+      if constexpr (!HOLD) load_vec<VS>(w_s + col, wl);
+      const float* w = HOLD ? wr[HOLD ? k : 0] : wl;
+#pragma unroll
+      for (int i = 0; i < VS; ++i) {
+        n[i] = fmaf(n[i], q.r, q.mr);
+        aw[k][i] += d[i] * n[i];
+        if constexpr (LAYER) ab[k][i] += d[i];
+        const float g = d[i] * w[i];
+        q.s[0] += g * n[i];
+        if constexpr (LAYER) q.s[LAYER ? 1 : 0] += g;
+        if constexpr (HOLD) { hn[k][i] = n[i]; hg[k][i] = g; }
       }
+    }
+  }
+  row_sum_alternating<LAYER ? 2 : 1>(q.s, red + ((it & 1) * RPB + ty) * WARPS * 2);
+  if constexpr (CLUSTER > 1) {
+    // this CTA's share, in its slot of the row's parity: written again two rows on,
+    // after every CTA has passed the cluster barrier of the row between (done reading)
+    if (tid == 0) {
+#pragma unroll
+      for (int j = 0; j < (LAYER ? 2 : 1); ++j) cslot[(it & 1) * 2 + j] = q.s[j];
     }
   }
 };
-prefetch(blockIdx.x);
-#endif
-for (int g = blockIdx.x; g < groups; g += gridDim.x) {
-  const int row = g * RPB + ty;
-  const bool live = row < rows;
-  const size_t base = (size_t)(live ? row : 0) * HIDDEN;
-  float s[2] = {0.f, 0.f};  // sum(g * n), sum(g)
-#if SEAM_CACHED
-#if SEAM_PREFETCH
-  const float r = live ? pr : 0.f;
-  const float m = (LAYER && live) ? pm : 0.f;
-#else
-  const float r = live ? rstd[row] : 0.f;
-  const float m = (LAYER && live) ? mean[row] : 0.f;
-#endif
-  float nv[K][V], gv[K][V], ev[HAS_DH ? K : 1][V];
+// Phase 2 (after the cluster barrier of the row, in a cluster): the row's totals, dx.
+auto finish = [&](int it, RowState& q) {
+  if constexpr (CLUSTER > 1) {
+    float part[CLUSTER][LAYER ? 2 : 1];
 #pragma unroll
-  for (int k = 0; k < K; ++k) {
-    const int c = tx + k * TPR;
-    if (live && c < NVEC) {
-      float w[V];
-#if SEAM_PREFETCH
-      raw_to_f<V>(pg[k], gv[k]);
-      raw_to_f<V>(pn[k], nv[k]);
-      if constexpr (HAS_DH) raw_to_f<V>(pe[k], ev[k]);
-#else
-      load_vec<V>(dy + base + (size_t)c * V, gv[k]);
-      load_vec<V>(h + base + (size_t)c * V, nv[k]);
-      if constexpr (HAS_DH) load_vec<V>(dh + base + (size_t)c * V, ev[k]);
-#endif
-      load_vec<V>(weight + (size_t)c * V, w);
+    for (int c = 0; c < CLUSTER; ++c) {
 #pragma unroll
-      for (int i = 0; i < V; ++i) {
-        nv[k][i] = (nv[k][i] - m) * r;
-        aw[k][i] += gv[k][i] * nv[k][i];
-        if constexpr (LAYER) ab[k][i] += gv[k][i];
-        gv[k][i] *= w[i];
-        s[0] += gv[k][i] * nv[k][i];
-        s[1] += gv[k][i];
-      }
+      for (int j = 0; j < (LAYER ? 2 : 1); ++j) part[c][j] = cluster_load(cslot + (it & 1) * 2 + j, c);
+    }
+#pragma unroll
+    for (int j = 0; j < (LAYER ? 2 : 1); ++j) {
+      float t = 0.f;
+#pragma unroll
+      for (int c = 0; c < CLUSTER; ++c) t += part[c][j];  // one order in every CTA
+      q.s[j] = t;
     }
   }
-#if SEAM_PREFETCH
-  prefetch(g + gridDim.x);
-#endif
-#else
-  const float r = live ? rstd[row] : 0.f;
-  const float m = (LAYER && live) ? mean[row] : 0.f;
-  for (int c = tx; c < NVEC; c += TPR) {
-    if (!live) break;
-    float d[V], hv[V], w[V];
-    load_vec<V>(dy + base + (size_t)c * V, d);
-    load_vec<V>(h + base + (size_t)c * V, hv);
-    load_vec<V>(weight + (size_t)c * V, w);
+  // dx = r * (g - gmean - n * dot) = r * g + (rn * n + rg): two fmas an element
+  const float rn = -q.r * (q.s[0] * (1.f / HIDDEN));
+  const float rg = LAYER ? -q.r * (q.s[LAYER ? 1 : 0] * (1.f / HIDDEN)) : 0.f;
+  unsigned short* out_row = dx + (size_t)(q.live ? q.row : 0) * HIDDEN + c0;
 #pragma unroll
-    for (int i = 0; i < V; ++i) {
-      const float n = (hv[i] - m) * r, gg = d[i] * w[i];
-      s[0] += gg * n;
-      s[1] += gg;
-    }
-  }
-#endif
-  row_sum<2>(s, red[ty]);
-  if (!live) continue;
-  const float dot = s[0] * (1.f / HIDDEN), gmean = LAYER ? s[1] * (1.f / HIDDEN) : 0.f;
-#if SEAM_ACC_REGS
-#pragma unroll
-#endif
   for (int k = 0; k < K; ++k) {
-    const int c = tx + k * TPR;
-    if (c < NVEC) {
-#if SEAM_CACHED
-      const float* n = nv[k];
-      const float* gg = gv[k];
-#else
-      float n[V], gg[V], w[V];
-      load_vec<V>(dy + base + (size_t)c * V, gg);
-      load_vec<V>(h + base + (size_t)c * V, n);
-      load_vec<V>(weight + (size_t)c * V, w);
+    const int col = (tx + k * TPR) * VS;
+    if (q.live && col < len) {
+      float n[VS], g[VS], out[VS];
+      if constexpr (HOLD) {
 #pragma unroll
-      for (int i = 0; i < V; ++i) {
-        n[i] = (n[i] - m) * r;
-#if SEAM_ACC_REGS
-        aw[k][i] += gg[i] * n[i];
-        if constexpr (LAYER) ab[k][i] += gg[i];
-#else
-        ws_w[(size_t)c * V + i] += gg[i] * n[i];
-        if constexpr (LAYER) ws_b[(size_t)c * V + i] += gg[i];
-#endif
-        gg[i] *= w[i];
+        for (int i = 0; i < VS; ++i) { n[i] = hn[k][i]; g[i] = hg[k][i]; }
+      } else {
+        float w[VS];
+        load_vec<VS>(q.st[0] + col, g);
+        load_vec<VS>(q.st[1] + col, n);
+        load_vec<VS>(w_s + col, w);
+#pragma unroll
+        for (int i = 0; i < VS; ++i) { n[i] = fmaf(n[i], q.r, q.mr); g[i] *= w[i]; }
       }
-#endif
-      float out[V];
 #pragma unroll
-      for (int i = 0; i < V; ++i) out[i] = r * (gg[i] - gmean - n[i] * dot);
+      for (int i = 0; i < VS; ++i) out[i] = fmaf(q.r, g[i], fmaf(rn, n[i], rg));
       if constexpr (HAS_DH) {
-#if SEAM_CACHED
-        const float* e = ev[k];
-#else
-        float e[V];
-        load_vec<V>(dh + base + (size_t)c * V, e);
-#endif
+        float e[VS];
+        load_vec<VS>(q.st[NSTREAM - 1] + col, e);
 #pragma unroll
-        for (int i = 0; i < V; ++i) out[i] += e[i];
+        for (int i = 0; i < VS; ++i) out[i] += e[i];
       }
-      store_vec<V>(dx + base + (size_t)c * V, out);
+      store_vec<VS>(out_row + col, out);
+    }
+  }
+};
+RowState q;
+int it = 0;
+#pragma unroll 1
+for (int tile = team; tile < tiles; tile += teams, ++it) {
+  cp_async_wait<LOOKAHEAD - 1>();  // this thread's copies of `tile` (group it + 1) landed
+  __syncthreads();  // everyone's; and the stage refilled next is read out
+  issue(tile + LOOKAHEAD * teams, (it + LOOKAHEAD) % STAGES);
+  if constexpr (DEFER) {
+    // the previous row's cluster barrier has had this row's wait and issue to complete
+    if (it > 0) { cluster_wait(); finish(it - 1, q); }
+    begin(tile, it, q);
+    cluster_arrive();
+  } else {
+    begin(tile, it, q);
+    if constexpr (CLUSTER > 1) cluster_sync();
+    finish(it, q);
+  }
+}
+if constexpr (DEFER) {
+  if (it > 0) { cluster_wait(); finish(it - 1, q); }
+}
+cp_async_wait<0>();
+__syncthreads();  // the stages are free: they hold the row slots' sums now
+const int sets = LAYER ? 2 : 1;
+if constexpr (RPB > 1) {
+  float* acc = reinterpret_cast<float*>(smem);  // [sets][RPB][SL]
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int col = (tx + k * TPR) * VS;
+#pragma unroll
+    for (int i = 0; i < VS; ++i) {
+      if (col + i < len) {
+        acc[(size_t)ty * SL + col + i] = aw[k][i];
+        if constexpr (LAYER) acc[(size_t)(RPB + ty) * SL + col + i] = ab[k][i];
+      }
+    }
+  }
+  __syncthreads();
+  for (int set = 0; set < sets; ++set) {
+    for (int e = tid; e < len; e += THREADS) {
+      float s = 0.f;
+#pragma unroll
+      for (int q = 0; q < RPB; ++q) s += acc[(size_t)(set * RPB + q) * SL + e];
+      ws[((size_t)set * teams + team) * HIDDEN + c0 + e] = s;
+    }
+  }
+} else {
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int col = (tx + k * TPR) * VS;
+#pragma unroll
+    for (int i = 0; i < VS; ++i) {
+      if (col + i < len) {
+        ws[(size_t)team * HIDDEN + c0 + col + i] = aw[k][i];
+        if constexpr (LAYER) ws[((size_t)teams + team) * HIDDEN + c0 + col + i] = ab[k][i];
+      }
     }
   }
 }
-#if SEAM_ACC_REGS
-#pragma unroll
-for (int k = 0; k < K; ++k) {
-  const int c = tx + k * TPR;
-  if (c < NVEC) {
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-      ws_w[(size_t)c * V + i] = aw[k][i];
-      if constexpr (LAYER) ws_b[(size_t)c * V + i] = ab[k][i];
-    }
-  }
-}
-#endif
+if constexpr (CLUSTER > 1) cluster_sync();  // no CTA leaves while its slots may be read
 """
 
 # out[set][col] = sum over parts of ws[set][part][col], in the weight's dtype. A block is

@@ -126,6 +126,60 @@ def test_add_norm_on_misaligned_tensors(dtype, kind):
     _check("dweight", dw, want[1], dtype)
 
 
+# Every kind of backward plan: single values (odd widths, any row offset), 16-byte
+# vectors, 2-16 rows a tile, clusters of 2, 4 and 8 CTAs (past 8192 columns), twice the
+# held columns at the widest.
+BACKWARD_WIDTHS = (1, 7, 100, 513, 4096, 4097, 8192, 16384, 16385, 24575, 40001, 65535,
+                   65536, 131072)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("width", BACKWARD_WIDTHS)
+@pytest.mark.parametrize("kind", fused.NORM_KINDS)
+def test_add_norm_backward_at_every_width_against_float64(dtype, width, kind):
+    rows = 777 if width <= 8192 else 37  # a last tile part full
+    gen = torch.Generator(device="cuda").manual_seed(width * 5 + 1)
+    h = _randn((rows, width), gen, dtype)
+    h[2::7] = h[2::7] * 2 + 20.0
+    w = _randn(width, gen, dtype, 0.3, 1.0)
+    dy = _randn((rows, width), gen, dtype)
+    dh = _randn((rows, width), gen, dtype)
+    _, _, mean, rstd = fused.add_norm_forward_reference(h, None, w, None, 1e-5, kind)
+    assert fused.kernel_path("add_norm_backward", dy, h, w, mean, rstd, kind, dh)
+    for extra in (None, dh):
+        dx, dw, db = fused.add_norm_backward(dy, h, w, mean, rstd, kind, extra)
+        want = fused.add_norm_backward_reference(
+            dy.double(), h.double(), w.double(), None if mean is None else mean.double(),
+            rstd.double(), kind, None if extra is None else extra.double())
+        _check("dx", dx, want[0], dtype)
+        _check("dweight", dw, want[1], dtype)
+        if kind == "layer_norm":
+            _check("dbias", db, want[2], dtype)
+        again = fused.add_norm_backward(dy, h, w, mean, rstd, kind, extra)
+        assert torch.equal(again[0], dx) and torch.equal(again[1], dw)  # no atomics
+
+
+@pytest.mark.parametrize("width", (512, 4096, 16385, 65536))
+def test_add_norm_backward_on_misaligned_rows_at_wide_widths(width):
+    """Bases 2 bytes past a 16-byte boundary (a view into a larger buffer): the staged
+    copies take the 16-byte cover of every span and read it at its offset."""
+    dtype, rows, kind = torch.bfloat16, 19, "layer_norm"
+    gen = torch.Generator(device="cuda").manual_seed(width)
+    h = _randn(rows * width + 1, gen, dtype)[1:].view(rows, width)
+    dy = _randn(rows * width + 1, gen, dtype)[1:].view(rows, width)
+    dh = _randn(rows * width + 1, gen, dtype)[1:].view(rows, width)
+    w = _randn(width + 1, gen, dtype, 0.3, 1.0)[1:]
+    _, _, mean, rstd = fused.add_norm_forward_reference(h, None, w, None, 1e-5, kind)
+    assert h.data_ptr() % 16 and fused.kernel_path("add_norm_backward", dy, h, w, mean, rstd,
+                                                   kind, dh)
+    dx, dw, db = fused.add_norm_backward(dy, h, w, mean, rstd, kind, dh)
+    want = fused.add_norm_backward_reference(dy.double(), h.double(), w.double(),
+                                             mean.double(), rstd.double(), kind, dh.double())
+    _check("dx", dx, want[0], dtype)
+    _check("dweight", dw, want[1], dtype)
+    _check("dbias", db, want[2], dtype)
+
+
 def test_recording_autograd_or_fp32_takes_the_torch_path():
     x = torch.randn(8, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     w = torch.ones(64, device="cuda", dtype=torch.bfloat16)
@@ -220,3 +274,25 @@ def test_launches_follow_the_current_stream():
     torch.cuda.current_stream().wait_stream(side)
     assert torch.all(y == 1.0)
     assert torch.allclose(rstd, torch.full_like(rstd, 0.5))
+
+
+@pytest.mark.parametrize("width", (4096, 65536))
+def test_add_norm_backward_replays_in_a_cuda_graph(width):
+    """Captured (the benches time graph replays) and replayed on new inputs, the staged
+    backward (a cluster at 65536) gives what an eager call gives."""
+    rows, kind, dtype = 64, "layer_norm", torch.bfloat16
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    h = _randn((rows, width), gen, dtype)
+    w = _randn(width, gen, dtype, 0.3, 1.0)
+    dy = _randn((rows, width), gen, dtype)
+    _, _, mean, rstd = fused.add_norm_forward_reference(h, None, w, None, 1e-5, kind)
+    fused.add_norm_backward(dy, h, w, mean, rstd, kind)  # compiled and planned outside
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused.add_norm_backward(dy, h, w, mean, rstd, kind)
+    dy.copy_(_randn((rows, width), gen, dtype))
+    graph.replay()
+    torch.cuda.synchronize()
+    want = fused.add_norm_backward(dy, h, w, mean, rstd, kind)
+    for got, ref in zip(out, want):
+        assert torch.equal(got, ref)

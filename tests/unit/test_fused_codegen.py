@@ -28,7 +28,7 @@ def test_vector_width_divides_the_row_and_fits_the_alignment(hidden, alignment, 
 
 @pytest.mark.parametrize("hidden", MAIN_HIDDEN + ODD_HIDDEN)
 def test_row_plans_cover_the_row(hidden):
-    for floats in (S.FORWARD_CACHE_FLOATS, S.BACKWARD_CACHE_FLOATS):
+    for floats in (S.FORWARD_CACHE_FLOATS,):
         p = S.plan_row(hidden, 16, floats)
         nvec = hidden // p.vector
         assert p.vector * nvec == hidden
@@ -46,10 +46,8 @@ def test_row_plans_cover_the_row(hidden):
 def test_the_main_widths_hold_rows_in_registers():
     for hidden in (4096, 8192):
         assert S.AddNormForwardSpec("rms_norm", "bf16", hidden, True, False).plan.cached
-        assert S.AddNormBackwardSpec("layer_norm", "bf16", hidden, True).plan.cached
-    assert not S.AddNormBackwardSpec("rms_norm", "bf16", 20000, False).plan.cached
-    assert S.AddNormBackwardSpec("layer_norm", "bf16", 16384, False).sums_in_registers
-    assert not S.AddNormBackwardSpec("layer_norm", "bf16", 20000, False).sums_in_registers
+        p = S.AddNormBackwardSpec("layer_norm", "bf16", hidden, True).plan
+        assert p.cluster == 1 and p.vector == 8 and p.hold
 
 
 @pytest.mark.parametrize("make, message", [
@@ -75,6 +73,54 @@ def test_sources_include_no_header_and_name_their_kernel():
 def test_kernel_names_differ_between_variants():
     names = [s.kernel_name for s in S.every_variant(4096)]
     assert len(names) == len(set(names))
+
+
+BACKWARD_WIDTHS = (1, 7, 100, 513, 4096, 4097, 8192, 16384, 16385, 24575, 40001, 65535,
+                   65536, 131072)
+H200 = S.Hardware(dram_bytes_per_s=4.8e12)  # an H100 model but for the bandwidth
+
+
+@pytest.mark.parametrize("hw", [S.SM90, H200], ids=["h100", "h200"])
+def test_backward_plans_fit_and_cover_every_width(hw):
+    widths = list(range(1, 1100)) + list(range(1100, 131073, 97)) + list(BACKWARD_WIDTHS)
+    for hidden in widths:
+        for dh in (False, True):
+            for alignment in (16, 2):
+                p = S.plan_backward(hidden, alignment, dh, True, hw)
+                # the cluster's slices cover the row, none empty
+                assert p.cluster * p.slice >= hidden > (p.cluster - 1) * p.slice
+                assert p.cluster == 1 or p.rows_per_block == 1
+                assert p.vectors_per_thread * p.threads_per_row * p.vector >= p.slice
+                assert p.block_threads == S.BACKWARD_THREADS
+                assert p.vector == S.vector_width(hidden, alignment)
+                assert p.smem_bytes <= hw.smem_per_block and p.stages >= 2
+                # a tile's spans fit their stage whatever their first chunk's offset
+                assert p.stream_bytes >= 2 * p.rows_per_block * p.slice + 14
+                # the row slots' sums fit the stages at the end
+                assert p.stages * p.tile_bytes >= 8 * p.rows_per_block * p.slice
+                # the model's bytes in flight, or as many stages as fit or are allowed
+                assert p.lookahead >= 1 and p.deferred == (p.cluster > 1 and p.stages >= 3)
+                if 512 <= hidden <= 65536:
+                    assert (p.lookahead * p.tile_bytes >= hw.in_flight_target
+                            or p.smem_bytes + p.tile_bytes > hw.smem_per_block
+                            or p.stages == S.BACKWARD_MAX_STAGES), (hidden, p)
+                    # at least bandwidth x latency (the target is twice that)
+                    assert p.lookahead * p.tile_bytes >= hw.in_flight_target // 2
+    with pytest.raises(LoweringError, match="no plan fits"):
+        S.plan_backward(2 ** 20, 16, True, True, hw)
+
+
+def test_backward_plans_transfer_between_devices():
+    """The H100 and H200 models differ in bandwidth only, and both keep enough in flight
+    with the same plan: one kernel for both (what `warmup` compiles)."""
+    for hidden in list(range(1, 600)) + list(range(600, 131073, 61)):
+        for dh in (False, True):
+            assert (S.plan_backward(hidden, 16, dh, True, S.SM90)
+                    == S.plan_backward(hidden, 16, dh, True, H200)), hidden
+    # without clusters (an A100 model) the widest rows have no plan: the torch path
+    assert S.plan_backward(8192, 16, True, True, S.SM80).cluster == 1
+    with pytest.raises(LoweringError):
+        S.plan_backward(65536, 16, True, True, S.SM80)
 
 
 # --------------------------------------------------------------------------- NVRTC
@@ -105,6 +151,16 @@ def test_odd_widths_compile(dtype, hidden):
     for spec in S.every_variant(hidden, dtype):
         if isinstance(spec, (S.AddNormForwardSpec, S.AddNormBackwardSpec)):
             _assert_compiles_clean(spec, "sm_90")
+
+
+@pytest.mark.parametrize("dtype", S.DTYPES)
+@pytest.mark.parametrize("hidden", BACKWARD_WIDTHS)
+def test_every_backward_plan_compiles_without_spills(dtype, hidden):
+    for kind in S.NORM_KINDS:
+        for dh in (False, True):
+            for alignment in ((16, 2) if hidden % 8 == 0 else (16,)):
+                _assert_compiles_clean(S.AddNormBackwardSpec(kind, dtype, hidden, dh, alignment),
+                                       "sm_90")
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
@@ -265,6 +321,7 @@ HOST_PRELUDE = r"""
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 struct dim3h { unsigned x, y, z; };
@@ -273,15 +330,38 @@ struct uint2 { unsigned x, y; };
 thread_local dim3h threadIdx, blockIdx;
 static dim3h blockDim, gridDim;
 thread_local int t_lane, t_warp;
-static std::barrier<>* g_block;
+thread_local std::barrier<>* g_block;
+thread_local std::barrier<>* t_cluster;
+thread_local unsigned char* t_smem;
+thread_local unsigned char** t_cluster_smem;
+thread_local unsigned t_rank;
 struct WarpExchange { std::barrier<> bar{32}; float buf[32]; };
 static WarpExchange* g_warps;
+// the staged backward's shared memory, copies and cluster, as plain host memory: a copy
+// lands at once, a cluster's CTAs run side by side and read each other's memory
+#define SEAM_HOST 1
+static unsigned char* seam_dynamic_smem() { return t_smem; }
+static void cp_async16(void* d, const void* s) { std::memcpy(d, s, 16); }
+static void cp_async4(void* d, const void* s) { std::memcpy(d, s, 4); }
+static void cp_async_commit() {}
+template <int N> static void cp_async_wait() {}
+static unsigned cluster_rank() { return t_rank; }
+static void cluster_sync() { t_cluster->arrive_and_wait(); }
+thread_local std::optional<std::barrier<>::arrival_token> t_arrival;
+static void cluster_arrive() { t_arrival.emplace(t_cluster->arrive()); }
+static void cluster_wait() { t_cluster->wait(std::move(*t_arrival)); t_arrival.reset(); }
+static float cluster_load(const float* local, unsigned rank) {
+  float v;
+  std::memcpy(&v, t_cluster_smem[rank] + ((const unsigned char*)local - t_smem), 4);
+  return v;
+}
 #define __global__
 #define __device__
 #define __forceinline__ inline
 #define __restrict__ __restrict
 #define __shared__ static
 #define __launch_bounds__(...)
+#define __cluster_dims__(...)
 static void __syncthreads() { g_block->arrive_and_wait(); }
 static float __shfl_xor_sync(unsigned, float v, int o) {
   WarpExchange& w = g_warps[t_warp];
@@ -308,27 +388,39 @@ static unsigned pack_f16x2(float lo, float hi) { return f32_to_f16(lo) | ((unsig
 """
 
 HOST_LAUNCH = r"""
-// One std::thread per thread of a block, for the whole grid: the threads run the blocks
-// one after another and meet at the block barrier in between.
+// One std::thread per thread of a cluster's blocks (one block where there is no
+// cluster), for the whole grid: the threads run the clusters one after another and meet
+// at the block and cluster barriers in between. Each block has its own dynamic shared
+// memory (SMEM bytes, filled with a pattern: nothing may read what it did not write).
 extern "C" void host_launch(int grid_x, int block_x, int block_y, @PARAMS@) {
+  constexpr int CL = @CLUSTER@;
+  constexpr size_t SMEM = @SMEM@;
   blockDim = {(unsigned)block_x, (unsigned)block_y, 1};
   gridDim = {(unsigned)grid_x, 1, 1};
   const int block_threads = block_x * block_y;
-  std::barrier<> block_barrier(block_threads);
-  g_block = &block_barrier;
-  std::unique_ptr<WarpExchange[]> warps(new WarpExchange[(block_threads + 31) / 32]);
+  std::unique_ptr<std::barrier<>> blocks[CL];
+  for (auto& b : blocks) b.reset(new std::barrier<>(block_threads));
+  std::barrier<> cluster_barrier(CL * block_threads);
+  std::vector<std::vector<unsigned char>> smem(CL, std::vector<unsigned char>(SMEM + 16, 0xa5));
+  unsigned char* smem_ptr[CL];
+  for (int c = 0; c < CL; ++c)
+    smem_ptr[c] = smem[c].data() + ((16 - ((uintptr_t)smem[c].data() & 15)) & 15);
+  std::unique_ptr<WarpExchange[]> warps(new WarpExchange[CL * ((block_threads + 31) / 32)]);
   g_warps = warps.get();
   std::vector<std::thread> threads;
-  for (int t = 0; t < block_threads; ++t)
-    threads.emplace_back([=] {
-      threadIdx = {(unsigned)(t % block_x), (unsigned)(t / block_x), 0};
-      t_lane = t % 32; t_warp = t / 32;
-      for (int b = 0; b < grid_x; ++b) {
-        blockIdx = {(unsigned)b, 0, 0};
-        @KERNEL@(@ARGS@);
-        g_block->arrive_and_wait();
-      }
-    });
+  for (int c = 0; c < CL; ++c)
+    for (int t = 0; t < block_threads; ++t)
+      threads.emplace_back([&, c, t] {
+        threadIdx = {(unsigned)(t % block_x), (unsigned)(t / block_x), 0};
+        t_lane = t % 32; t_warp = c * ((block_threads + 31) / 32) + t / 32;
+        g_block = blocks[c].get(); t_cluster = &cluster_barrier;
+        t_smem = smem_ptr[c]; t_cluster_smem = smem_ptr; t_rank = c;
+        for (int b = c; b < grid_x; b += CL) {
+          blockIdx = {(unsigned)b, 0, 0};
+          @KERNEL@(@ARGS@);
+          cluster_barrier.arrive_and_wait();
+        }
+      });
   for (auto& th : threads) th.join();
 }
 """
@@ -347,7 +439,10 @@ def _host_kernel(spec):
     src = S.render(spec).replace(SNIPPETS["convert"].strip(), "")
     src = src.replace('extern "C" ', "")
     params = spec.params()
+    plan = spec.plan if isinstance(spec, S.AddNormBackwardSpec) else None
     launch = (HOST_LAUNCH.replace("@PARAMS@", ", ".join(f"{t} {n}" for t, n in params))
+              .replace("@CLUSTER@", str(plan.cluster if plan else 1))
+              .replace("@SMEM@", str(plan.smem_bytes if plan else 0))
               .replace("@KERNEL@", spec.kernel_name)
               .replace("@ARGS@", ", ".join(n for _, n in params)))
     work = Path(tempfile.mkdtemp(prefix="seams_host_"))
@@ -411,29 +506,49 @@ def test_forward_runs_on_the_host(dtype, hidden, rows, grid, kind, residual):
         assert torch.allclose(mean.double(), rmean.double(), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("dtype, hidden, rows, grid, kind, with_dh", [
-    ("bf16", 4096, 5, 2, "layer_norm", True),
-    ("fp16", 768, 9, 3, "rms_norm", False),      # 64 threads a row, 2 rows a block
-    ("bf16", 7, 10, 2, "layer_norm", False),
-    ("bf16", 16384, 3, 2, "layer_norm", True),   # streamed, sums in registers
-    ("bf16", 20000, 3, 2, "layer_norm", True),   # streamed: sums in the workspace
-    ("fp16", 20000, 3, 1, "rms_norm", True),
+@pytest.mark.parametrize("dtype, hidden, rows, teams, kind, with_dh, offset, vector", [
+    ("bf16", 4096, 5, 2, "layer_norm", True, 0, 8),   # 2 rows a tile, 16-byte vectors
+    ("fp16", 768, 9, 3, "rms_norm", False, 0, 8),     # 4 rows a tile
+    ("bf16", 7, 40, 2, "layer_norm", False, 0, 1),    # single values, 16 rows a tile
+    ("bf16", 4097, 7, 2, "rms_norm", True, 0, 1),     # rows at every 2-byte offset
+    ("bf16", 5140, 5, 2, "layer_norm", True, 0, 4),   # rows 8- or 16-byte aligned
+    ("fp16", 4098, 4, 1, "layer_norm", False, 0, 2),
+    ("bf16", 512, 37, 2, "layer_norm", True, 1, 1),   # bases 2 bytes off: single values
+    ("bf16", 1024, 9, 2, "rms_norm", True, 2, 2),     # 4 bytes off: pairs, shifted
+    ("bf16", 16384, 3, 2, "layer_norm", True, 0, 8),  # a cluster of 2
+    ("fp16", 16385, 3, 1, "rms_norm", True, 0, 1),    # a cluster of 4, single values
+    ("bf16", 16384, 4, 1, "layer_norm", True, -1, 8),  # a cluster with 2 stages: no defer
 ])
-def test_backward_and_column_reduce_run_on_the_host(dtype, hidden, rows, grid, kind, with_dh):
+def test_backward_and_column_reduce_run_on_the_host(dtype, hidden, rows, teams, kind, with_dh,
+                                                    offset, vector):
     tdt = HOST_DTYPES[dtype]
     g = torch.Generator().manual_seed(hidden * 3 + rows)
-    h = (torch.randn(rows, hidden, generator=g) + 10 * (torch.arange(rows) % 3)[:, None]).to(tdt)
-    w = (torch.rand(hidden, generator=g) + 0.5).to(tdt)
-    dy = torch.randn(rows, hidden, generator=g).to(tdt)
-    dh = torch.randn(rows, hidden, generator=g).to(tdt) if with_dh else None
+
+    def make(t):  # `offset` values into a larger buffer: the base off 16-byte alignment
+        buf = torch.empty(t.numel() + 8, dtype=tdt)
+        view = buf[max(0, offset):max(0, offset) + t.numel()].view(t.shape)
+        view.copy_(t)
+        return view
+
+    h = make((torch.randn(rows, hidden, generator=g)
+              + 10 * (torch.arange(rows) % 3)[:, None]).to(tdt))
+    w = make((torch.rand(hidden, generator=g) + 0.5).to(tdt))
+    dy = make(torch.randn(rows, hidden, generator=g).to(tdt))
+    dh = make(torch.randn(rows, hidden, generator=g).to(tdt)) if with_dh else None
     _, _, mean, rstd = fused.add_norm_forward_reference(h, None, w, None, 1e-5, kind)
-    spec = S.AddNormBackwardSpec(kind, dtype, hidden, with_dh)
+    # offset -1: aligned, on a GPU of 120 kB of shared memory a block (and a bandwidth
+    # that two stages serve)
+    hw = S.Hardware(smem_per_block=120000, dram_bytes_per_s=1e9) if offset < 0 else S.SM90
+    spec = S.AddNormBackwardSpec(kind, dtype, hidden, with_dh, fused._alignment(dy, h, dh, w),
+                                 hw)
+    assert (spec.plan.stages == 2) == (offset < 0)
     plan = spec.plan
-    parts = grid * plan.rows_per_block
+    assert plan.vector == vector
+    parts = teams
     ws = torch.full((spec.sets * parts * hidden,), float("nan"))
-    dx = torch.full_like(h, float("nan"))
-    _host_kernel(spec)(grid, *plan.block[:2], _p(dy), _p(h), _p(w), _p(mean), _p(rstd), _p(dh),
-                       _p(dx), _p(ws), rows)
+    dx = make(torch.full((rows, hidden), float("nan")).to(tdt))
+    _host_kernel(spec)(teams * plan.cluster, *plan.block[:2], _p(dy), _p(h), _p(w), _p(mean),
+                       _p(rstd), _p(dh), _p(dx), _p(ws), rows)
     assert not ws.isnan().any()  # every slot wrote its whole row, rows met or not
     dw = torch.full_like(w, float("nan"))
     db = torch.full_like(w, float("nan")) if kind == "layer_norm" else None
@@ -470,7 +585,7 @@ def test_elementwise_runs_on_the_host(dtype, op, n, alignment):
 def _host_dispatch(monkeypatch, grid=3):
     """runtime.fused's launches sent to the host builds (CPU tensors, a grid of ``grid``):
     the arguments it packs must be the kernel's parameters, in order."""
-    def launch(spec, device, grid_, block, args):
+    def launch(spec, device, grid_, block, args, smem=0, dependent=True):
         values = [a.item() if a.dtype.kind in "iuf" else a for a in args]
         values = [None if (isinstance(v, int) and v == 0 and t.endswith("*")) else v
                   for v, (t, _) in zip(values, spec.params())]
@@ -478,6 +593,10 @@ def _host_dispatch(monkeypatch, grid=3):
 
     monkeypatch.setattr(fused, "_launch", launch)
     monkeypatch.setattr(fused, "_row_grid", lambda spec, rows, device, threads: grid)
+    monkeypatch.setattr(fused, "_backward_grid",
+                        lambda spec, rows, device, threads: grid * spec.plan.cluster)
+    monkeypatch.setattr(fused, "_index", lambda device: 0)
+    monkeypatch.setattr(fused, "_hardware", lambda index: S.SM90)
 
 
 @pytest.mark.parametrize("kind", fused.NORM_KINDS)
