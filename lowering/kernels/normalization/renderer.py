@@ -516,7 +516,10 @@ class SharedRowRenderer:
             shared=p.batch, out_t=out_t, tensor_args=targs(pro), out_args=targs(outs),
             first_sum="v[e]" if layer else "v[e] * v[e]", stats=stats)
         aligned = S["aligned_flag"].format(aligned="true" if s.rows_aligned else "false")
-        helpers = S["helpers"].format(warps=p.threads_per_row // 32)
+        wait_cases = "".join(
+            f'    case {n}: asm volatile("cp.async.wait_group {n};\\n" ::: "memory"); break;\n'
+            for n in range(p.batch))
+        helpers = S["helpers"].format(warps=p.threads_per_row // 32, wait_cases=wait_cases)
         return render.Renderer().source(["convert"], SNIPPETS["preamble"].format(), aligned,
                                         helpers, values, output, kernel)
 

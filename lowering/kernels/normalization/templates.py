@@ -655,6 +655,13 @@ __device__ __forceinline__ void copy_chunk(uint4* dst, const uint4* src) {{
 }}
 __device__ __forceinline__ void copy_commit() {{ asm volatile("cp.async.commit_group;\\n" ::: "memory"); }}
 __device__ __forceinline__ void copy_wait() {{ asm volatile("cp.async.wait_all;\\n" ::: "memory"); }}
+// Wait until at most n of this thread's newest copy groups are pending (n is a constant
+// once the slot loop is unrolled: one instruction).
+__device__ __forceinline__ void copy_wait_pending(int n) {{
+  switch (n) {{
+{wait_cases}    default: asm volatile("cp.async.wait_all;\\n" ::: "memory");
+  }}
+}}
 """,
     # the fp32 values of one chunk of x after the prologue, 0 outside [lo, hi)
     "values": """\
@@ -718,8 +725,8 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
         if (i < kShared) copy_chunk(s_x + i * kT + tid, src + c);
         else xr[i >= kShared ? i - kShared : 0] = __ldcs(src + c);
       }}
+      if (i < kShared) copy_commit();  // one group a slot: the first pass waits slot by slot
     }}
-    copy_commit();
   }}
 #pragma unroll 1
   for (int row = blockIdx.x; row < rows; row += gridDim.x) {{
@@ -728,11 +735,13 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
     const int hx = kRowsAligned ? 0 : (int)(xa & 15) >> 1;
     const int nch = (hx + kHidden + 7) >> 3;
     {out_t}* const y = out_y + (size_t)row * kHidden;
-    copy_wait();  // this thread's chunks of the row (its own copies: no barrier)
     float s = 0.f;
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {{
       const int c = i * kT + tid;
+      // this thread's copy of slot i has landed (its own copies: no barrier); the later
+      // slots' may still be on their way while this one is summed
+      if (i < kShared) copy_wait_pending(kShared - 1 - i);
       if (c < nch) {{
         const uint4 raw = i < kShared ? s_x[i * kT + tid] : xr[i >= kShared ? i - kShared : 0];
         const int col0 = 8 * c - hx, lo = c == 0 ? hx : 0, hi = min(8, kHidden - col0);
@@ -769,8 +778,8 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
         if (i < kShared) copy_chunk(s_x + i * kT + tid, nsrc + c);
         else xr[i >= kShared ? i - kShared : 0] = __ldcs(nsrc + c);
       }}
+      if (i < kShared) copy_commit();
     }}
-    copy_commit();
   }}
   copy_wait();
 }}
