@@ -231,7 +231,8 @@ def bytes_in_flight(plan: LaunchPlan, value_bytes: int) -> int:
 # 16-bit values is 16 chunks on 1024 threads).
 MAX_SHARED_ROW_SLOTS = 18
 # Registers of the shared-row kernel besides its register-held chunks (4 each) and the
-# prologue's 1-D tensors (4 a byte of a column: eight values of each, loaded ahead),
+# prologue's 1-D tensors (8 a byte of a column: eight values of each, for two chunks: ptxas
+# issues their loads a chunk ahead),
 # fitted to ptxas (sm_90) over the default plans of 1..131072: 40-56 as compiled under
 # the promise this makes (`LaunchPlan.min_blocks_per_sm` rounds the estimate plus a
 # margin of 8 up to 8: 56 here). The unit tests compile the default plans of a sweep of
@@ -250,7 +251,7 @@ def row_chunks(hidden: int, value_bytes: int, rows_aligned: bool) -> int:
 
 
 def shared_row_register_estimate(register_slots: int, prologue_bytes: int = 0) -> int:
-    return SHARED_ROW_REGISTERS + 4 * register_slots + 4 * prologue_bytes
+    return SHARED_ROW_REGISTERS + 4 * register_slots + 8 * prologue_bytes
 
 
 def shared_row_candidates(hidden: int, value_bytes: int, param_bytes: int, rows_aligned: bool,
@@ -261,7 +262,9 @@ def shared_row_candidates(hidden: int, value_bytes: int, param_bytes: int, rows_
     the rest in registers within the block's register budget."""
     chunks = row_chunks(hidden, value_bytes, rows_aligned)
     plans = []
-    for t in range(MIN_THREADS_PER_BLOCK, MAX_THREADS_PER_BLOCK + 1, WARP):
+    # blocks of one warp up: short rows (513: 66 chunks) need many blocks an SM, one row
+    # each, to keep enough bytes requested
+    for t in range(WARP, MAX_THREADS_PER_BLOCK + 1, WARP):
         slots = -(-chunks // t)
         if slots > MAX_SHARED_ROW_SLOTS or (slots - 1) * t >= chunks:
             continue

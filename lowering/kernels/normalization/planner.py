@@ -249,6 +249,8 @@ SHARED_ROW_MIN_HIDDEN = 512
 # Threads an SM should hold for the shared-row kernel's passes over shared memory to
 # keep its load pipe busy (LDS.128: 4 cycles a warp; a few warps a scheduler).
 SHARED_ROW_THREADS_PER_SM = 1024
+# `choose_shared_row`: blocks an SM (rows in flight) worth more than resident threads.
+SHARED_ROW_BLOCKS = 4
 # `prefers_shared_row`: resident threads an SM below which a register plan's barriers
 # and stores go uncovered (see there).
 REGISTER_PLAN_MIN_THREADS = 768
@@ -260,9 +262,10 @@ def choose_shared_row(plans: list[LaunchPlan], hardware: Hardware = SM90) -> Lau
     1. Bytes requested an SM (Little's law): each resident block asks for a whole row
        while it writes the one before, so blocks x the row's bytes must reach
        ``hardware.in_flight_per_sm`` (bandwidth x latency / SMs).
-    2. Two blocks an SM or more where shared memory allows: a block waits for its row to
-       land, then makes two passes over it and two barriers before its stores; a second
-       block's stream covers those phases (with one, DRAM idles through them).
+    2. More blocks an SM, up to `SHARED_ROW_BLOCKS`, where shared memory allows: a block
+       waits for the end of its row to land, then makes a pass over it and a barrier (two
+       of each for a layer norm) before its stores; the other blocks' streams cover those
+       phases (with one block, DRAM idles through them).
     3. Threads an SM up to `SHARED_ROW_THREADS_PER_SM`: enough warps to keep the shared
        memory pipe and the DRAM queue busy.
     4. Less padding (idle lanes in the last slot), then larger blocks (fewer slots:
@@ -272,7 +275,7 @@ def choose_shared_row(plans: list[LaunchPlan], hardware: Hardware = SM90) -> Lau
         flight = blocks * p.row_chunks * 16
         slots = -(-p.row_chunks // p.threads_per_row)
         pad = 1 - p.row_chunks / (slots * p.threads_per_row)
-        return (flight < hardware.in_flight_per_sm, -min(blocks, 2),
+        return (flight < hardware.in_flight_per_sm, -min(blocks, SHARED_ROW_BLOCKS),
                 -min(blocks * p.block_threads, SHARED_ROW_THREADS_PER_SM),
                 round(pad, 1), -p.threads_per_row)
 
