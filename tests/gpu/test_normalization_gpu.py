@@ -386,3 +386,13 @@ def test_every_shared_row_candidate_matches_float64(hidden):
         spec = dataclasses.replace(base, shared_row=True, threads_per_row=plan.threads_per_row)
         y = rn.normalize(spec, {"x": x, "weight": w}, torch.full_like(x, float("nan")))
         assert _rel(y, ref) < 1e-2, plan.describe()
+
+
+@pytest.mark.parametrize("hidden", [513, 4097, 12288, 65536, 131072])
+def test_shared_row_blocks_keep_the_plans_promise(hidden):
+    """The driver fits the shared-row plan's promised blocks an SM, with its dynamic
+    shared memory (up to 224 KiB a block: the opt-in attribute is set)."""
+    spec = NormalizationSpec.layer_norm(8192, hidden, dtype="bfloat16")
+    assert spec.plan.shared_row
+    kernel = rn._kernel(spec, torch.cuda.current_device())
+    assert rn.resident_blocks(kernel, spec.plan) >= spec.plan.min_blocks_per_sm

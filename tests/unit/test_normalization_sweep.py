@@ -233,3 +233,13 @@ def test_funnel_shift_of_unaligned_1d_tensor_chunks():
         out = _funnel(words(elements[:8]), words(elements[8:]), sh)
         got = [half for word in out for half in (word & 0xFFFF, word >> 16)]
         assert got == elements[sh:sh + 8], sh
+
+
+def test_device_hardware_without_a_device_is_the_sm90_default():
+    pytest.importorskip("torch")
+    from lowering.kernels.normalization import SM90
+    from runtime import normalization as rn
+
+    assert rn.device_hardware(-1) is SM90
+    spec = rn._spec("rms_norm", 8192, 65536, 1e-6, "bfloat16", 16, -1)
+    assert spec.hardware is SM90 and spec.plan.shared_row
