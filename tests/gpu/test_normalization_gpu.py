@@ -60,10 +60,11 @@ def test_matches_torch_layer_norm_per_row():
     assert (got.float() - want).abs().max() < 2e-2 * want.abs().max()
 
 
-def test_misaligned_input_falls_back_to_narrow_vectors():
+def test_misaligned_input_takes_the_shared_row_kernel():
     x, b0, b1, w, b2 = _inputs(33, 1025, torch.float16, seed=3)
     xs = x.reshape(-1)[1:1 + 32 * 1025].reshape(32, 1025)  # base no longer 16-byte aligned
-    spec = NormalizationSpec.layer_norm(32, 1025)
+    spec = NormalizationSpec.layer_norm(32, 1025, alignment=2)
+    assert spec.plan.shared_row
     ref = rn.reference(spec, {"x": xs, "weight": w, "bias": b2})
     assert _rel(rn.layer_norm(xs, w, b2), ref) < 1e-2
 
