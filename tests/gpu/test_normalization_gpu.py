@@ -325,8 +325,8 @@ WIDTHS = (1, 7, 100, 513, 4097, 16385, 24575, 25088, 40001, 65535, 65536, 98304,
 
 def _rows_for(hidden):
     """Rows enough for several rounds of the persistent row loop (the refill of each
-    chunk with the block's next row runs), within ~40 MB of x."""
-    return max(3, min(3000, (20 << 20) // hidden))
+    chunk with the block's next row runs: 513 has 32 x 132 blocks), within ~48 MB of x."""
+    return max(3, min(20000, (24 << 20) // hidden))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
