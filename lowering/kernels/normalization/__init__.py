@@ -32,6 +32,14 @@ Example (the fusion of the nvFuser report):
     >>> "#pragma unroll 1" in source
     True
 
+Rows the registers cannot hold (wider than 1024 threads x 32 values, up to 131072 and
+beyond) and rows that are not 16-byte aligned run the *shared-row* kernel
+(``LaunchPlan.shared_row``): one row a block at a time, the row of x in shared memory as
+16-byte chunks (registers past 227 KiB), refilled with the block's next row as each chunk
+is read; the planner's model (`plan.Hardware`, `planner.choose_shared_row`,
+`planner.prefers_shared_row`) also gives it aligned rows whose register plans starve the
+SM. See docs/KERNELS.md.
+
 The package, by concern: `spec` (the ops, the spec and its text form), `plan` (the
 launch plan record and the hardware limits), `candidates` (the plans a row allows and
 their cost: a model of the hardware), `planner` (the heuristic: `plan_launch` and
