@@ -254,6 +254,10 @@ SHARED_ROW_BLOCKS = 4
 # `prefers_shared_row`: resident threads an SM below which a register plan's barriers
 # and stores go uncovered (see there).
 REGISTER_PLAN_MIN_THREADS = 768
+# `prefers_shared_row` on: aligned rows whose register plan starves the SM take the
+# shared-row family (off: only rows the register kernels cannot take well, unaligned or
+# too wide, do).
+SHARED_ROW_FOR_STARVED_ROWS = True
 
 
 def choose_shared_row(plans: list[LaunchPlan], hardware: Hardware = SM90) -> LaunchPlan:
@@ -300,7 +304,7 @@ def prefers_shared_row(register_plan: LaunchPlan, shared_plan: LaunchPlan, hidde
       row's own DRAM traffic (x and y), which L2 serves beside it at its several times
       DRAM bandwidth. The reference fusion's four tensors (b0 and b1 in each of three
       passes) are four times the row's bytes: its register plan stays."""
-    if not register_plan.persistent:
+    if not SHARED_ROW_FOR_STARVED_ROWS or not register_plan.persistent:
         return False  # rows one warp covers: the row-wise kernel, 0.95-1.04 of copy measured
     blocks = shared_row_blocks(shared_plan, hardware)
     threads = register_plan.min_blocks_per_sm * register_plan.block_threads
