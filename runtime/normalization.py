@@ -27,6 +27,8 @@ from hostir.errors import LoweringError
 from hostir.options import dump, options
 from lowering.kernels.normalization import (
     PLAN_FIELDS,
+    SM90,
+    Hardware,
     AddBroadcast,
     Cast,
     LayerNorm,
@@ -52,7 +54,8 @@ def _spec(kind: str, rows: int, hidden: int, eps: float, dtype: str, alignment: 
     device): building and validating one takes tens of microseconds, several times a
     short kernel's host budget. The autotuner's stored winner where there is one
     (`choose`)."""
-    return choose(_MAKE[kind](rows, hidden, eps, dtype, alignment=alignment), device_index)
+    return choose(_MAKE[kind](rows, hidden, eps, dtype, alignment=alignment,
+                              hardware=device_hardware(device_index)), device_index)
 
 
 def layer_norm_fused(x, b0, b1, w, b2, eps: float = 1e-5, out=None):
@@ -102,6 +105,48 @@ def clear_caches() -> None:
     _DEPENDENT.clear()
     _prepare.cache_clear()
     _spec.cache_clear()
+
+
+_HARDWARE: dict[int, Hardware] = {}
+
+
+def device_hardware(device_index: int) -> Hardware:
+    """The planner's model of device ``device_index`` (`Hardware`), from its properties:
+    SMs, registers, threads and shared memory an SM and a block, and DRAM bandwidth
+    (memory clock x bus width x 2, double data rate). `SM90` for what a device does not
+    say, and without a device (``device_index`` < 0)."""
+    hw = _HARDWARE.get(device_index)
+    if hw is not None:
+        return hw
+    hw = SM90
+    if device_index >= 0:
+        fields = {}
+        try:
+            props = torch.cuda.get_device_properties(device_index)
+            fields["sm_count"] = props.multi_processor_count
+            for name, attr in (("registers_per_sm", "regs_per_multiprocessor"),
+                               ("threads_per_sm", "max_threads_per_multi_processor"),
+                               ("shared_per_sm", "shared_memory_per_multiprocessor"),
+                               ("shared_per_block", "shared_memory_per_block_optin")):
+                value = getattr(props, attr, None)
+                if isinstance(value, int) and value > 0:
+                    fields[name] = value
+        except (RuntimeError, AssertionError):
+            fields = {}
+        try:
+            from cupy.cuda import runtime as cuda_runtime
+
+            khz = cuda_runtime.deviceGetAttribute(cuda_runtime.cudaDevAttrMemoryClockRate,
+                                                  device_index)
+            bits = cuda_runtime.deviceGetAttribute(
+                cuda_runtime.cudaDevAttrGlobalMemoryBusWidth, device_index)
+            if khz > 0 and bits > 0:
+                fields["bandwidth"] = 2.0 * khz * 1e3 * bits / 8
+        except Exception:  # noqa: BLE001 -- no attribute in this CUDA: the default's
+            pass
+        hw = dataclasses.replace(SM90, **fields)
+    _HARDWARE[device_index] = hw
+    return hw
 
 
 def _index(x) -> int:

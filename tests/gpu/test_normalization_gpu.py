@@ -60,10 +60,11 @@ def test_matches_torch_layer_norm_per_row():
     assert (got.float() - want).abs().max() < 2e-2 * want.abs().max()
 
 
-def test_misaligned_input_falls_back_to_narrow_vectors():
+def test_misaligned_input_takes_the_shared_row_kernel():
     x, b0, b1, w, b2 = _inputs(33, 1025, torch.float16, seed=3)
     xs = x.reshape(-1)[1:1 + 32 * 1025].reshape(32, 1025)  # base no longer 16-byte aligned
-    spec = NormalizationSpec.layer_norm(32, 1025)
+    spec = NormalizationSpec.layer_norm(32, 1025, alignment=2)
+    assert spec.plan.shared_row
     ref = rn.reference(spec, {"x": xs, "weight": w, "bias": b2})
     assert _rel(rn.layer_norm(xs, w, b2), ref) < 1e-2
 
@@ -315,3 +316,84 @@ def test_dependent_launch_can_be_disabled():
     finally:
         set_options(saved)
         rn.clear_caches()
+
+
+# ------------------------------------------------------------ every width, the shared-row family
+
+WIDTHS = (1, 7, 100, 513, 4097, 16385, 24575, 25088, 40001, 65535, 65536, 98304, 131072)
+
+
+def _rows_for(hidden):
+    """Rows enough for several rounds of the persistent row loop (the refill of each
+    chunk with the block's next row runs: 513 has 32 x 132 blocks), within ~48 MB of x."""
+    return max(3, min(20000, (24 << 20) // hidden))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hidden", WIDTHS)
+def test_default_plans_of_every_width_match_float64(hidden, dtype):
+    rows = _rows_for(hidden)
+    x, _, _, w, b = _inputs(rows, hidden, dtype, seed=hidden + 11)
+    name = rn._NAMES[dtype]
+    poison = lambda: torch.full_like(x, float("nan"))  # noqa: E731
+    spec = NormalizationSpec.layer_norm(rows, hidden, 1e-5, name)
+    ref = rn.reference(spec, {"x": x, "weight": w, "bias": b})
+    assert _rel(rn.layer_norm(x, w, b, 1e-5, out=poison()), ref) < 1e-2, spec.plan.describe()
+    spec = NormalizationSpec.rms_norm(rows, hidden, 1e-6, name)
+    ref = rn.reference(spec, {"x": x, "weight": w})
+    assert _rel(rn.rms_norm(x, w, 1e-6, out=poison()), ref) < 1e-2, spec.plan.describe()
+
+
+@pytest.mark.parametrize("hidden", [513, 4097, 40001, 65536, 131072])
+@pytest.mark.parametrize("offset", [1, 3, 8])
+def test_shared_row_plans_on_unaligned_slices(hidden, offset):
+    """x, w and out at offsets of 2-16 bytes from their allocations: the shared-row
+    kernel reads the granules around each row and writes only the row's elements (the
+    guard columns either side of out stay as they were)."""
+    rows = min(64, _rows_for(hidden))
+    x, _, _, w, b = _inputs(rows + 1, hidden + 1, torch.bfloat16, seed=offset)
+    xs = x.reshape(-1)[offset:offset + rows * hidden].reshape(rows, hidden)
+    ws, bs = w[1:], b[:-1]
+    big = torch.full((rows * hidden + 2 * 16,), 7.0, device="cuda", dtype=torch.bfloat16)
+    out = big[16 - offset % 8:16 - offset % 8 + rows * hidden].reshape(rows, hidden)
+    spec = NormalizationSpec.layer_norm(rows, hidden, 1e-5, "bfloat16")
+    ref = rn.reference(spec, {"x": xs, "weight": ws, "bias": bs})
+    assert _rel(rn.layer_norm(xs, ws, bs, 1e-5, out=out), ref) < 1e-2
+    start = 16 - offset % 8
+    assert (big[:start] == 7.0).all() and (big[start + rows * hidden:] == 7.0).all()
+
+
+@pytest.mark.parametrize("hidden", [4097, 30001])
+def test_shared_row_fusion_matches_float64(hidden):
+    """The prologue's tensors (recomputed in each pass) on the shared-row kernel."""
+    rows = 301
+    x, b0, b1, w, b2 = _inputs(rows, hidden, torch.bfloat16, seed=hidden)
+    spec = NormalizationSpec.reference_fusion(rows, hidden, 1e-5, "bfloat16")
+    assert spec.plan.shared_row
+    ref = rn.reference(spec, {"x": x, "b0": b0, "b1": b1, "weight": w, "bias": b2})
+    assert _rel(rn.layer_norm_fused(x, b0, b1, w, b2, 1e-5), ref) < 1e-2
+
+
+@pytest.mark.parametrize("hidden", [12288, 4097, 65536])
+def test_every_shared_row_candidate_matches_float64(hidden):
+    """Every block size the shared-row family may take for a row, pinned."""
+    from lowering.kernels.normalization import shared_row_candidates
+
+    rows = 2 * 132 * 4 + 7
+    x, _, _, w, b = _inputs(rows, hidden, torch.float16, seed=5)
+    base = NormalizationSpec.rms_norm(rows, hidden, 1e-6, "float16")
+    ref = rn.reference(base, {"x": x, "weight": w})
+    for plan in shared_row_candidates(hidden, 2, 2, base.rows_aligned)[::3]:
+        spec = dataclasses.replace(base, shared_row=True, threads_per_row=plan.threads_per_row)
+        y = rn.normalize(spec, {"x": x, "weight": w}, torch.full_like(x, float("nan")))
+        assert _rel(y, ref) < 1e-2, plan.describe()
+
+
+@pytest.mark.parametrize("hidden", [513, 4097, 12288, 65536, 131072])
+def test_shared_row_blocks_keep_the_plans_promise(hidden):
+    """The driver fits the shared-row plan's promised blocks an SM, with its dynamic
+    shared memory (up to 224 KiB a block: the opt-in attribute is set)."""
+    spec = NormalizationSpec.layer_norm(8192, hidden, dtype="bfloat16")
+    assert spec.plan.shared_row
+    kernel = rn._kernel(spec, torch.cuda.current_device())
+    assert rn.resident_blocks(kernel, spec.plan) >= spec.plan.min_blocks_per_sm

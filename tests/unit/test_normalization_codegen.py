@@ -50,7 +50,9 @@ VARIANTS = {
         (dict(prologue=(AddBroadcast(name="x"),)), "repeat"),
         (dict(alignment=12), "power of two"),
         (dict(threads_per_row=100), "warp-multiple"),
-        (dict(hidden=40000), "persistent"),
+        (dict(hidden=40000, shared_row=False), "persistent"),
+        (dict(hidden=40000, shared_row=True, threads_per_row=128), "no shared-row plan"),
+        (dict(hidden=4096, shared_row=True, param_cache="registers"), "its own kernel"),
         (dict(rows=2**31), "rows"),
     ],
 )
@@ -87,6 +89,11 @@ def test_reference_fusion_parameters():
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_plan_is_warp_multiple_and_covers_row(hidden, variant):
     plan = VARIANTS[variant](8192, hidden).plan
+    if plan.shared_row:  # one row a block, 16-byte chunks of it (test_normalization_sweep)
+        assert plan.block_threads % 32 == 0 and plan.block_threads <= 1024
+        slots = -(-plan.row_chunks // plan.threads_per_row)
+        assert (slots - 1) * plan.threads_per_row < plan.row_chunks
+        return
     assert plan.threads_per_row % 32 == 0
     assert plan.block_threads % 32 == 0 and plan.block_threads <= 1024
     vectors = -(-hidden // plan.vector_width)
@@ -99,11 +106,17 @@ def test_plan_is_warp_multiple_and_covers_row(hidden, variant):
     (768, 8), (1600, 8), (20480, 8), (5140, 4), (1601, 1), (77, 1), (3000, 8), (1026, 2),
 ])
 def test_vector_width_is_16_bytes_where_rows_stay_aligned(hidden, width):
-    assert NormalizationSpec.layer_norm(16, hidden).plan.vector_width == width
+    """The register families' vectors; rows of 512+ that allow them under 8 bytes take
+    the shared-row family by default (16-byte chunks at any alignment)."""
+    plan = NormalizationSpec.layer_norm(16, hidden, shared_row=False).plan
+    assert plan.vector_width == width
+    if width * 2 < 8 and hidden >= 512:
+        assert NormalizationSpec.layer_norm(16, hidden).plan.shared_row
 
 
 def test_vector_width_follows_pointer_alignment():
-    assert NormalizationSpec.layer_norm(16, 4096, alignment=4).plan.vector_width == 2
+    assert NormalizationSpec.layer_norm(16, 4096, alignment=4, shared_row=False).plan.vector_width == 2
+    assert NormalizationSpec.layer_norm(16, 4096, alignment=4).plan.shared_row
     # an fp32 tensor in the fusion halves the elements a 16-byte access holds
     assert vector_width_for(4096, (2, 4, 2), 16) == 4
 
@@ -129,8 +142,11 @@ def test_row_loop_is_not_unrolled_and_accesses_are_16_bytes():
 
 
 def test_odd_sizes_are_predicated():
-    src = render_normalization(NormalizationSpec.layer_norm(8192, 5140))
+    src = render_normalization(NormalizationSpec.layer_norm(8192, 5140, shared_row=False))
     assert "vec < kVectors" in src and "constexpr int kVec = 4" in src
+    # the shared-row kernel: the first and last chunks of a row masked to [lo, hi)
+    src = render_normalization(NormalizationSpec.layer_norm(8192, 5141))
+    assert "e >= lo && e < hi" in src and "constexpr bool kRowsAligned = false" in src
 
 
 # --------------------------------------------------------------------------- persistent kernel
@@ -360,6 +376,8 @@ def test_register_estimate_is_enough_for_ptxas(dtype, variant, hidden):
 
     spec = VARIANTS[variant](8192, hidden, dtype=dtype)
     _check_compiled(spec, _compile(spec, "sm_90"))
+    if spec.plan.shared_row:
+        return  # ptxas is not monotonic in the cap there: see SHARED_ROW_REGISTERS
     # -maxrregcount is ignored where __launch_bounds__ is given: strip it for this check
     source = re.sub(r"__launch_bounds__\(\d+, \d+\)\n", "", render_normalization(spec))
     assert "__launch_bounds__" not in source
@@ -567,8 +585,9 @@ def test_tune_plans_start_with_the_heuristic_and_stay_valid(hidden, make):
     assert plans[0] == spec.plan
     assert len(plans) == len(set(plans)) <= 80
     assert not any(p.one_pass for p in plans)
+    registers = dataclasses.replace(spec, shared_row=False).plan
     rowwise = {dataclasses.replace(p, param_cache="none")
-               for p in candidate_plans(hidden, spec.plan.vector_width, 2)}
+               for p in candidate_plans(hidden, registers.vector_width, 2)}
     assert rowwise and rowwise <= set(plans)
     for p in plans:
         assert spec_with_plan(spec, p).plan == p
@@ -588,7 +607,8 @@ def test_tune_plans_hold_the_heuristics_twins():
     assert not any(p.l2_hint for p in plans)  # hints: allocation-dependent, see tune_plans
     # other geometries too, each with the tensors in more than one home
     others = {(p.threads_per_row, p.param_cache) for p in plans
-              if p.persistent and p.threads_per_row != pick.threads_per_row}
+              if p.persistent and not p.shared_row and p.threads_per_row != pick.threads_per_row}
+    assert any(p.shared_row for p in plans)  # and the shared-row family's
     assert len({t for t, _ in others}) == 2 and len(others) >= 4
 
 
@@ -668,7 +688,8 @@ def test_tune_plans_hold_the_narrower_vectors():
     assert widths == {8, 4}
     assert "persistent/registers t64 b7 v4 r2 prefetch/smem2 packed" in [p.describe() for p in plans]
     # 8-byte vectors at least: 5140's rows take 8-byte ones already, no narrower family
-    assert {p.vector_width for p in tune_plans(NormalizationSpec.reference_fusion(8192, 5140))} == {4}
+    assert {p.vector_width for p in tune_plans(NormalizationSpec.reference_fusion(8192, 5140))
+            if not p.shared_row} == {4}
 
 
 def test_precompile_fills_the_disk_cache_in_parallel(tmp_path, monkeypatch):

@@ -38,3 +38,208 @@ def test_swept_plans_are_distinct(hidden):
     spec = NormalizationSpec.reference_fusion(ROWS, hidden)
     described = [s.plan.describe() for s in sweep_specs(spec)]
     assert len(described) == len(set(described)), hidden
+
+
+# --------------------------------------------------------------------------- every width
+
+import dataclasses  # noqa: E402
+
+from hostir.errors import LoweringError  # noqa: E402
+from lowering.kernels.normalization import (  # noqa: E402
+    MAX_SHARED_ROW_SLOTS, SHARED_PER_BLOCK, render_normalization, row_chunks,
+)
+
+# the widths the issue names, and the edges of each plan family
+WIDTHS = (1, 7, 100, 513, 4097, 16385, 24575, 25088, 40001, 65535, 65536, 98304, 131072)
+KINDS = {"layer_norm": NormalizationSpec.layer_norm, "rms_norm": NormalizationSpec.rms_norm}
+
+
+def _sampled_widths():
+    """Every width to 1100, then a stride over the rest to 131072 with both of its
+    neighbours (the alignments differ by one), and the issue's widths."""
+    ws = set(range(1, 1101))
+    for w in range(1101, 131073, 997):
+        ws.update((w - 1, w, w + 1))
+    ws.update(WIDTHS)
+    ws.update((131071, 131072))
+    return sorted(w for w in ws if w <= 131072)
+
+
+def test_the_planner_never_raises_from_1_to_131072():
+    """Every width has a default plan, for both kinds, both 16-bit dtypes, and both
+    alignments of the base pointers the runtime sees (torch's 256, a slice's 2)."""
+    failed = []
+    for hidden in _sampled_widths():
+        for make in KINDS.values():
+            for dtype, alignment in (("bfloat16", 16), ("float16", 16), ("bfloat16", 2)):
+                try:
+                    plan = make(ROWS, hidden, dtype=dtype, alignment=alignment).plan
+                except LoweringError as e:
+                    failed.append((hidden, make.__name__, dtype, alignment, str(e)[:80]))
+                    continue
+                assert plan.block_threads <= 1024
+                assert plan.dynamic_shared_bytes + plan.shared_bytes <= SHARED_PER_BLOCK
+    assert not failed, failed[:10]
+
+
+@pytest.mark.parametrize("hidden", [513, 1601, 4097, 16385, 40001, 65535])
+def test_rows_that_are_not_16_byte_aligned_take_the_shared_row_family(hidden):
+    """Odd widths (the register kernels would use 2-byte vectors) get 16-byte chunks."""
+    for make in KINDS.values():
+        plan = make(ROWS, hidden, dtype="bfloat16").plan
+        assert plan.shared_row, (hidden, plan.describe())
+        assert plan.row_chunks == row_chunks(hidden, 2, rows_aligned=False)
+
+
+@pytest.mark.parametrize("hidden", [25088, 32768, 65536, 98304, 131072])
+def test_rows_wider_than_the_registers_take_the_shared_row_family(hidden):
+    for make in KINDS.values():
+        plan = make(ROWS, hidden, dtype="bfloat16").plan
+        assert plan.shared_row and plan.row_chunks == hidden // 8
+        slots = -(-plan.row_chunks // plan.threads_per_row)
+        assert slots <= MAX_SHARED_ROW_SLOTS
+        # the row in shared memory, what does not fit (past 227 KiB) in registers
+        assert plan.batch * plan.threads_per_row * 16 <= SHARED_PER_BLOCK
+        assert plan.register_slots == slots - plan.batch
+        assert (plan.register_slots > 0) == (hidden * 2 > SHARED_PER_BLOCK - 256)
+
+
+def test_the_reference_fusion_keeps_its_register_plan_where_l2_would_bound_it():
+    """Its four 1-D tensors (two re-read in every pass) would be four times the row's own
+    bytes of L2 traffic in the shared-row kernel: its register plans stay."""
+    for hidden in (4096, 8192, 12288, 16384):
+        assert not NormalizationSpec.reference_fusion(ROWS, hidden).plan.shared_row
+        assert not NormalizationSpec.reference_fusion(ROWS, hidden, dtype="bfloat16").plan.shared_row
+
+
+def test_one_block_register_plans_give_way_to_two_shared_row_blocks():
+    """The model: a register plan with one block an SM (12288 plain layer norm) loses to a
+    shared-row plan with two or more; rows one warp covers keep the row-wise kernel."""
+    plan = NormalizationSpec.layer_norm(ROWS, 12288, dtype="bfloat16").plan
+    assert plan.shared_row and plan.min_blocks_per_sm >= 2
+    register = NormalizationSpec.layer_norm(ROWS, 12288, dtype="bfloat16", shared_row=False).plan
+    assert not register.shared_row and register.min_blocks_per_sm == 1
+    assert not NormalizationSpec.layer_norm(ROWS, 1024, dtype="bfloat16").plan.shared_row
+
+
+def test_the_model_reads_the_hardware():
+    """Little's law: the bytes an SM must keep requested grow with the bandwidth, and
+    a smaller shared memory a block shrinks what a shared-row block may cache."""
+    from lowering.kernels.normalization import SM90
+
+    h200 = dataclasses.replace(SM90, bandwidth=4.8e12)
+    assert h200.in_flight_per_sm > SM90.in_flight_per_sm > 16 * 1024
+    small = dataclasses.replace(SM90, shared_per_block=96 * 1024, shared_per_sm=100 * 1024)
+    plan = NormalizationSpec.rms_norm(ROWS, 65536, dtype="bfloat16", hardware=small).plan
+    assert plan.shared_row and plan.batch * plan.threads_per_row * 16 <= 96 * 1024
+    assert plan.register_slots > 0
+
+
+def _compile(spec):
+    pytest.importorskip("cupy")
+    from runtime import jit
+
+    return jit.compile(render_normalization(spec), [spec.kernel_name], "sm_90")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("hidden", WIDTHS)
+def test_default_plan_compiles_without_spills(hidden, kind, dtype):
+    spec = KINDS[kind](ROWS, hidden, dtype=dtype)
+    ck = _compile(spec)
+    name, plan = spec.kernel_name, spec.plan
+    assert ck.spill_bytes.get(name, 0) == 0, (plan.describe(), ck.log)
+    assert ck.local_bytes.get(name, 0) == 0, (plan.describe(), ck.log)
+    assert ck.registers[name] * plan.block_threads * plan.min_blocks_per_sm <= 65536
+
+
+@pytest.mark.parametrize("hidden", [4097, 65535])
+def test_shared_row_fusions_and_fp32_outputs_compile_without_spills(hidden):
+    """The prologue's tensors (recomputed in every pass), fp32 1-D tensors and an fp32
+    output, on rows that are not aligned."""
+    from lowering.kernels.normalization import AddBroadcast, Cast, LayerNorm
+
+    specs = [NormalizationSpec.reference_fusion(ROWS, hidden, dtype="bfloat16"),
+             NormalizationSpec(ROWS, hidden, LayerNorm(weight_dtype="float32", bias_dtype="float32"),
+                               input_dtype="float16", output_dtype="float32",
+                               prologue=(AddBroadcast("float32", "b0"), Cast("float16")),
+                               epilogue=(AddBroadcast("float16", "b2"),))]
+    for spec in specs:
+        assert spec.plan.shared_row
+        ck = _compile(spec)
+        assert ck.spill_bytes.get(spec.kernel_name, 0) == 0, ck.log
+        assert ck.local_bytes.get(spec.kernel_name, 0) == 0, ck.log
+
+
+# ------------------------------------------------ the shared-row kernel's index math, in Python
+
+
+def _chunks_of_row(hidden, hx, threads, slots):
+    """(thread, slot, chunk, first column, lo, hi) of every chunk the kernel touches for
+    a row whose first element sits ``hx`` elements into its 16-byte granule: the
+    kernel's own arithmetic (c = i * T + tid; col0 = 8c - hx; lo; hi)."""
+    nch = (hx + hidden + 7) >> 3
+    for tid in range(threads):
+        for i in range(slots):
+            c = i * threads + tid
+            if c < nch:
+                col0 = 8 * c - hx
+                yield tid, i, c, col0, hx if c == 0 else 0, min(8, hidden - col0)
+
+
+@pytest.mark.parametrize("hidden", [1, 7, 9, 513, 1601, 4097, 16385, 65535])
+def test_shared_row_chunks_cover_every_column_once_at_any_alignment(hidden):
+    """For each offset of a row in its granule (the rows of an odd width take all of
+    them), the chunks a plan gives its threads cover columns 0..hidden-1 exactly once,
+    no masked lane lies inside the row, and no chunk is past the plan's bound."""
+    plan = NormalizationSpec.layer_norm(ROWS, max(hidden, 513), dtype="bfloat16",
+                                        shared_row=True).plan
+    chunks = row_chunks(hidden, 2, rows_aligned=False)
+    threads = plan.threads_per_row
+    slots = -(-chunks // threads)
+    for hx in range(8):
+        seen = []
+        for _, _, c, col0, lo, hi in _chunks_of_row(hidden, hx, threads, slots):
+            assert c < chunks and 0 <= lo < hi <= 8
+            seen += [col0 + e for e in range(lo, hi)]
+        assert sorted(seen) == list(range(hidden)), (hidden, hx)
+
+
+def _funnel(lo_words, hi_words, sh):
+    """cols16's shift of two aligned 16-byte vectors by ``sh`` elements, word by word as
+    the kernel does it (select by k = sh >> 1, funnel shift by 16 when sh is odd)."""
+    w = list(lo_words) + list(hi_words)
+    k, f = sh >> 1, (sh & 1) * 16
+    s = []
+    for m in range(5):
+        v = w[m]
+        v = w[m + 1] if k == 1 else v
+        v = w[m + 2] if k == 2 else v
+        v = w[m + 3] if k == 3 else v
+        s.append(v)
+    return [(((s[j + 1] << 32) | s[j]) >> f) & 0xFFFFFFFF for j in range(4)]
+
+
+def test_funnel_shift_of_unaligned_1d_tensor_chunks():
+    """Columns col0..col0+7 of a 16-bit tensor from the two aligned vectors around them,
+    for every misalignment 1..7: the same eight elements a scalar read gives."""
+    elements = list(range(0x100, 0x100 + 16))  # two granules, element k = 0x100 + k
+
+    def words(es):
+        return [es[2 * j] | (es[2 * j + 1] << 16) for j in range(4)]
+
+    for sh in range(1, 8):
+        out = _funnel(words(elements[:8]), words(elements[8:]), sh)
+        got = [half for word in out for half in (word & 0xFFFF, word >> 16)]
+        assert got == elements[sh:sh + 8], sh
+
+
+def test_device_hardware_without_a_device_is_the_sm90_default():
+    pytest.importorskip("torch")
+    from lowering.kernels.normalization import SM90
+    from runtime import normalization as rn
+
+    assert rn.device_hardware(-1) is SM90
+    spec = rn._spec("rms_norm", 8192, 65536, 1e-6, "bfloat16", 16, -1)
+    assert spec.hardware is SM90 and spec.plan.shared_row

@@ -32,6 +32,14 @@ Example (the fusion of the nvFuser report):
     >>> "#pragma unroll 1" in source
     True
 
+Rows the registers cannot hold (wider than 1024 threads x 32 values, up to 131072 and
+beyond) and rows that are not 16-byte aligned run the *shared-row* kernel
+(``LaunchPlan.shared_row``): one row a block at a time, the row of x in shared memory as
+16-byte chunks (registers past 227 KiB), refilled with the block's next row as each chunk
+is read; the planner's model (`plan.Hardware`, `planner.choose_shared_row`,
+`planner.prefers_shared_row`) also gives it aligned rows whose register plans starve the
+SM. See docs/KERNELS.md.
+
 The package, by concern: `spec` (the ops, the spec and its text form), `plan` (the
 launch plan record and the hardware limits), `candidates` (the plans a row allows and
 their cost: a model of the hardware), `planner` (the heuristic: `plan_launch` and
@@ -41,24 +49,31 @@ use are re-exported here.
 """
 
 from lowering.kernels.normalization.candidates import (
-    CANDIDATE_STAGES, PERSISTENT_OVERHEAD, bulk_ok, bytes_in_flight, candidate_plans, padding,
-    persistent_candidates, persistent_register_estimate, register_estimate, vector_width_for,
+    CANDIDATE_STAGES, MAX_SHARED_ROW_SLOTS, PERSISTENT_OVERHEAD, SHARED_ROW_REGISTERS, bulk_ok,
+    bytes_in_flight, candidate_plans, padding, persistent_candidates,
+    persistent_register_estimate, register_estimate, row_chunks, shared_row_blocks,
+    shared_row_candidates, shared_row_register_estimate, vector_width_for,
 )
 from lowering.kernels.normalization.plan import (
     DEFAULT_SM_COUNT, L2_HINTS, MAX_BLOCKS_PER_SM, MAX_REGISTERS_PER_THREAD, MAX_STAGES,
     MAX_THREADS_PER_BLOCK, MAX_THREADS_PER_SM, MAX_VALUES_PER_THREAD, MIN_THREADS_PER_BLOCK,
-    PARAM_CACHES, REGISTERS_PER_SM, SHARED_PER_BLOCK, SHARED_PER_SM, WARP, LaunchPlan,
+    PARAM_CACHES, REGISTERS_PER_SM, SHARED_PER_BLOCK, SHARED_PER_SM, SM90, WARP, Hardware,
+    LaunchPlan,
 )
 from lowering.kernels.normalization.planner import (
     CACHE_ORDER, FLIGHT_STEP, IN_FLIGHT_TARGET, MAX_EXTRA_PADDING, RULE_GRID, RULES,
-    STAGED_MIN_VALUES, PlannerRules, choose_persistent, hint_variants, plan_launch,
+    SHARED_ROW_MIN_HIDDEN, SHARED_ROW_THREADS_PER_SM, STAGED_MIN_VALUES, PlannerRules,
+    choose_persistent, choose_shared_row, hint_variants, plan_launch, prefers_shared_row,
 )
 from lowering.kernels.normalization.renderer import (
-    SWITCH_FIELDS, NormalizationRenderer, PersistentRenderer, nvrtc_options, render_normalization,
+    SWITCH_FIELDS, NormalizationRenderer, PersistentRenderer, SharedRowRenderer, nvrtc_options,
+    render_normalization,
 )
 from lowering.kernels.normalization.spec import (
     DTYPE_BYTES, HALF_DTYPES, PLAN_FIELDS, AddBroadcast, Cast, LayerNorm, NormalizationSpec,
     PointwiseOp, RmsNorm, spec_from_params, spec_params, spec_with_plan,
 )
-from lowering.kernels.normalization.templates import CUDA_TYPES, FROM_FLOAT, SNIPPETS, TO_FLOAT
+from lowering.kernels.normalization.templates import (
+    CUDA_TYPES, FROM_FLOAT, SHARED_ROW_SNIPPETS, SNIPPETS, TO_FLOAT,
+)
 from lowering.kernels.normalization.tuning import PROMISE_STEPS, tune_plans

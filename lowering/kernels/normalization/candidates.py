@@ -12,8 +12,8 @@ import dataclasses
 import itertools
 
 from lowering.kernels.normalization.plan import (
-    MAX_THREADS_PER_BLOCK, MAX_VALUES_PER_THREAD, MIN_THREADS_PER_BLOCK, SHARED_PER_BLOCK,
-    WARP, LaunchPlan, register_budget, round_up,
+    MAX_BLOCKS_PER_SM, MAX_THREADS_PER_BLOCK, MAX_VALUES_PER_THREAD, MIN_THREADS_PER_BLOCK,
+    SHARED_PER_BLOCK, SM90, WARP, Hardware, LaunchPlan, register_budget, round_up,
 )
 
 # the depths `persistent_candidates` offers: two rows ahead already doubles the bytes in
@@ -224,3 +224,66 @@ def bytes_in_flight(plan: LaunchPlan, value_bytes: int) -> int:
     row slice: the memory-level parallelism the plan offers (Little's law: an H200 needs
     about 4.8 TB/s x ~0.7 us / 132 SMs, some 25 KiB an SM, to stay at bandwidth)."""
     return plan.min_blocks_per_sm * plan.block_threads * plan.batch * plan.vector_width * value_bytes
+
+
+# The shared-row family (`LaunchPlan.shared_row`): 16-byte chunks a thread may hold for one
+# row (its passes are unrolled over them: more would only grow the code; a row of 131072
+# 16-bit values is 16 chunks on 1024 threads).
+MAX_SHARED_ROW_SLOTS = 18
+# Registers of the shared-row kernel besides its register-held chunks (4 each) and the
+# prologue's 1-D tensors (8 a byte of a column: eight values of each, for two chunks: ptxas
+# issues their loads a chunk ahead),
+# fitted to ptxas (sm_90) over the default plans of 1..131072: 40-56 as compiled under
+# the promise this makes (`LaunchPlan.min_blocks_per_sm` rounds the estimate plus a
+# margin of 8 up to 8: 56 here). The unit tests compile the default plans of a sweep of
+# widths and check that none spills. ptxas is not monotonic in its cap for this kernel
+# (a plain fp16 layer norm at 20480 spills 20 bytes at 56 registers, none at 48 or 64),
+# so what is held to ptxas is the kernel as launched, not the estimate as a cap.
+SHARED_ROW_REGISTERS = 44
+
+
+def row_chunks(hidden: int, value_bytes: int, rows_aligned: bool) -> int:
+    """16-byte chunks one row of x may span: its bytes / 16 when every row starts on 16
+    bytes, else up to one more granule on each side."""
+    if rows_aligned:
+        return -(-hidden * value_bytes // 16)
+    return -(-(hidden * value_bytes + 2 * (16 - value_bytes)) // 16)
+
+
+def shared_row_register_estimate(register_slots: int, prologue_bytes: int = 0) -> int:
+    return SHARED_ROW_REGISTERS + 4 * register_slots + 8 * prologue_bytes
+
+
+def shared_row_candidates(hidden: int, value_bytes: int, param_bytes: int, rows_aligned: bool,
+                          hardware: Hardware = SM90, prologue_bytes: int = 0) -> list[LaunchPlan]:
+    """Every shared-row plan of a row: a warp-multiple block of T threads, each with the
+    same number of chunks (slots; none empty for every thread), as many of them in
+    shared memory as a block may have (``hardware.shared_per_block`` less the partials),
+    the rest in registers within the block's register budget."""
+    chunks = row_chunks(hidden, value_bytes, rows_aligned)
+    plans = []
+    # blocks of one warp up: short rows (513: 66 chunks) need many blocks an SM, one row
+    # each, to keep enough bytes requested
+    for t in range(WARP, MAX_THREADS_PER_BLOCK + 1, WARP):
+        slots = -(-chunks // t)
+        if slots > MAX_SHARED_ROW_SLOTS or (slots - 1) * t >= chunks:
+            continue
+        fit = (hardware.shared_per_block - 2 * 32 * 4) // (t * 16)
+        shared = min(slots, fit)
+        est = shared_row_register_estimate(slots - shared, prologue_bytes)
+        if shared < 1 or est + 8 > register_budget(t):
+            continue
+        plans.append(LaunchPlan(16 // value_bytes, t, shared, 1, est, "global", True, param_bytes,
+                                True, value_bytes, shared_row=True, row_chunks=chunks))
+    return plans
+
+
+def shared_row_blocks(plan: LaunchPlan, hardware: Hardware = SM90) -> int:
+    """Blocks of a shared-row plan one SM holds: by threads, registers (the estimate and
+    the margin of `LaunchPlan.min_blocks_per_sm`) and shared memory (1 KiB a block
+    reserved)."""
+    need = round_up(plan.register_estimate + 8, 8)
+    smem = plan.dynamic_shared_bytes + plan.shared_bytes + 1024
+    return max(1, min(hardware.threads_per_sm // plan.block_threads,
+                      hardware.registers_per_sm // (plan.block_threads * need),
+                      hardware.shared_per_sm // smem, MAX_BLOCKS_PER_SM))

@@ -20,7 +20,7 @@ MAX_REGISTERS_PER_THREAD = 255
 # fp32 values a thread may hold for its part of a row. 32 keeps the whole kernel near
 # 64-96 registers, so 700-1000 threads stay resident per SM with 32-64 bytes of loads
 # each in flight: enough to cover DRAM latency on Hopper. Rows longer than
-# 1024 threads x 32 values are not a persistent-kernel case.
+# 1024 threads x 32 values go to the shared-row family (`LaunchPlan.shared_row`).
 MAX_VALUES_PER_THREAD = 32
 MIN_THREADS_PER_BLOCK = 128
 
@@ -30,6 +30,32 @@ MAX_STAGES = 3  # rows of x a cp.async ring may hold ahead of the current one
 DEFAULT_SM_COUNT = 132  # H100 SXM / H200; compile-time checks only, launches ask the device
 SHARED_PER_SM = 228 * 1024  # Hopper: 228 KiB per SM, 227 KiB at most for one block
 SHARED_PER_BLOCK = 227 * 1024
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Hardware:
+    """What the planner's model knows of a GPU: read from the device's properties at
+    launch (`runtime.normalization.device_hardware`), `SM90` (an H100 SXM) without one.
+
+    ``bandwidth`` (bytes/s of DRAM) and ``latency`` (seconds from a load's issue to its
+    data under load) give, by Little's law, the bytes an SM must keep requested to
+    stream at full bandwidth (`in_flight_per_sm`): H100 (3.35 TB/s, 132 SMs) about
+    20 KiB, H200 (4.8 TB/s, 132 SMs) about 29 KiB."""
+
+    sm_count: int = DEFAULT_SM_COUNT
+    registers_per_sm: int = REGISTERS_PER_SM
+    threads_per_sm: int = MAX_THREADS_PER_SM
+    shared_per_sm: int = SHARED_PER_SM
+    shared_per_block: int = SHARED_PER_BLOCK
+    bandwidth: float = 3.35e12
+    latency: float = 0.8e-6
+
+    @property
+    def in_flight_per_sm(self) -> int:
+        return int(self.bandwidth * self.latency / self.sm_count)
+
+
+SM90 = Hardware()
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -122,6 +148,22 @@ class LaunchPlan:
     "global"`` plans, which address the 1-D tensors per slot anyway and whose register
     budget the row pointers overrun (they spill).
 
+    ``shared_row``: the shared-row family, for rows that do not fit registers (wider than
+    1024 threads x 32 values) and rows that are not 16-byte aligned. One row a block at
+    a time; the row of x lives in shared memory as 16-byte chunks of its aligned
+    envelope (the 16-byte granules the row touches, ``row_chunks`` at most), thread
+    ``t`` owning chunks ``t, t + T, ...``: ``batch`` of them in shared memory, the rest
+    (``register_slots``, rows past 227 KiB) in registers. Each thread reads only its
+    own chunks, so the row needs no barrier but its reductions; the statistics are two
+    exact passes over shared memory (layer norm: the mean, then the squares about it),
+    and the output pass refills each chunk with the block's next row as soon as it has
+    read it (cp.async), so that a whole row is in flight per block while the current
+    one is reduced. The 1-D tensors are read through L1/L2 (``param_cache="global"``):
+    beside a row in shared memory there is no room for them. Rows that are not 16-byte
+    aligned keep the 16-byte copies of x and y (the partial first and last chunks are
+    masked; their y stores go element by element) and read the 1-D tensors as two
+    aligned vectors funnel-shifted into place. See docs/KERNELS.md.
+
     ``balanced_grid``: the persistent kernel's grid is the fewest blocks that need no
     more rounds of the row loop than the resident ones (`grid`). Off: timed slower at
     most sizes; every block busy in the last round does not make up for fewer blocks
@@ -148,6 +190,8 @@ class LaunchPlan:
     packed_head: bool = True  # the prologue's leading (+ b, cast) pairs as 16-bit pair adds
     lean_addresses: bool = True  # x and y by one pointer a row (not with "global")
     balanced_grid: bool = False  # `grid`'s default: the fewest blocks for as many rounds
+    shared_row: bool = False  # the shared-row family (see below): the row of x in shared memory
+    row_chunks: int = 0  # shared_row: 16-byte chunks a row may span (its bound, any alignment)
 
     @property
     def persistent(self) -> bool:
@@ -202,6 +246,13 @@ class LaunchPlan:
                 and (not smem or blocks * (smem + 1024) <= SHARED_PER_SM))
 
     @property
+    def register_slots(self) -> int:
+        """Shared-row plans: chunks a thread holds in registers (those past ``batch``)."""
+        if not self.shared_row:
+            return 0
+        return -(-self.row_chunks // self.threads_per_row) - self.batch
+
+    @property
     def warps_per_row(self) -> int:
         return self.threads_per_row // WARP
 
@@ -209,6 +260,8 @@ class LaunchPlan:
     def shared_bytes(self) -> int:
         # two reductions (mean, variance) use separate buffers: see the kernel's comment;
         # one pass: (count, mean, M2) a warp, two buffers by the parity of the row
+        if self.shared_row:
+            return 2 * 32 * 4  # partials[2][32]: a warp's partial sum, by the parity of the reduction
         per_warp = 3 if self.one_pass else 1
         return 0 if self.warps_per_row == 1 else 2 * 4 * per_warp * self.rows_per_block * self.warps_per_row
 
@@ -216,6 +269,8 @@ class LaunchPlan:
     def dynamic_shared_bytes(self) -> int:
         """The staged 1-D tensors (``param_cache == "shared"``: every batch slot of a row),
         then, with ``x_staged``, ``stages + 1`` buffers of x for each row of the block."""
+        if self.shared_row:
+            return self.threads_per_row * self.batch * 16
         slots = self.threads_per_row * self.batch * self.vector_width
         params = (self.param_bytes if self.param_cache == "shared"
                   else self.shared_param_bytes) * slots
@@ -246,6 +301,11 @@ class LaunchPlan:
         return -(-groups // rounds)
 
     def describe(self) -> str:
+        if self.shared_row:
+            return (f"shared-row t{self.threads_per_row} b{self.batch}"
+                    + (f"+r{self.register_slots}" if self.register_slots else "")
+                    + f" c{self.row_chunks}"
+                    + (f" x{self.blocks_per_sm}" if self.blocks_per_sm else ""))
         kind = "rowwise" if not self.persistent else f"persistent/{self.param_cache}"
         if self.shared_param_bytes:
             kind += f"+s{self.shared_param_bytes}"

@@ -19,12 +19,12 @@ import itertools
 from hostir.errors import LoweringError
 from lowering.kernels.normalization.candidates import (
     bulk_ok, bytes_in_flight, candidate_plans, padding, persistent_candidates,
-    persistent_register_estimate, register_estimate,
+    persistent_register_estimate, register_estimate, shared_row_blocks, shared_row_candidates,
 )
 from lowering.kernels.normalization.plan import (
     L2_HINTS, MAX_BLOCKS_PER_SM, MAX_STAGES, MAX_THREADS_PER_BLOCK, MAX_THREADS_PER_SM,
     MAX_VALUES_PER_THREAD, MIN_THREADS_PER_BLOCK, PARAM_CACHES, SHARED_PER_BLOCK, SHARED_PER_SM,
-    WARP, LaunchPlan, register_budget, round_up,
+    SM90, WARP, Hardware, LaunchPlan, register_budget, round_up,
 )
 
 # Rule 1 of `choose_persistent`: bytes of x an SM must have requested at once.
@@ -243,6 +243,78 @@ def choose_persistent(plans: list[LaunchPlan], hidden: int, value_bytes: int,
     return best
 
 
+# The shortest rows the shared-row family takes when they are not 16-byte aligned: below,
+# a row is a few chunks and the register kernels' narrow vectors serve (correct, slower).
+SHARED_ROW_MIN_HIDDEN = 512
+# Threads an SM should hold for the shared-row kernel's passes over shared memory to
+# keep its load pipe busy (LDS.128: 4 cycles a warp; a few warps a scheduler).
+SHARED_ROW_THREADS_PER_SM = 1024
+# `choose_shared_row`: blocks an SM (rows in flight) worth more than resident threads.
+SHARED_ROW_BLOCKS = 4
+# `prefers_shared_row`: resident threads an SM below which a register plan's barriers
+# and stores go uncovered (see there).
+REGISTER_PLAN_MIN_THREADS = 768
+# `prefers_shared_row` on: aligned rows whose register plan starves the SM take the
+# shared-row family (off: only rows the register kernels cannot take well, unaligned or
+# too wide, do).
+SHARED_ROW_FOR_STARVED_ROWS = True
+
+
+def choose_shared_row(plans: list[LaunchPlan], hardware: Hardware = SM90) -> LaunchPlan:
+    """The shared-row plan by the model of the SM:
+
+    1. Bytes requested an SM (Little's law): each resident block asks for a whole row
+       while it writes the one before, so blocks x the row's bytes must reach
+       ``hardware.in_flight_per_sm`` (bandwidth x latency / SMs).
+    2. More blocks an SM, up to `SHARED_ROW_BLOCKS`, where shared memory allows: a block
+       waits for the end of its row to land, then makes a pass over it and a barrier (two
+       of each for a layer norm) before its stores; the other blocks' streams cover those
+       phases (with one block, DRAM idles through them).
+    3. Threads an SM up to `SHARED_ROW_THREADS_PER_SM`: enough warps to keep the shared
+       memory pipe and the DRAM queue busy.
+    4. Less padding (idle lanes in the last slot), then larger blocks (fewer slots:
+       shorter unrolled passes)."""
+    def key(p: LaunchPlan):
+        blocks = shared_row_blocks(p, hardware)
+        flight = blocks * p.row_chunks * 16
+        slots = -(-p.row_chunks // p.threads_per_row)
+        pad = 1 - p.row_chunks / (slots * p.threads_per_row)
+        return (flight < hardware.in_flight_per_sm, -min(blocks, SHARED_ROW_BLOCKS),
+                -min(blocks * p.block_threads, SHARED_ROW_THREADS_PER_SM),
+                round(pad, 1), -p.threads_per_row)
+
+    return min(plans, key=key)
+
+
+def prefers_shared_row(register_plan: LaunchPlan, shared_plan: LaunchPlan, hidden: int,
+                       value_bytes: int, out_bytes: int, prologue_bytes: int, param_bytes: int,
+                       passes: int, hardware: Hardware = SM90) -> bool:
+    """Whether the shared-row plan beats the register plan of an aligned row, by the model:
+
+    - A register plan with one block an SM has nothing to cover its row's reductions,
+      barriers and stores (the DRAM queue drains at each), and one with fewer than
+      `REGISTER_PLAN_MIN_THREADS` threads an SM too few warps; a shared-row plan holding
+      two or more rows an SM, on more threads, does. Measured with the register plans
+      (bf16, 8192 rows, H100 / H200): one block an SM at 10752-25088, 0.81-0.89 of copy
+      bandwidth at most widths; 448-640 threads an SM (2560 and 4608 layer_norm, 4608
+      and 8704 rms_norm) 0.81-0.88; 768+ threads in three or more blocks (2560 and 6656
+      rms_norm) 0.92-0.95.
+    - But the shared-row kernel reads its 1-D tensors from L2 on every row, the
+      prologue's once a pass: it takes them only while that L2 traffic stays within the
+      row's own DRAM traffic (x and y), which L2 serves beside it at its several times
+      DRAM bandwidth. The reference fusion's four tensors (b0 and b1 in each of three
+      passes) are four times the row's bytes: its register plan stays."""
+    if not SHARED_ROW_FOR_STARVED_ROWS or not register_plan.persistent:
+        return False  # rows one warp covers: the row-wise kernel, 0.95-1.04 of copy measured
+    blocks = shared_row_blocks(shared_plan, hardware)
+    threads = register_plan.min_blocks_per_sm * register_plan.block_threads
+    starved = register_plan.min_blocks_per_sm == 1 or threads < REGISTER_PLAN_MIN_THREADS
+    if not starved or blocks < 2 or blocks * shared_plan.block_threads <= threads:
+        return False
+    l2 = passes * prologue_bytes + (param_bytes - prologue_bytes)
+    return l2 <= value_bytes + out_bytes
+
+
 def hint_variants(plans: list[LaunchPlan], hidden: int, value_bytes: int,
                   base: int = 2) -> list[LaunchPlan]:
     """The plans a sweep times with each `L2_HINTS` hint: the first ``base`` plans of
@@ -278,6 +350,12 @@ def plan_launch(
     shared_param_bytes: int | None = None,
     param_sizes: tuple[int, ...] = (),
     blocks_per_sm: int | None = None,
+    shared_row: bool | None = None,
+    rows_aligned: bool = True,
+    out_bytes: int = 2,
+    prologue_bytes: int = 0,
+    passes: int = 3,
+    hardware: Hardware = SM90,
 ) -> LaunchPlan:
     """Pick the kernel (row-wise or persistent), threads per row, the persistent batch
     and rows per block for ``hidden``.
@@ -302,12 +380,14 @@ def plan_launch(
     double the registers (the nvFuser spill at 16384); the prefetch holds the next
     row's x packed, half the registers of its fp32 values. The overrides pin a plan.
     """
+    wide = dict(shared_row=shared_row, rows_aligned=rows_aligned, out_bytes=out_bytes,
+                prologue_bytes=prologue_bytes, passes=passes, hardware=hardware)
     if blocks_per_sm is not None:
         # the block promise pinned (`LaunchPlan.blocks_per_sm`) on the plan otherwise chosen
         best = plan_launch(hidden, vector_width, value_bytes, threads_per_row, batch,
                            rows_per_block, param_cache, prefetch, param_bytes, x_staged, bf16,
                            stages, one_pass, l2_hint, packed, x_bulk, shared_param_bytes,
-                           param_sizes)
+                           param_sizes, **wide)
         if (not isinstance(blocks_per_sm, int) or isinstance(blocks_per_sm, bool)
                 or not best.sm_holds(blocks_per_sm)):
             smem = best.dynamic_shared_bytes + best.shared_bytes
@@ -316,6 +396,31 @@ def plan_launch(
                 f"blocks of {best.block_threads} threads and {smem} bytes of shared memory that "
                 f"one SM holds ({MAX_THREADS_PER_SM} threads, {SHARED_PER_SM} bytes)")
         return dataclasses.replace(best, blocks_per_sm=blocks_per_sm)
+    register_pins = (param_cache, prefetch, x_staged, stages, one_pass, l2_hint, packed, x_bulk,
+                     shared_param_bytes)
+    if shared_row:
+        if any(v is not None for v in register_pins):
+            raise LoweringError("normalization plan: shared_row is its own kernel: pin only "
+                                "threads_per_row (and blocks_per_sm) with it")
+        plans = shared_row_candidates(hidden, value_bytes, param_bytes, rows_aligned, hardware,
+                                      prologue_bytes)
+        if threads_per_row is not None:
+            plans = [p for p in plans if p.threads_per_row == threads_per_row]
+        if batch is not None or rows_per_block not in (None, 1):
+            raise LoweringError("normalization plan: shared_row takes its chunks a thread "
+                                "from threads_per_row: pin no batch or rows_per_block")
+        if not plans:
+            raise LoweringError(
+                f"normalization plan: no shared-row plan covers hidden={hidden}"
+                + (f" with threads_per_row={threads_per_row}" if threads_per_row else "")
+                + f" (warp-multiple blocks of {MIN_THREADS_PER_BLOCK}..{MAX_THREADS_PER_BLOCK} "
+                  "threads, at most 16 chunks of 16 bytes each)")
+        return choose_shared_row(plans, hardware)
+    if (shared_row is None and threads_per_row is None and batch is None
+            and rows_per_block is None and all(v is None for v in register_pins)):
+        routed = _route(hidden, vector_width, value_bytes, param_bytes, bf16, param_sizes, wide)
+        if routed is not None:
+            return routed
     if param_cache is not None and param_cache not in PARAM_CACHES:
         raise LoweringError(f"normalization plan: param_cache {param_cache!r}: expected one of "
                             f"{list(PARAM_CACHES)}")
@@ -345,7 +450,7 @@ def plan_launch(
         best = plan_launch(hidden, vector_width, value_bytes, threads_per_row, batch,
                            rows_per_block, param_cache, prefetch, param_bytes, x_staged,
                            bf16, stages, one_pass, None, packed, x_bulk, shared_param_bytes,
-                           param_sizes)
+                           param_sizes, shared_row=False)
         if not best.x_staged or best.x_bulk:
             raise LoweringError(f"normalization plan: l2_hint {l2_hint!r} is a hint on the "
                                 "cp.async of x: it needs x_staged")
@@ -451,6 +556,31 @@ def plan_launch(
     if rows_per_block is not None:
         best = dataclasses.replace(best, rows_per_block=rows_per_block)
     return best
+
+
+def _route(hidden, vector_width, value_bytes, param_bytes, bf16, param_sizes, wide):
+    """The default plan where it is the shared-row family's (None: the register
+    families' heuristic decides): rows of 512+ values that only allow the register
+    kernels vectors under 8 bytes (odd widths, or 2 mod 4: 0.5-0.84 of copy bandwidth
+    measured with them; 8-byte vectors, 5140, ran 0.90-0.93), rows too wide for the
+    register kernels, and rows where the model prefers it (`prefers_shared_row`)."""
+    hardware = wide["hardware"]
+    shared = shared_row_candidates(hidden, value_bytes, param_bytes, wide["rows_aligned"],
+                                   hardware, wide["prologue_bytes"])
+    if not shared:
+        return None
+    pick = choose_shared_row(shared, hardware)
+    if vector_width * value_bytes < 8 and hidden >= SHARED_ROW_MIN_HIDDEN:
+        return pick
+    try:
+        registers = plan_launch(hidden, vector_width, value_bytes, param_bytes=param_bytes,
+                                bf16=bf16, param_sizes=param_sizes, shared_row=False)
+    except LoweringError:
+        return pick  # wider than 1024 threads x 32 values
+    if prefers_shared_row(registers, pick, hidden, value_bytes, wide["out_bytes"],
+                          wide["prologue_bytes"], param_bytes, wide["passes"], hardware):
+        return pick
+    return registers
 
 
 def _plan_rowwise(hidden: int, vector_width: int, value_bytes: int) -> LaunchPlan:

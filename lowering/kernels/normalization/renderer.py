@@ -16,7 +16,8 @@ from lowering.kernels.normalization.spec import (
     DTYPE_BYTES, AddBroadcast, Cast, LayerNorm, NormalizationSpec, PointwiseOp,
 )
 from lowering.kernels.normalization.templates import (
-    CUDA_TYPES, FROM_FLOAT, L2_HINT_LEVELS, ROW_COPY_BODIES, SHORT_NAMES, SNIPPETS, TO_FLOAT,
+    CUDA_TYPES, FROM_FLOAT, L2_HINT_LEVELS, ROW_COPY_BODIES, SHARED_ROW_SNIPPETS, SHORT_NAMES,
+    SNIPPETS, TO_FLOAT,
 )
 
 # The fields of a LaunchPlan that switch how its kernel is written or launched, not
@@ -434,6 +435,95 @@ class PersistentRenderer(NormalizationRenderer):
         self._normalize_and_store_tail()
 
 
+class SharedRowRenderer:
+    """The shared-row kernel (``plan.shared_row``): one row a block at a time, the row of
+    x in shared memory (and registers past 227 KiB), the 1-D tensors through L1/L2;
+    fills `SHARED_ROW_SNIPPETS`."""
+
+    def __init__(self, spec: NormalizationSpec, plan: LaunchPlan):
+        self.spec, self.plan = spec, plan
+
+    def _tensors(self, ops) -> list[tuple[str, str]]:
+        return [(op.name, op.dtype) for op in ops if isinstance(op, AddBroadcast)]
+
+    def _out_tensors(self) -> list[tuple[str, str]]:
+        s = self.spec
+        out = []
+        if s.norm.weight:
+            out.append(("weight", s.norm.weight_dtype))
+        if isinstance(s.norm, LayerNorm) and s.norm.bias:
+            out.append(("bias", s.norm.bias_dtype))
+        return out + self._tensors(s.epilogue)
+
+    @staticmethod
+    def _load(name: str, dtype: str) -> str:
+        key = "load32" if DTYPE_BYTES[dtype] == 4 else "load16"
+        return SHARED_ROW_SNIPPETS[key].format(name=name)
+
+    @staticmethod
+    def _ops(ops, tensor_dtypes: dict[str, str]) -> str:
+        out = []
+        for op in ops:
+            if isinstance(op, AddBroadcast):
+                value = TO_FLOAT[op.dtype].format(f"t_{op.name}[e]")
+                out.append(SHARED_ROW_SNIPPETS["add"].format(value=value))
+            else:
+                value = TO_FLOAT[op.dtype].format(FROM_FLOAT[op.dtype].format("a"))
+                out.append(SHARED_ROW_SNIPPETS["cast"].format(value=value))
+        return "".join(out)
+
+    def render(self) -> str:
+        s, p = self.spec, self.plan
+        S = SHARED_ROW_SNIPPETS
+        names, dtypes = s.parameter_names(), s.parameter_dtypes()
+        params = [SNIPPETS["param_in"].format(t=CUDA_TYPES[d], name=n)
+                  for n, d in zip(names[:-1], dtypes[:-1])]
+        params.append(SNIPPETS["param_out"].format(t=CUDA_TYPES[dtypes[-1]]))
+        pro = self._tensors(s.prologue)
+        outs = self._out_tensors()
+        tparams = lambda ts: "".join(S["tensor_param"].format(t=CUDA_TYPES[d], name=n)  # noqa: E731
+                                     for n, d in ts)
+        targs = lambda ts: "".join(f", in_{n}" for n, _ in ts)  # noqa: E731
+        values = S["values"].format(
+            tensor_params=tparams(pro), loads="".join(self._load(n, d) for n, d in pro),
+            first=TO_FLOAT[s.input_dtype].format("xv.e[e]"), ops=self._ops(s.prologue, dict(pro)))
+        norm_ops = []
+        if s.norm.weight:
+            norm_ops.append(S["mul"].format(value=TO_FLOAT[s.norm.weight_dtype].format("t_weight[e]")))
+        if isinstance(s.norm, LayerNorm) and s.norm.bias:
+            norm_ops.append(S["add"].format(value=TO_FLOAT[s.norm.bias_dtype].format("t_bias[e]")))
+        out_t = CUDA_TYPES[s.output_dtype]
+        if DTYPE_BYTES[s.output_dtype] == 4:
+            decl, assign = "float o[8];", "o[e] = a;"
+            store = "store32<kFull, kRowsAligned>(y, o, col0, lo, hi);"
+        else:
+            decl = "Vec<unsigned short, 8> o;"
+            assign = f"o.e[e] = {FROM_FLOAT[s.output_dtype].format('a')};"
+            store = "store16<kFull, kRowsAligned>(y, o, col0, lo, hi);"
+        output = S["output"].format(
+            out_t=out_t, tensor_params=tparams(outs),
+            loads="".join(self._load(n, d) for n, d in outs), out_decl=decl,
+            ops="".join(norm_ops) + self._ops(s.epilogue, dict(outs)), out_assign=assign,
+            store=store)
+        eps = repr(float(s.norm.eps))
+        layer = isinstance(s.norm, LayerNorm)
+        stats = (S["layer_norm_stats"].format(eps=eps, tensor_args=targs(pro)) if layer
+                 else S["rms_norm_stats"].format(eps=eps))
+        slots = -(-p.row_chunks // p.threads_per_row)
+        kernel = S["kernel"].format(
+            block_threads=p.block_threads, min_blocks=p.min_blocks_per_sm, name=s.kernel_name,
+            params=", ".join(params), threads=p.threads_per_row, hidden=s.hidden, slots=slots,
+            shared=p.batch, out_t=out_t, tensor_args=targs(pro), out_args=targs(outs),
+            first_sum="v[e]" if layer else "v[e] * v[e]", stats=stats)
+        aligned = S["aligned_flag"].format(aligned="true" if s.rows_aligned else "false")
+        wait_cases = "".join(
+            f'    case {n}: asm volatile("cp.async.wait_group {n};\\n" ::: "memory"); break;\n'
+            for n in range(p.batch))
+        helpers = S["helpers"].format(warps=p.threads_per_row // 32, wait_cases=wait_cases)
+        return render.Renderer().source(["convert"], SNIPPETS["preamble"].format(), aligned,
+                                        helpers, values, output, kernel)
+
+
 def render_normalization(spec: NormalizationSpec, plan: LaunchPlan | None = None) -> str:
     """CUDA C++ source of ``spec``'s kernel (entry: ``spec.kernel_name``): the persistent
     kernel, or the row-wise one when the plan says ``param_cache="none"``.
@@ -448,6 +538,8 @@ def render_normalization(spec: NormalizationSpec, plan: LaunchPlan | None = None
             f"normalization kernel: plan {plan.describe()!r} differs from the spec's "
             f"{chosen.describe()!r} beyond the switches {list(SWITCH_FIELDS)}; pin the "
             "plan on the spec (spec_with_plan)")
+    if plan.shared_row:
+        return SharedRowRenderer(spec, plan).render()
     if plan.persistent:
         return PersistentRenderer(spec, plan).render()
     return NormalizationRenderer(spec, plan).render()

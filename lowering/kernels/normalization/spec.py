@@ -16,7 +16,7 @@ from typing import Union
 
 from hostir.errors import LoweringError
 from lowering.kernels.normalization.candidates import vector_width_for
-from lowering.kernels.normalization.plan import LaunchPlan
+from lowering.kernels.normalization.plan import SM90, Hardware, LaunchPlan
 from lowering.kernels.normalization.planner import plan_launch
 
 # Bytes of an element of each dtype a fusion's tensors may have.
@@ -107,7 +107,8 @@ class NormalizationSpec:
     prologue, ``weight`` and ``bias`` of the norm (when present), one per `AddBroadcast`
     of the epilogue, the output ``y``, and ``rows`` (int32). `parameter_names` lists
     the tensors. ``alignment`` is the byte alignment every base pointer is known to
-    have (torch allocations: 256; a slice: less). The last fourteen fields override the
+    have (torch allocations: 256; a slice: less). ``hardware``: the GPU the planner's model
+    plans for (`Hardware`; None: `SM90`). The fifteen fields before it override the
     heuristic plan (benchmark sweeps, tests): ``param_cache="none"`` is the row-wise
     kernel, ``"registers"``/``"shared"`` the persistent one (see `LaunchPlan`).
     """
@@ -134,6 +135,8 @@ class NormalizationSpec:
     shared_param_bytes: int | None = None
     vector_width: int | None = None
     blocks_per_sm: int | None = None
+    shared_row: bool | None = None
+    hardware: Hardware | None = None
 
     def __post_init__(self):
         for what, n in (("rows", self.rows), ("hidden", self.hidden)):
@@ -196,6 +199,13 @@ class NormalizationSpec:
         return big + sum(DTYPE_BYTES[d] for d in dtypes[1:-1]) * self.hidden
 
     @property
+    def rows_aligned(self) -> bool:
+        """Whether every row of x, y and the 1-D tensors starts on 16 bytes: the base
+        pointers do (``alignment``) and a row of x is a multiple of 16 bytes (then so is
+        a row of y, and each chunk of a 1-D tensor lines up with x's)."""
+        return self.alignment >= 16 and self.hidden * DTYPE_BYTES[self.input_dtype] % 16 == 0
+
+    @property
     def plan(self) -> LaunchPlan:
         return _plan_of(self)
 
@@ -229,6 +239,15 @@ class NormalizationSpec:
             shared_param_bytes=self.shared_param_bytes,
             param_sizes=tuple(DTYPE_BYTES[d] for d in dtypes[1:-1]),
             blocks_per_sm=self.blocks_per_sm,
+            # a pinned vector width is a register-family plan unless shared_row says otherwise
+            shared_row=(False if self.shared_row is None and self.vector_width is not None
+                        else self.shared_row),
+            rows_aligned=self.rows_aligned,
+            out_bytes=DTYPE_BYTES[self.output_dtype],
+            prologue_bytes=sum(DTYPE_BYTES[op.dtype] for op in self.prologue
+                               if isinstance(op, AddBroadcast)),
+            passes=3 if isinstance(self.norm, LayerNorm) else 2,
+            hardware=self.hardware or SM90,
         )
 
     @property
@@ -270,13 +289,17 @@ class NormalizationSpec:
 # The fields of NormalizationSpec that pin its plan (the rest say what it computes).
 PLAN_FIELDS = ("threads_per_row", "batch", "rows_per_block", "param_cache", "prefetch",
                "x_staged", "stages", "one_pass", "l2_hint", "packed", "x_bulk",
-               "shared_param_bytes", "vector_width", "blocks_per_sm")
+               "shared_param_bytes", "vector_width", "blocks_per_sm", "shared_row")
 
 
 def spec_with_plan(spec: NormalizationSpec, plan: LaunchPlan) -> NormalizationSpec:
     """``spec`` with every plan field pinned to ``plan`` (a plan of the same row)."""
+    if plan.shared_row:
+        return dataclasses.replace(spec, **{
+            **{f: None for f in PLAN_FIELDS}, "shared_row": True,
+            "threads_per_row": plan.threads_per_row, "blocks_per_sm": plan.blocks_per_sm or None})
     return dataclasses.replace(
-        spec, threads_per_row=plan.threads_per_row, batch=plan.batch,
+        spec, shared_row=False, threads_per_row=plan.threads_per_row, batch=plan.batch,
         rows_per_block=plan.rows_per_block, param_cache=plan.param_cache,
         prefetch=plan.prefetch if plan.persistent else None, x_staged=plan.x_staged or None,
         stages=plan.stages if plan.x_staged else None, one_pass=plan.one_pass or None,
@@ -350,6 +373,7 @@ def spec_from_params(params) -> NormalizationSpec:
             p["alignment"], p.get("threads_per_row"), p.get("batch"), p.get("rows_per_block"),
             p.get("param_cache"), p.get("prefetch"), p.get("x_staged"), p.get("stages"),
             p.get("one_pass"), p.get("l2_hint"), p.get("packed"), p.get("x_bulk"),
-            p.get("shared_param_bytes"), p.get("vector_width"), p.get("blocks_per_sm"))
+            p.get("shared_param_bytes"), p.get("vector_width"), p.get("blocks_per_sm"),
+            p.get("shared_row"))
     except KeyError as e:
         raise LoweringError(f"normalization kernel: parameter {e.args[0]!r} is missing") from None

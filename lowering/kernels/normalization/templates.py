@@ -552,3 +552,266 @@ ROW_COPY_BODIES = {
     cp_async<sizeof(T) * kVec>(buf + i * kThreadsPerRow + lane, from, ok);
   }"""),
 }
+
+
+# ---- the shared-row kernel (`renderer.SharedRowRenderer`, `LaunchPlan.shared_row`)
+SHARED_ROW_SNIPPETS = {
+    "helpers": """\
+// Sum over the block (one row a block): each warp's lane 0 writes its partial, one
+// barrier, every warp sums them. The buffer alternates with each reduction: a warp
+// writing reduction k+2's partials has passed k+1's barrier, which every warp reaches
+// only after reading k's.
+__device__ __forceinline__ float block_sum(float v, float (*partials)[32], int& parity) {{
+  const int lane = threadIdx.x & 31;
+  v = warp_sum(v);
+  if (lane == 0) partials[parity][threadIdx.x >> 5] = v;
+  __syncthreads();
+  v = warp_sum(lane < {warps} ? partials[parity][lane] : 0.f);
+  parity ^= 1;
+  return v;
+}}
+// Raw 16-bit values of columns col0 .. col0+7 of a 1-D tensor, 0 outside [lo, hi).
+// A full chunk is one 16-byte load where it is aligned, else the two aligned 16-byte
+// vectors around it funnel-shifted into place (every byte read lies in a 16-byte
+// granule holding an element of the tensor, so in its allocation's pages).
+template <bool kFull, bool kAligned>
+__device__ __forceinline__ void cols16(unsigned short (&r)[8], const unsigned short* __restrict__ p,
+                                       int col0, int lo, int hi) {{
+  if (kFull) {{
+    const size_t a = (size_t)(p + col0);
+    const uint4* q = reinterpret_cast<const uint4*>(a & ~(size_t)15);
+    uint4 u = __ldg(q);
+    const int sh = kAligned ? 0 : (int)(a & 15) >> 1;  // elements into the aligned vector
+    if (sh != 0) {{
+      const uint4 n = __ldg(q + 1);
+      const unsigned w[8] = {{u.x, u.y, u.z, u.w, n.x, n.y, n.z, n.w}};
+      const int k = sh >> 1;
+      const unsigned f = (sh & 1) * 16;
+      unsigned s[5];
+#pragma unroll
+      for (int m = 0; m < 5; ++m) {{
+        s[m] = w[m];
+        s[m] = k == 1 ? w[m + 1] : s[m];
+        s[m] = k == 2 ? w[m + 2] : s[m];
+        s[m] = k == 3 ? w[m + 3] : s[m];
+      }}
+      u.x = __funnelshift_r(s[0], s[1], f);
+      u.y = __funnelshift_r(s[1], s[2], f);
+      u.z = __funnelshift_r(s[2], s[3], f);
+      u.w = __funnelshift_r(s[3], s[4], f);
+    }}
+    Vec<unsigned short, 8> v;
+    v.raw = u;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) r[e] = v.e[e];
+  }} else {{
+#pragma unroll
+    for (int e = 0; e < 8; ++e) r[e] = (e >= lo && e < hi) ? p[col0 + e] : (unsigned short)0;
+  }}
+}}
+// The same for fp32 tensors: two 16-byte loads where aligned, else element by element.
+template <bool kFull, bool kAligned>
+__device__ __forceinline__ void cols32(float (&r)[8], const float* __restrict__ p, int col0,
+                                       int lo, int hi) {{
+  if (kFull && (kAligned || ((size_t)(p + col0) & 15) == 0)) {{
+    const float4 a = __ldg(reinterpret_cast<const float4*>(p + col0));
+    const float4 b = __ldg(reinterpret_cast<const float4*>(p + col0) + 1);
+    r[0] = a.x; r[1] = a.y; r[2] = a.z; r[3] = a.w; r[4] = b.x; r[5] = b.y; r[6] = b.z; r[7] = b.w;
+  }} else {{
+#pragma unroll
+    for (int e = 0; e < 8; ++e) r[e] = (kFull || (e >= lo && e < hi)) ? __ldg(p + col0 + e) : 0.f;
+  }}
+}}
+// Stores of 8 output values to columns col0 .. col0+7 of a row of y: 16-byte stores
+// where the chunk is full and aligned, else element by element within [lo, hi) (a
+// partial chunk shares its granule with the next or previous row: those are not ours).
+template <bool kFull, bool kAligned>
+__device__ __forceinline__ void store16(unsigned short* __restrict__ y, const Vec<unsigned short, 8>& v,
+                                        int col0, int lo, int hi) {{
+  if (kFull && (kAligned || ((size_t)(y + col0) & 15) == 0)) {{
+    __stcs(reinterpret_cast<uint4*>(y + col0), v.raw);
+  }} else {{
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      if (kFull || (e >= lo && e < hi)) y[col0 + e] = v.e[e];
+  }}
+}}
+template <bool kFull, bool kAligned>
+__device__ __forceinline__ void store32(float* __restrict__ y, const float (&o)[8], int col0,
+                                        int lo, int hi) {{
+  if (kFull && (kAligned || ((size_t)(y + col0) & 15) == 0)) {{
+    __stcs(reinterpret_cast<float4*>(y + col0), make_float4(o[0], o[1], o[2], o[3]));
+    __stcs(reinterpret_cast<float4*>(y + col0) + 1, make_float4(o[4], o[5], o[6], o[7]));
+  }} else {{
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      if (kFull || (e >= lo && e < hi)) y[col0 + e] = o[e];
+  }}
+}}
+// cp.async of one 16-byte chunk, global -> shared (L2 only: x is read once).
+__device__ __forceinline__ void copy_chunk(uint4* dst, const uint4* src) {{
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\\n"
+               :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+}}
+__device__ __forceinline__ void copy_commit() {{ asm volatile("cp.async.commit_group;\\n" ::: "memory"); }}
+__device__ __forceinline__ void copy_wait() {{ asm volatile("cp.async.wait_all;\\n" ::: "memory"); }}
+// Wait until at most n of this thread's newest copy groups are pending (n is a constant
+// once the slot loop is unrolled: one instruction).
+__device__ __forceinline__ void copy_wait_pending(int n) {{
+  switch (n) {{
+{wait_cases}    default: asm volatile("cp.async.wait_all;\\n" ::: "memory");
+  }}
+}}
+""",
+    # the fp32 values of one chunk of x after the prologue, 0 outside [lo, hi)
+    "values": """\
+template <bool kFull>
+__device__ __forceinline__ void chunk_values(float (&v)[8], const uint4 raw, const int col0,
+                                             const int lo, const int hi{tensor_params}) {{
+  Vec<unsigned short, 8> xv;
+  xv.raw = raw;
+{loads}#pragma unroll
+  for (int e = 0; e < 8; ++e) {{
+    float a = {first};
+{ops}    v[e] = (kFull || (e >= lo && e < hi)) ? a : 0.f;
+  }}
+}}
+""",
+    # normalize one chunk's values, the norm's weight and bias, the epilogue, store
+    "output": """\
+template <bool kFull>
+__device__ __forceinline__ void chunk_output(const float (&v)[8], const float center, const float rstd,
+                                             {out_t}* __restrict__ y, const int col0, const int lo,
+                                             const int hi{tensor_params}) {{
+{loads}  {out_decl}
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {{
+    float a = (v[e] - center) * rstd;
+{ops}    {out_assign}
+  }}
+  {store}
+}}
+""",
+    "tensor_param": ", const {t}* __restrict__ in_{name}",
+    "load16": "  unsigned short t_{name}[8];\n  cols16<kFull, kRowsAligned>(t_{name}, in_{name}, col0, lo, hi);\n",
+    "load32": "  float t_{name}[8];\n  cols32<kFull, kRowsAligned>(t_{name}, in_{name}, col0, lo, hi);\n",
+    "add": "    a += {value};\n",
+    "mul": "    a *= {value};\n",
+    "cast": "    a = {value};\n",
+    "kernel": """\
+extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
+{name}({params}, const int rows) {{
+  dependent_launch_entry();
+  // kSlots chunks a thread: the first kShared in shared memory, the rest in registers
+  constexpr int kT = {threads}, kHidden = {hidden}, kSlots = {slots}, kShared = {shared};
+  constexpr int kRegs = kSlots - kShared;
+  extern __shared__ __align__(16) unsigned char staged[];
+  uint4* const s_x = reinterpret_cast<uint4*>(staged);
+  __shared__ float partials[2][32];
+  int parity = 0;
+  uint4 xr[kRegs > 0 ? kRegs : 1];
+  const int tid = threadIdx.x;
+  // the block's first row: every chunk of it requested before the loop
+  {{
+    const int row = blockIdx.x;
+    const size_t xa = (size_t)(in_x + (size_t)row * kHidden);
+    const int hx = kRowsAligned ? 0 : (int)(xa & 15) >> 1;
+    const uint4* const src = reinterpret_cast<const uint4*>(xa - (xa & 15));
+    const int nch = (hx + kHidden + 7) >> 3;
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {{
+      const int c = i * kT + tid;
+      if (row < rows && c < nch) {{
+        if (i < kShared) copy_chunk(s_x + i * kT + tid, src + c);
+        else xr[i >= kShared ? i - kShared : 0] = __ldcs(src + c);
+      }}
+      if (i < kShared) copy_commit();  // one group a slot: the first pass waits slot by slot
+    }}
+  }}
+#pragma unroll 1
+  for (int row = blockIdx.x; row < rows; row += gridDim.x) {{
+    // the row in its aligned envelope: hx elements of the granule before it, nch chunks
+    const size_t xa = (size_t)(in_x + (size_t)row * kHidden);
+    const int hx = kRowsAligned ? 0 : (int)(xa & 15) >> 1;
+    const int nch = (hx + kHidden + 7) >> 3;
+    {out_t}* const y = out_y + (size_t)row * kHidden;
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {{
+      const int c = i * kT + tid;
+      // this thread's copy of slot i has landed (its own copies: no barrier); the later
+      // slots' may still be on their way while this one is summed
+      if (i < kShared) copy_wait_pending(kShared - 1 - i);
+      if (c < nch) {{
+        const uint4 raw = i < kShared ? s_x[i * kT + tid] : xr[i >= kShared ? i - kShared : 0];
+        const int col0 = 8 * c - hx, lo = c == 0 ? hx : 0, hi = min(8, kHidden - col0);
+        float v[8];
+        if (kRowsAligned || (lo == 0 && hi == 8)) chunk_values<true>(v, raw, col0, lo, hi{tensor_args});
+        else chunk_values<false>(v, raw, col0, lo, hi{tensor_args});
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s += {first_sum};
+      }}
+    }}
+{stats}
+    // the output pass; each chunk, once read, takes the block's next row's chunk
+    const int next = row + gridDim.x;
+    const size_t na = (size_t)(in_x + (size_t)(next < rows ? next : row) * kHidden);
+    const int nhx = kRowsAligned ? 0 : (int)(na & 15) >> 1;
+    const int nnch = next < rows ? (nhx + kHidden + 7) >> 3 : 0;
+    const uint4* const nsrc = reinterpret_cast<const uint4*>(na - (na & 15));
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {{
+      const int c = i * kT + tid;
+      if (c < nch) {{
+        const uint4 raw = i < kShared ? s_x[i * kT + tid] : xr[i >= kShared ? i - kShared : 0];
+        const int col0 = 8 * c - hx, lo = c == 0 ? hx : 0, hi = min(8, kHidden - col0);
+        float v[8];
+        if (kRowsAligned || (lo == 0 && hi == 8)) {{
+          chunk_values<true>(v, raw, col0, lo, hi{tensor_args});
+          chunk_output<true>(v, center, rstd, y, col0, lo, hi{out_args});
+        }} else {{
+          chunk_values<false>(v, raw, col0, lo, hi{tensor_args});
+          chunk_output<false>(v, center, rstd, y, col0, lo, hi{out_args});
+        }}
+      }}
+      if (c < nnch) {{
+        if (i < kShared) copy_chunk(s_x + i * kT + tid, nsrc + c);
+        else xr[i >= kShared ? i - kShared : 0] = __ldcs(nsrc + c);
+      }}
+      if (i < kShared) copy_commit();
+    }}
+  }}
+  copy_wait();
+}}
+""",
+    # layer norm: the mean, then the squares about it (a second pass over shared memory)
+    "layer_norm_stats": """\
+    const float mean = block_sum(s, partials, parity) * (1.f / kHidden);
+    s = 0.f;
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {{
+      const int c = i * kT + tid;
+      if (c < nch) {{
+        const uint4 raw = i < kShared ? s_x[i * kT + tid] : xr[i >= kShared ? i - kShared : 0];
+        const int col0 = 8 * c - hx, lo = c == 0 ? hx : 0, hi = min(8, kHidden - col0);
+        float v[8];
+        if (kRowsAligned || (lo == 0 && hi == 8)) {{
+          chunk_values<true>(v, raw, col0, lo, hi{tensor_args});
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {{ const float d = v[e] - mean; s += d * d; }}
+        }} else {{
+          chunk_values<false>(v, raw, col0, lo, hi{tensor_args});
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {{ const float d = v[e] - mean; s += (e >= lo && e < hi) ? d * d : 0.f; }}
+        }}
+      }}
+    }}
+    const float rstd = rsqrtf(block_sum(s, partials, parity) * (1.f / kHidden) + {eps}f);
+    const float center = mean;
+""",
+    "rms_norm_stats": """\
+    const float rstd = rsqrtf(block_sum(s, partials, parity) * (1.f / kHidden) + {eps}f);
+    const float center = 0.f;
+""",
+    "aligned_flag": "constexpr bool kRowsAligned = {aligned};\n",
+}

@@ -10,10 +10,14 @@ from __future__ import annotations
 import dataclasses
 
 from hostir.errors import LoweringError
-from lowering.kernels.normalization.candidates import candidate_plans, persistent_candidates
-from lowering.kernels.normalization.plan import LaunchPlan
-from lowering.kernels.normalization.planner import CACHE_ORDER, choose_persistent
-from lowering.kernels.normalization.spec import DTYPE_BYTES, PLAN_FIELDS, NormalizationSpec
+from lowering.kernels.normalization.candidates import (
+    candidate_plans, persistent_candidates, shared_row_candidates,
+)
+from lowering.kernels.normalization.plan import SM90, LaunchPlan
+from lowering.kernels.normalization.planner import CACHE_ORDER, choose_persistent, choose_shared_row
+from lowering.kernels.normalization.spec import (
+    DTYPE_BYTES, PLAN_FIELDS, AddBroadcast, NormalizationSpec,
+)
 
 # How many more blocks an SM than its estimate gives `tune_plans` promises a plan: the
 # row-wise kernel at 4096 (t128 b4) fits 9 blocks without spills where it promises 4.
@@ -47,6 +51,10 @@ def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]
       Side by side these were 2-4.6% faster than the heuristic's 16-byte plan at 1280,
       1536, 1600, 2560 and 4096.
 
+    - the shared-row family's first plans by its model (`choose_shared_row`); where the
+      pick is a shared-row plan, those, then the register families' candidates as above
+      (where they cover the row).
+
     Never the one-pass reduction (1.16-2.7x its twin, `PlannerRules`). Nor, with the
     tensors in registers, the leading ones staged in shared memory instead to hold one
     more block an SM (tuned side by side at 1280-5140, every such twin was slower than
@@ -54,6 +62,14 @@ def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]
     three blocks an SM: 52.3-53.0 us against 46.2 us with two blocks).
     """
     chosen = spec.plan
+    wide = _shared_row_plans(spec)
+    if chosen.shared_row:
+        # and the register families' candidates where they cover the row
+        try:
+            registers = tune_plans(dataclasses.replace(spec, shared_row=False), geometries)
+        except LoweringError:
+            registers = []
+        return _unique([chosen, *wide, *registers])
     dtypes = spec.parameter_dtypes()
     value_bytes = DTYPE_BYTES[spec.input_dtype]
     sizes = tuple(DTYPE_BYTES[d] for d in dtypes[1:-1])
@@ -118,8 +134,33 @@ def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]
             if not p.sm_holds(blocks):
                 break
             out.append(dataclasses.replace(p, blocks_per_sm=blocks))
+    return _unique(out + wide)
+
+
+def _unique(plans: list[LaunchPlan]) -> list[LaunchPlan]:
     unique: list[LaunchPlan] = []
-    for p in out:
+    for p in plans:
         if p not in unique:
             unique.append(p)
     return unique
+
+
+# Shared-row plans `tune_plans` adds: the model's pick and the next ones in its order.
+SHARED_ROW_TUNE = 4
+
+
+def _shared_row_plans(spec: NormalizationSpec) -> list[LaunchPlan]:
+    """The shared-row plans worth timing for ``spec``: its model's first
+    `SHARED_ROW_TUNE` in `choose_shared_row`'s order (none for rows it does not take)."""
+    dtypes = spec.parameter_dtypes()
+    hardware = spec.hardware or SM90
+    plans = shared_row_candidates(
+        spec.hidden, DTYPE_BYTES[spec.input_dtype], sum(DTYPE_BYTES[d] for d in dtypes[1:-1]),
+        spec.rows_aligned, hardware,
+        sum(DTYPE_BYTES[op.dtype] for op in spec.prologue if isinstance(op, AddBroadcast)))
+    out = []
+    while plans and len(out) < SHARED_ROW_TUNE:
+        best = choose_shared_row(plans, hardware)
+        out.append(best)
+        plans = [p for p in plans if p is not best]
+    return out
