@@ -420,7 +420,7 @@ if constexpr (HOLD) {
 }
 // A row between its two phases: where it is, its statistics, its stage, its sums.
 struct RowState {
-  bool live; int row, stage; float r, mr; const unsigned short* st[NSTREAM > 2 ? 3 : 2];
+  bool live; int row, stage; float r, m; const unsigned short* st[NSTREAM > 2 ? 3 : 2];
   float s[LAYER ? 2 : 1];
 };
 float hn[HOLD ? K : 1][VS], hg[HOLD ? K : 1][VS];
@@ -432,7 +432,9 @@ auto begin = [&](int tile, int it, RowState& q) {
   q.live = q.row < rows;
   q.r = q.live ? stats[(q.stage * 2) * RPB + ty] : 0.f;
   const float m = (LAYER && q.live) ? stats[(q.stage * 2 + 1) * RPB + ty] : 0.f;
-  q.mr = -m * q.r;  // n = h * r - m * r: one fma
+  // n = (h - m) * r, not the one fma h * r - m * r: that leaves the rounding of m * r in
+  // n (a row of one value, or a large mean, would get n != 0 where h == m)
+  q.m = m;
   const size_t first = (size_t)tile * RPB * HIDDEN + c0;
 #pragma unroll
   for (int s = 0; s < NSTREAM; ++s) {
@@ -453,7 +455,7 @@ auto begin = [&](int tile, int it, RowState& q) {
       const float* w = HOLD ? wr[HOLD ? k : 0] : wl;
 #pragma unroll
       for (int i = 0; i < VS; ++i) {
-        n[i] = fmaf(n[i], q.r, q.mr);
+        n[i] = (n[i] - q.m) * q.r;
         aw[k][i] += d[i] * n[i];
         if constexpr (LAYER) ab[k][i] += d[i];
         const float g = d[i] * w[i];
@@ -490,9 +492,11 @@ auto finish = [&](int it, RowState& q) {
       q.s[j] = t;
     }
   }
-  // dx = r * (g - gmean - n * dot) = r * g + (rn * n + rg): two fmas an element
+  // dx = r * (g - gmean - n * dot) = r * (g - gmean) + rn * n: g - gmean first, so that
+  // it is exactly 0 where g is the row's mean (r * g - r * gmean in fmas leaves the
+  // rounding of r * gmean)
   const float rn = -q.r * (q.s[0] * (1.f / HIDDEN));
-  const float rg = LAYER ? -q.r * (q.s[LAYER ? 1 : 0] * (1.f / HIDDEN)) : 0.f;
+  const float gm = LAYER ? q.s[LAYER ? 1 : 0] * (1.f / HIDDEN) : 0.f;
   unsigned short* out_row = dx + (size_t)(q.live ? q.row : 0) * HIDDEN + c0;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
@@ -508,10 +512,10 @@ auto finish = [&](int it, RowState& q) {
         load_vec<VS>(q.st[1] + col, n);
         load_vec<VS>(w_s + col, w);
 #pragma unroll
-        for (int i = 0; i < VS; ++i) { n[i] = fmaf(n[i], q.r, q.mr); g[i] *= w[i]; }
+        for (int i = 0; i < VS; ++i) { n[i] = (n[i] - q.m) * q.r; g[i] *= w[i]; }
       }
 #pragma unroll
-      for (int i = 0; i < VS; ++i) out[i] = fmaf(q.r, g[i], fmaf(rn, n[i], rg));
+      for (int i = 0; i < VS; ++i) out[i] = fmaf(q.r, g[i] - gm, rn * n[i]);
       if constexpr (HAS_DH) {
         float e[VS];
         load_vec<VS>(q.st[NSTREAM - 1] + col, e);

@@ -510,6 +510,8 @@ def test_forward_runs_on_the_host(dtype, hidden, rows, grid, kind, residual):
     ("bf16", 4096, 5, 2, "layer_norm", True, 0, 8),   # 2 rows a tile, 16-byte vectors
     ("fp16", 768, 9, 3, "rms_norm", False, 0, 8),     # 4 rows a tile
     ("bf16", 7, 40, 2, "layer_norm", False, 0, 1),    # single values, 16 rows a tile
+    ("bf16", 1, 300, 2, "layer_norm", False, 0, 1),   # one value a row
+    ("fp16", 1, 50, 3, "rms_norm", True, 0, 1),
     ("bf16", 4097, 7, 2, "rms_norm", True, 0, 1),     # rows at every 2-byte offset
     ("bf16", 5140, 5, 2, "layer_norm", True, 0, 4),   # rows 8- or 16-byte aligned
     ("fp16", 4098, 4, 1, "layer_norm", False, 0, 2),
