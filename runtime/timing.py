@@ -104,12 +104,12 @@ def time_replay(replay, n: int) -> float:
     return start.elapsed_time(end) * 1e3 / n
 
 
-def graph_side_by_side(candidates: dict, reps: int) -> dict:
+def graph_side_by_side(candidates: dict, reps: int, launches: int = GRAPH_LAUNCHES) -> dict:
     """Median microseconds a call of each candidate (label -> one call per input set),
     timed side by side: one `graph_of` replay of each a round, ``reps`` rounds rounded
     up to whole cycles of a carryover-balanced order (`balanced_rounds`), so that clock
     and power drift weigh on each alike and none always follows the same neighbour."""
-    graphs = {k: graph_of(v) for k, v in candidates.items()}
+    graphs = {k: graph_of(v, launches) for k, v in candidates.items()}
     samples = {k: [] for k in candidates}
     for labels in balanced_rounds(list(candidates), reps):
         for k in labels:
