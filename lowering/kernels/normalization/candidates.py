@@ -271,7 +271,7 @@ def shared_row_candidates(hidden: int, value_bytes: int, param_bytes: int, rows_
         slots = -(-chunks // t)
         if slots > MAX_SHARED_ROW_SLOTS or (slots - 1) * t >= chunks:
             continue
-        fit = (hardware.shared_per_block - 2 * 32 * 4) // (t * 16)
+        fit = (hardware.shared_per_block - 2 * 32 * 4 * 3) // (t * 16)  # less the partials
         shared = min(slots, fit)
         est = shared_row_register_estimate(slots - shared, prologue_bytes, layer_norm)
         # the estimate within the budget; its margin of 8 goes into the block promise
@@ -280,8 +280,12 @@ def shared_row_candidates(hidden: int, value_bytes: int, param_bytes: int, rows_
         # fusion with prologue tensors, 84-96 estimated, spilled 16-72 bytes there)
         if shared < 1 or est > register_budget(t):
             continue
-        plans.append(LaunchPlan(16 // value_bytes, t, shared, 1, est, "global", True, param_bytes,
-                                True, value_bytes, shared_row=True, row_chunks=chunks))
+        plan = LaunchPlan(16 // value_bytes, t, shared, 1, est, "global", True, param_bytes,
+                          True, value_bytes, shared_row=True, row_chunks=chunks)
+        # a layer norm on one block an SM: nothing covers a second pass over the row and
+        # its barrier, so its mean and M2 come in one (Chan's merge of each chunk's)
+        one = layer_norm and shared_row_blocks(plan, hardware) == 1
+        plans.append(dataclasses.replace(plan, one_pass=True) if one else plan)
     return plans
 
 
