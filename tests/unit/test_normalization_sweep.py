@@ -144,8 +144,9 @@ def _compile(spec):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("kind", sorted(KINDS))
-@pytest.mark.parametrize("hidden", WIDTHS)
+@pytest.mark.parametrize("hidden", WIDTHS + (34990, 131071))
 def test_default_plan_compiles_without_spills(hidden, kind, dtype):
+    """34990: an unaligned layer norm that spilled when its plan promised 56 registers."""
     spec = KINDS[kind](ROWS, hidden, dtype=dtype)
     ck = _compile(spec)
     name, plan = spec.kernel_name, spec.plan
@@ -243,3 +244,61 @@ def test_device_hardware_without_a_device_is_the_sm90_default():
     assert rn.device_hardware(-1) is SM90
     spec = rn._spec("rms_norm", 8192, 65536, 1e-6, "bfloat16", 16, -1)
     assert spec.hardware is SM90 and spec.plan.shared_row
+
+
+def test_one_block_layer_norms_take_their_statistics_in_one_pass():
+    """With one block an SM (rows past ~57K values) nothing covers a second pass over the
+    row and its barrier: the layer norm merges each chunk's (count, mean, M2) instead;
+    with more blocks, and for rms_norm, the two-pass statistics stay."""
+    wide = NormalizationSpec.layer_norm(ROWS, 65536, dtype="bfloat16")
+    assert wide.plan.one_pass and wide.plan.min_blocks_per_sm == 1
+    src = render_normalization(wide)
+    assert "block_stats(n, m, q, partials, parity)" in src and "chan_merge" in src
+    narrower = NormalizationSpec.layer_norm(ROWS, 32768, dtype="bfloat16")
+    assert narrower.plan.min_blocks_per_sm > 1 and not narrower.plan.one_pass
+    assert not NormalizationSpec.rms_norm(ROWS, 65536, dtype="bfloat16").plan.one_pass
+
+
+def test_one_pass_merge_matches_float64_on_rows_with_a_large_mean():
+    """The kernel's order of Chan merges (each chunk's exact triple into its thread's,
+    then the warp's butterfly and the block's), in float32, on an unaligned row."""
+    np = pytest.importorskip("numpy")
+    f = np.float32
+
+    def merge(a, b):
+        n, m, q = a
+        n2, m2, q2 = b
+        nn = f(n + n2)
+        if nn > 0:
+            d, fr = f(m2 - m), f(n2 / nn)
+            m, q, n = f(m + d * fr), f(q + q2 + d * d * n * fr), nn
+        return n, m, q
+
+    def butterfly(vals):
+        off = 16
+        while off:
+            vals = [merge(vals[lane], vals[lane ^ off]) for lane in range(32)]
+            off //= 2
+        return vals[0]
+
+    hidden, threads, hx = 20001, 256, 5
+    x = (np.random.default_rng(1).standard_normal(hidden) * 4 + 500).astype(np.float32)
+    nch = (hx + hidden + 7) >> 3
+    per_thread = []
+    for tid in range(threads):
+        acc = (f(0), f(0), f(0))
+        for i in range(-(-nch // threads)):
+            c = i * threads + tid
+            if c >= nch:
+                continue
+            col0, lo = 8 * c - hx, hx if c == 0 else 0
+            hi = min(8, hidden - col0)
+            v = np.array([x[col0 + e] for e in range(lo, hi)], dtype=np.float32)
+            cm = f(v.sum(dtype=np.float32) / f(hi - lo))
+            acc = merge(acc, (f(hi - lo), cm, f(((v - cm) ** 2).sum(dtype=np.float32))))
+        per_thread.append(acc)
+    warps = [butterfly(per_thread[w * 32:(w + 1) * 32]) for w in range(threads // 32)]
+    n, m, q = butterfly(warps + [(f(0), f(0), f(0))] * (32 - len(warps)))
+    assert n == hidden
+    assert abs(m - x.astype(np.float64).mean()) < 1e-4
+    assert abs(q / hidden - x.astype(np.float64).var()) < 1e-4 * x.astype(np.float64).var()

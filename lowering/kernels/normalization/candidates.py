@@ -230,12 +230,13 @@ def bytes_in_flight(plan: LaunchPlan, value_bytes: int) -> int:
 # row (its passes are unrolled over them: more would only grow the code; a row of 131072
 # 16-bit values is 16 chunks on 1024 threads).
 MAX_SHARED_ROW_SLOTS = 18
-# Registers of the shared-row kernel besides its register-held chunks (4 each) and the
-# prologue's 1-D tensors (8 a byte of a column: eight values of each, for two chunks: ptxas
-# issues their loads a chunk ahead),
-# fitted to ptxas (sm_90) over the default plans of 1..131072: 40-56 as compiled under
+# Registers of the shared-row kernel (an rms norm) besides its register-held chunks (4
+# each), a layer norm's second statistic (8) and the prologue's 1-D tensors (8 a byte of
+# a column: eight values of each, for two chunks: ptxas issues their loads a chunk ahead),
+# fitted to ptxas (sm_90) over the default plans of 1..131072: 40-64 as compiled under
 # the promise this makes (`LaunchPlan.min_blocks_per_sm` rounds the estimate plus a
-# margin of 8 up to 8: 56 here). The unit tests compile the default plans of a sweep of
+# margin of 8 up to 8: 56 for an rms norm, 64 for a layer norm; a layer norm held to 56
+# spilled 24 bytes at 34990, unaligned). The unit tests compile the default plans of a sweep of
 # widths and check that none spills. ptxas is not monotonic in its cap for this kernel
 # (a plain fp16 layer norm at 20480 spills 20 bytes at 56 registers, none at 48 or 64),
 # so what is held to ptxas is the kernel as launched, not the estimate as a cap.
@@ -250,12 +251,14 @@ def row_chunks(hidden: int, value_bytes: int, rows_aligned: bool) -> int:
     return -(-(hidden * value_bytes + 2 * (16 - value_bytes)) // 16)
 
 
-def shared_row_register_estimate(register_slots: int, prologue_bytes: int = 0) -> int:
-    return SHARED_ROW_REGISTERS + 4 * register_slots + 8 * prologue_bytes
+def shared_row_register_estimate(register_slots: int, prologue_bytes: int = 0,
+                                 layer_norm: bool = True) -> int:
+    return (SHARED_ROW_REGISTERS + 8 * layer_norm + 4 * register_slots + 8 * prologue_bytes)
 
 
 def shared_row_candidates(hidden: int, value_bytes: int, param_bytes: int, rows_aligned: bool,
-                          hardware: Hardware = SM90, prologue_bytes: int = 0) -> list[LaunchPlan]:
+                          hardware: Hardware = SM90, prologue_bytes: int = 0,
+                          layer_norm: bool = True) -> list[LaunchPlan]:
     """Every shared-row plan of a row: a warp-multiple block of T threads, each with the
     same number of chunks (slots; none empty for every thread), as many of them in
     shared memory as a block may have (``hardware.shared_per_block`` less the partials),
@@ -268,13 +271,21 @@ def shared_row_candidates(hidden: int, value_bytes: int, param_bytes: int, rows_
         slots = -(-chunks // t)
         if slots > MAX_SHARED_ROW_SLOTS or (slots - 1) * t >= chunks:
             continue
-        fit = (hardware.shared_per_block - 2 * 32 * 4) // (t * 16)
+        fit = (hardware.shared_per_block - 2 * 32 * 4 * 3) // (t * 16)  # less the partials
         shared = min(slots, fit)
-        est = shared_row_register_estimate(slots - shared, prologue_bytes)
-        if shared < 1 or est + 8 > register_budget(t):
+        est = shared_row_register_estimate(slots - shared, prologue_bytes, layer_norm)
+        # the estimate within the budget; its margin of 8 goes into the block promise
+        # (`LaunchPlan.min_blocks_per_sm`): at 1024 threads (one block, 64 registers) the
+        # widest rows hold up to three chunks in registers, compiled without spills (a
+        # fusion with prologue tensors, 84-96 estimated, spilled 16-72 bytes there)
+        if shared < 1 or est > register_budget(t):
             continue
-        plans.append(LaunchPlan(16 // value_bytes, t, shared, 1, est, "global", True, param_bytes,
-                                True, value_bytes, shared_row=True, row_chunks=chunks))
+        plan = LaunchPlan(16 // value_bytes, t, shared, 1, est, "global", True, param_bytes,
+                          True, value_bytes, shared_row=True, row_chunks=chunks)
+        # a layer norm on one block an SM: nothing covers a second pass over the row and
+        # its barrier, so its mean and M2 come in one (Chan's merge of each chunk's)
+        one = layer_norm and shared_row_blocks(plan, hardware) == 1
+        plans.append(dataclasses.replace(plan, one_pass=True) if one else plan)
     return plans
 
 

@@ -261,7 +261,9 @@ class LaunchPlan:
         # two reductions (mean, variance) use separate buffers: see the kernel's comment;
         # one pass: (count, mean, M2) a warp, two buffers by the parity of the row
         if self.shared_row:
-            return 2 * 32 * 4  # partials[2][32]: a warp's partial sum, by the parity of the reduction
+            # partials[2][32]: a warp's partial sum by the parity of the reduction; one
+            # pass: its (count, mean, M2)
+            return 2 * 32 * 4 * (3 if self.one_pass else 1)
         per_warp = 3 if self.one_pass else 1
         return 0 if self.warps_per_row == 1 else 2 * 4 * per_warp * self.rows_per_block * self.warps_per_row
 
@@ -304,7 +306,7 @@ class LaunchPlan:
         if self.shared_row:
             return (f"shared-row t{self.threads_per_row} b{self.batch}"
                     + (f"+r{self.register_slots}" if self.register_slots else "")
-                    + f" c{self.row_chunks}"
+                    + f" c{self.row_chunks}" + (" 1pass" if self.one_pass else "")
                     + (f" x{self.blocks_per_sm}" if self.blocks_per_sm else ""))
         kind = "rowwise" if not self.persistent else f"persistent/{self.param_cache}"
         if self.shared_param_bytes:

@@ -355,6 +355,7 @@ def plan_launch(
     out_bytes: int = 2,
     prologue_bytes: int = 0,
     passes: int = 3,
+    layer_norm: bool = True,
     hardware: Hardware = SM90,
 ) -> LaunchPlan:
     """Pick the kernel (row-wise or persistent), threads per row, the persistent batch
@@ -381,7 +382,8 @@ def plan_launch(
     row's x packed, half the registers of its fp32 values. The overrides pin a plan.
     """
     wide = dict(shared_row=shared_row, rows_aligned=rows_aligned, out_bytes=out_bytes,
-                prologue_bytes=prologue_bytes, passes=passes, hardware=hardware)
+                prologue_bytes=prologue_bytes, passes=passes, layer_norm=layer_norm,
+                hardware=hardware)
     if blocks_per_sm is not None:
         # the block promise pinned (`LaunchPlan.blocks_per_sm`) on the plan otherwise chosen
         best = plan_launch(hidden, vector_width, value_bytes, threads_per_row, batch,
@@ -403,7 +405,7 @@ def plan_launch(
             raise LoweringError("normalization plan: shared_row is its own kernel: pin only "
                                 "threads_per_row (and blocks_per_sm) with it")
         plans = shared_row_candidates(hidden, value_bytes, param_bytes, rows_aligned, hardware,
-                                      prologue_bytes)
+                                      prologue_bytes, layer_norm)
         if threads_per_row is not None:
             plans = [p for p in plans if p.threads_per_row == threads_per_row]
         if batch is not None or rows_per_block not in (None, 1):
@@ -551,7 +553,10 @@ def plan_launch(
                 f"normalization: hidden={hidden} needs more than {MAX_THREADS_PER_BLOCK} threads x "
                 f"{MAX_VALUES_PER_THREAD} values per row within the register budget; "
                 "not a persistent-kernel size"
-            )
+                + ("" if shared_row is False else
+                   "; nor does a shared-row plan fit (its row in 227 KiB of shared memory "
+                   "and up to three 16-byte chunks a thread in registers, fewer with a "
+                   "prologue's 1-D tensors)"))
         best = choose_persistent(plans, hidden, value_bytes)
     if rows_per_block is not None:
         best = dataclasses.replace(best, rows_per_block=rows_per_block)
@@ -566,7 +571,7 @@ def _route(hidden, vector_width, value_bytes, param_bytes, bf16, param_sizes, wi
     register kernels, and rows where the model prefers it (`prefers_shared_row`)."""
     hardware = wide["hardware"]
     shared = shared_row_candidates(hidden, value_bytes, param_bytes, wide["rows_aligned"],
-                                   hardware, wide["prologue_bytes"])
+                                   hardware, wide["prologue_bytes"], wide["layer_norm"])
     if not shared:
         return None
     pick = choose_shared_row(shared, hardware)

@@ -507,19 +507,31 @@ class SharedRowRenderer:
             store=store)
         eps = repr(float(s.norm.eps))
         layer = isinstance(s.norm, LayerNorm)
-        stats = (S["layer_norm_stats"].format(eps=eps, tensor_args=targs(pro)) if layer
-                 else S["rms_norm_stats"].format(eps=eps))
+        one_pass = layer and p.one_pass
+        if one_pass:
+            stats = S["one_pass_stats"].format(eps=eps)
+        elif layer:
+            stats = S["layer_norm_stats"].format(eps=eps, tensor_args=targs(pro))
+        else:
+            stats = S["rms_norm_stats"].format(eps=eps)
         slots = -(-p.row_chunks // p.threads_per_row)
         kernel = S["kernel"].format(
             block_threads=p.block_threads, min_blocks=p.min_blocks_per_sm, name=s.kernel_name,
             params=", ".join(params), threads=p.threads_per_row, hidden=s.hidden, slots=slots,
             shared=p.batch, out_t=out_t, tensor_args=targs(pro), out_args=targs(outs),
-            first_sum="v[e]" if layer else "v[e] * v[e]", stats=stats)
+            stats=stats,
+            partials_decl=S["partials_triples" if one_pass else "partials_sums"],
+            accumulate_init=S["triple_init" if one_pass else "sum_init"],
+            accumulate=(S["triple_accumulate"].format() if one_pass else
+                        S["sum_accumulate"].format(first_sum="v[e]" if layer else "v[e] * v[e]")))
         aligned = S["aligned_flag"].format(aligned="true" if s.rows_aligned else "false")
         wait_cases = "".join(
             f'    case {n}: asm volatile("cp.async.wait_group {n};\\n" ::: "memory"); break;\n'
             for n in range(p.batch))
         helpers = S["helpers"].format(warps=p.threads_per_row // 32, wait_cases=wait_cases)
+        if one_pass:
+            helpers += SNIPPETS["chan_merge"].format() + S["block_stats"].format(
+                warps=p.threads_per_row // 32)
         return render.Renderer().source(["convert"], SNIPPETS["preamble"].format(), aligned,
                                         helpers, values, output, kernel)
 

@@ -247,6 +247,7 @@ class NormalizationSpec:
             prologue_bytes=sum(DTYPE_BYTES[op.dtype] for op in self.prologue
                                if isinstance(op, AddBroadcast)),
             passes=3 if isinstance(self.norm, LayerNorm) else 2,
+            layer_norm=isinstance(self.norm, LayerNorm),
             hardware=self.hardware or SM90,
         )
 

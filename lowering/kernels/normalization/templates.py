@@ -707,7 +707,7 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
   constexpr int kRegs = kSlots - kShared;
   extern __shared__ __align__(16) unsigned char staged[];
   uint4* const s_x = reinterpret_cast<uint4*>(staged);
-  __shared__ float partials[2][32];
+  {partials_decl}
   int parity = 0;
   uint4 xr[kRegs > 0 ? kRegs : 1];
   const int tid = threadIdx.x;
@@ -735,7 +735,7 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
     const int hx = kRowsAligned ? 0 : (int)(xa & 15) >> 1;
     const int nch = (hx + kHidden + 7) >> 3;
     {out_t}* const y = out_y + (size_t)row * kHidden;
-    float s = 0.f;
+    {accumulate_init}
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {{
       const int c = i * kT + tid;
@@ -748,9 +748,7 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
         float v[8];
         if (kRowsAligned || (lo == 0 && hi == 8)) chunk_values<true>(v, raw, col0, lo, hi{tensor_args});
         else chunk_values<false>(v, raw, col0, lo, hi{tensor_args});
-#pragma unroll
-        for (int e = 0; e < 8; ++e) s += {first_sum};
-      }}
+{accumulate}      }}
     }}
 {stats}
     // the output pass; each chunk, once read, takes the block's next row's chunk
@@ -808,6 +806,58 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
     }}
     const float rstd = rsqrtf(block_sum(s, partials, parity) * (1.f / kHidden) + {eps}f);
     const float center = mean;
+""",
+    "partials_sums": "__shared__ float partials[2][32];",
+    "partials_triples": "__shared__ float partials[2][32][3];",
+    "sum_init": "float s = 0.f;",
+    "sum_accumulate": """\
+#pragma unroll
+        for (int e = 0; e < 8; ++e) s += {first_sum};
+""",
+    # one pass (a layer norm on one block an SM): each chunk's (count, mean, M2) exactly,
+    # merged into the thread's by Chan's formula as the chunks land
+    "triple_init": "float n = 0.f, m = 0.f, q = 0.f;",
+    "triple_accumulate": """\
+        {{
+          const float k = (float)(hi - lo);
+          float cs = 0.f;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) cs += v[e];  // masked lanes hold 0
+          const float cm = __fdividef(cs, k);
+          float cq = 0.f;
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {{
+            const float d = v[e] - cm;
+            cq += (e >= lo && e < hi) ? d * d : 0.f;
+          }}
+          chan_merge(n, m, q, k, cm, cq);
+        }}
+""",
+    "one_pass_stats": """\
+    block_stats(n, m, q, partials, parity);
+    const float mean = m;
+    const float rstd = rsqrtf(q * (1.f / kHidden) + {eps}f);
+    const float center = mean;
+""",
+    "block_stats": """\
+// The block's (count, mean, M2) from each thread's: warp shuffles, each warp's lane 0
+// writes its triple, one barrier, every warp merges them all (the same order in each).
+__device__ __forceinline__ void block_stats(float& n, float& m, float& q, float (*partials)[32][3],
+                                            int& parity) {{
+  const int lane = threadIdx.x & 31;
+  warp_stats(n, m, q);
+  if (lane == 0) {{
+    float* p = partials[parity][threadIdx.x >> 5];
+    p[0] = n; p[1] = m; p[2] = q;
+  }}
+  __syncthreads();
+  const bool mine = lane < {warps};
+  n = mine ? partials[parity][lane][0] : 0.f;
+  m = mine ? partials[parity][lane][1] : 0.f;
+  q = mine ? partials[parity][lane][2] : 0.f;
+  warp_stats(n, m, q);
+  parity ^= 1;
+}}
 """,
     "rms_norm_stats": """\
     const float rstd = rsqrtf(block_sum(s, partials, parity) * (1.f / kHidden) + {eps}f);

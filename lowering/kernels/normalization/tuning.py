@@ -16,7 +16,7 @@ from lowering.kernels.normalization.candidates import (
 from lowering.kernels.normalization.plan import SM90, LaunchPlan
 from lowering.kernels.normalization.planner import CACHE_ORDER, choose_persistent, choose_shared_row
 from lowering.kernels.normalization.spec import (
-    DTYPE_BYTES, PLAN_FIELDS, AddBroadcast, NormalizationSpec,
+    DTYPE_BYTES, PLAN_FIELDS, AddBroadcast, LayerNorm, NormalizationSpec,
 )
 
 # How many more blocks an SM than its estimate gives `tune_plans` promises a plan: the
@@ -157,7 +157,8 @@ def _shared_row_plans(spec: NormalizationSpec) -> list[LaunchPlan]:
     plans = shared_row_candidates(
         spec.hidden, DTYPE_BYTES[spec.input_dtype], sum(DTYPE_BYTES[d] for d in dtypes[1:-1]),
         spec.rows_aligned, hardware,
-        sum(DTYPE_BYTES[op.dtype] for op in spec.prologue if isinstance(op, AddBroadcast)))
+        sum(DTYPE_BYTES[op.dtype] for op in spec.prologue if isinstance(op, AddBroadcast)),
+        isinstance(spec.norm, LayerNorm))
     out = []
     while plans and len(out) < SHARED_ROW_TUNE:
         best = choose_shared_row(plans, hardware)
