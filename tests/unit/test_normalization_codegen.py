@@ -106,17 +106,20 @@ def test_plan_is_warp_multiple_and_covers_row(hidden, variant):
     (768, 8), (1600, 8), (20480, 8), (5140, 4), (1601, 1), (77, 1), (3000, 8), (1026, 2),
 ])
 def test_vector_width_is_16_bytes_where_rows_stay_aligned(hidden, width):
-    """The register families' vectors; rows of 512+ that allow them under 8 bytes take
-    the shared-row family by default (16-byte chunks at any alignment)."""
+    """The register families' vectors; RMS rows of 512+ that allow them under 8 bytes
+    take the shared-row family by default (16-byte chunks at any alignment); layer norms
+    keep the register kernels where those plan the row."""
     plan = NormalizationSpec.layer_norm(16, hidden, shared_row=False).plan
     assert plan.vector_width == width
     if width * 2 < 8 and hidden >= 512:
-        assert NormalizationSpec.layer_norm(16, hidden).plan.shared_row
+        assert NormalizationSpec.rms_norm(16, hidden).plan.shared_row
+        assert not NormalizationSpec.layer_norm(16, hidden).plan.shared_row
 
 
 def test_vector_width_follows_pointer_alignment():
     assert NormalizationSpec.layer_norm(16, 4096, alignment=4, shared_row=False).plan.vector_width == 2
-    assert NormalizationSpec.layer_norm(16, 4096, alignment=4).plan.shared_row
+    assert NormalizationSpec.rms_norm(16, 4096, alignment=4).plan.shared_row
+    assert NormalizationSpec.layer_norm(16, 4096, alignment=4).plan.vector_width == 2
     # an fp32 tensor in the fusion halves the elements a 16-byte access holds
     assert vector_width_for(4096, (2, 4, 2), 16) == 4
 
@@ -145,7 +148,7 @@ def test_odd_sizes_are_predicated():
     src = render_normalization(NormalizationSpec.layer_norm(8192, 5140, shared_row=False))
     assert "vec < kVectors" in src and "constexpr int kVec = 4" in src
     # the shared-row kernel: the first and last chunks of a row masked to [lo, hi)
-    src = render_normalization(NormalizationSpec.layer_norm(8192, 5141))
+    src = render_normalization(NormalizationSpec.layer_norm(8192, 5141, shared_row=True))
     assert "e >= lo && e < hi" in src and "constexpr bool kRowsAligned = false" in src
 
 

@@ -568,21 +568,29 @@ def _route(hidden, vector_width, value_bytes, param_bytes, bf16, param_sizes, wi
     families' heuristic decides): rows of 512+ values that only allow the register
     kernels vectors under 8 bytes (odd widths, or 2 mod 4: 0.5-0.84 of copy bandwidth
     measured with them; 8-byte vectors, 5140, ran 0.90-0.93), rows too wide for the
-    register kernels, and rows where the model prefers it (`prefers_shared_row`)."""
+    register kernels, and rows where the model prefers it (`prefers_shared_row`).
+
+    A layer norm takes the family only where the register kernels cannot plan the row:
+    its two statistics cost the shared-row kernel a second pass and barrier a row, and
+    measured (bf16, 8192 rows) it lost to the register kernels both on unaligned rows
+    (0.41-0.59 of copy bandwidth on an H200 at 1001-30001, against 0.73-0.86 for the
+    register kernels' narrow vectors on an H100) and on starved aligned ones (16896:
+    0.79 against 0.88 on the H200, 0.88 against 0.94 on the H100)."""
     hardware = wide["hardware"]
     shared = shared_row_candidates(hidden, value_bytes, param_bytes, wide["rows_aligned"],
                                    hardware, wide["prologue_bytes"], wide["layer_norm"])
     if not shared:
         return None
     pick = choose_shared_row(shared, hardware)
-    if vector_width * value_bytes < 8 and hidden >= SHARED_ROW_MIN_HIDDEN:
+    layer = wide["layer_norm"]
+    if vector_width * value_bytes < 8 and hidden >= SHARED_ROW_MIN_HIDDEN and not layer:
         return pick
     try:
         registers = plan_launch(hidden, vector_width, value_bytes, param_bytes=param_bytes,
                                 bf16=bf16, param_sizes=param_sizes, shared_row=False)
     except LoweringError:
         return pick  # wider than 1024 threads x 32 values
-    if prefers_shared_row(registers, pick, hidden, value_bytes, wide["out_bytes"],
+    if not layer and prefers_shared_row(registers, pick, hidden, value_bytes, wide["out_bytes"],
                           wide["prologue_bytes"], param_bytes, wide["passes"], hardware):
         return pick
     return registers
