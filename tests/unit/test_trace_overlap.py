@@ -32,3 +32,19 @@ def test_no_communication():
     got = overlap([ev("GEMM", 0, 10)])
     assert got["comm_ms"] == 0 and got["hidden_fraction"] is None
     assert overlap([])["span_ms"] == 0
+
+
+def test_the_transformer_bench_reads_its_own_trace_and_removes_it(tmp_path, monkeypatch):
+    """`train_transformer`'s multi-GPU trace path, on the CPU: a step recorded, the
+    overlap read back (no GPU events here: nothing to hide), the trace file removed."""
+    import torch
+
+    from hostir.jobs.train_transformer import communication_overlap
+    from runtime import trace
+
+    monkeypatch.setattr(trace, "default_trace_base", lambda: str(tmp_path / "t.json"))
+    calls = []
+    got = communication_overlap(lambda: calls.append(torch.ones(4).sum()), iters=2)
+    assert len(calls) == 4  # two warm-up steps, two recorded
+    assert got["comm_ms"] == 0 and got["hidden_fraction"] is None
+    assert list(tmp_path.iterdir()) == []
