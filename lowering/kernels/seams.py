@@ -82,16 +82,10 @@ def vector_width(hidden: int, alignment: int = 16) -> int:
     return v
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class RowPlan:
-    """Layout of a row kernel: V-wide vectors, TPR threads a row, RPB rows a CTA, K
-    vectors a thread when the row is held in registers (``cached``)."""
+class _RowBlock:
+    """The CTA of a row kernel's plan: ``threads_per_row`` x ``rows_per_block`` threads."""
 
-    vector: int
-    threads_per_row: int
-    rows_per_block: int
-    vectors_per_thread: int
-    cached: bool
+    __slots__ = ()
 
     @property
     def block(self) -> tuple[int, int, int]:
@@ -100,6 +94,18 @@ class RowPlan:
     @property
     def block_threads(self) -> int:
         return self.threads_per_row * self.rows_per_block
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RowPlan(_RowBlock):
+    """Layout of a row kernel: V-wide vectors, TPR threads a row, RPB rows a CTA, K
+    vectors a thread when the row is held in registers (``cached``)."""
+
+    vector: int
+    threads_per_row: int
+    rows_per_block: int
+    vectors_per_thread: int
+    cached: bool
 
     def min_blocks(self, threads_per_sm: int) -> int:
         return max(1, threads_per_sm // self.block_threads)
@@ -163,7 +169,7 @@ MAX_CLUSTER = 8  # portable cluster size
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
-class BackwardPlan:
+class BackwardPlan(_RowBlock):
     """Layout of the staged norm backward: VS-value accesses (`vector_width`: every row
     start is aligned to them), TPR threads a row, RPB rows a tile (a CTA of TPR x RPB),
     K accesses a thread a row; a row split over CLUSTER CTAs of SL columns each; STAGES
@@ -182,14 +188,6 @@ class BackwardPlan:
     hold: bool
     offsets: tuple[int, int, int, int]  # stats, weight, row-sum scratch, cluster slots
     smem_bytes: int
-
-    @property
-    def block(self) -> tuple[int, int, int]:
-        return (self.threads_per_row, self.rows_per_block, 1)
-
-    @property
-    def block_threads(self) -> int:
-        return self.threads_per_row * self.rows_per_block
 
     @property
     def tile_bytes(self) -> int:

@@ -113,7 +113,11 @@ ROW_SUM = r"""
 // Sums N floats over the TPR threads of this row; every thread gets the totals. `red`
 // is this row's shared slot of WARPS * N floats. All threads of the block call it the
 // same number of times (rows past the end contribute zeros), so the barriers match.
-template <int N> __device__ __forceinline__ void row_sum(float (&v)[N], float* red) {
+// REUSED_NEXT: the next call writes the same slot, so a second barrier waits until every
+// thread has read it out; a caller alternating between two slots passes false (a slot
+// is written again only two calls on, after every thread passed the call between).
+template <int N, bool REUSED_NEXT = true>
+__device__ __forceinline__ void row_sum(float (&v)[N], float* red) {
 #pragma unroll
   for (int i = 0; i < N; ++i) {
 #pragma unroll
@@ -133,7 +137,7 @@ template <int N> __device__ __forceinline__ void row_sum(float (&v)[N], float* r
       for (int w = 0; w < WARPS; ++w) s += red[w * N + i];
       v[i] = s;
     }
-    __syncthreads();  // the slot is written again by the next call
+    if constexpr (REUSED_NEXT) __syncthreads();
   }
 }
 """
@@ -303,31 +307,6 @@ __device__ __forceinline__ void cluster_sync() {}
 __device__ __forceinline__ float cluster_load(const float* local, unsigned) { return *local; }
 #endif
 #endif
-// `row_sum` with one barrier: the caller alternates between two slots (`red` is this
-// call's), so a slot is written again only two calls on, after every thread has passed
-// the barrier of the call between (and so has read the slot out).
-template <int N> __device__ __forceinline__ void row_sum_alternating(float (&v)[N], float* red) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
-  }
-  if constexpr (WARPS > 1) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) {
-#pragma unroll
-      for (int i = 0; i < N; ++i) red[warp * N + i] = v[i];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      float s = 0.f;
-#pragma unroll
-      for (int w = 0; w < WARPS; ++w) s += red[w * N + i];
-      v[i] = s;
-    }
-  }
-}
 """
 
 # dx = rstd * (g - mean(g) - n * mean(g * n)) (+ dh), g = dy * w, n = (h - mean) * rstd
@@ -465,7 +444,7 @@ auto begin = [&](int tile, int it, RowState& q) {
       }
     }
   }
-  row_sum_alternating<LAYER ? 2 : 1>(q.s, red + ((it & 1) * RPB + ty) * WARPS * 2);
+  row_sum<LAYER ? 2 : 1, false>(q.s, red + ((it & 1) * RPB + ty) * WARPS * 2);
   if constexpr (CLUSTER > 1) {
     // this CTA's share, in its slot of the row's parity: written again two rows on,
     // after every CTA has passed the cluster barrier of the row between (done reading)
