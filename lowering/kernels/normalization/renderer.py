@@ -26,6 +26,17 @@ from lowering.kernels.normalization.templates import (
 SWITCH_FIELDS = ("packed_head", "lean_addresses", "balanced_grid")
 
 
+def tail_tensors(spec: NormalizationSpec) -> list[tuple[str, str]]:
+    """(name, dtype) of the 1-D tensors read after the reductions: weight, bias and the
+    epilogue's (both kernel families)."""
+    loads = []
+    if spec.norm.weight:
+        loads.append(("weight", spec.norm.weight_dtype))
+    if isinstance(spec.norm, LayerNorm) and spec.norm.bias:
+        loads.append(("bias", spec.norm.bias_dtype))
+    return loads + [(op.name, op.dtype) for op in spec.epilogue if isinstance(op, AddBroadcast)]
+
+
 class NormalizationRenderer:
     """Fills `SNIPPETS` for one spec; the only place that knows the kernel's text."""
 
@@ -170,22 +181,11 @@ class NormalizationRenderer:
         self.emit("store_y_lean" if self.lean else "store_y", t=CUDA_TYPES[s.output_dtype])
         self.emit("batch_loop_close")
 
-    def _tail_tensors(self) -> list[tuple[str, str]]:
-        """(name, dtype) of the 1-D tensors read after the reductions: weight, bias and
-        the epilogue's."""
-        s = self.spec
-        loads = []
-        if s.norm.weight:
-            loads.append(("weight", s.norm.weight_dtype))
-        if isinstance(s.norm, LayerNorm) and s.norm.bias:
-            loads.append(("bias", s.norm.bias_dtype))
-        return loads + [(op.name, op.dtype) for op in s.epilogue if isinstance(op, AddBroadcast)]
-
     def _normalize_and_store(self) -> None:
         # weight, bias and epilogue tensors are read here, after the reductions, so they
         # do not hold registers across them; they are small and stay in L1/L2.
         self.emit("store_x_loop_open")
-        for name, dtype in self._tail_tensors():
+        for name, dtype in tail_tensors(self.spec):
             self.emit("load_param", t=CUDA_TYPES[dtype], name=name)
         self._normalize_and_store_tail()
 
@@ -430,7 +430,7 @@ class PersistentRenderer(NormalizationRenderer):
 
     def _store(self) -> None:
         self.emit("store_x_loop_open")
-        for name, d in self._tail_tensors():
+        for name, d in tail_tensors(self.spec):
             self.emit("param_vec", t=CUDA_TYPES[d], name=name, value=self._param(name))
         self._normalize_and_store_tail()
 
@@ -446,14 +446,6 @@ class SharedRowRenderer:
     def _tensors(self, ops) -> list[tuple[str, str]]:
         return [(op.name, op.dtype) for op in ops if isinstance(op, AddBroadcast)]
 
-    def _out_tensors(self) -> list[tuple[str, str]]:
-        s = self.spec
-        out = []
-        if s.norm.weight:
-            out.append(("weight", s.norm.weight_dtype))
-        if isinstance(s.norm, LayerNorm) and s.norm.bias:
-            out.append(("bias", s.norm.bias_dtype))
-        return out + self._tensors(s.epilogue)
 
     @staticmethod
     def _load(name: str, dtype: str) -> str:
@@ -480,7 +472,7 @@ class SharedRowRenderer:
                   for n, d in zip(names[:-1], dtypes[:-1])]
         params.append(SNIPPETS["param_out"].format(t=CUDA_TYPES[dtypes[-1]]))
         pro = self._tensors(s.prologue)
-        outs = self._out_tensors()
+        outs = tail_tensors(self.spec)
         tparams = lambda ts: "".join(S["tensor_param"].format(t=CUDA_TYPES[d], name=n)  # noqa: E731
                                      for n, d in ts)
         targs = lambda ts: "".join(f", in_{n}" for n, _ in ts)  # noqa: E731

@@ -555,6 +555,15 @@ ROW_COPY_BODIES = {
 
 
 # ---- the shared-row kernel (`renderer.SharedRowRenderer`, `LaunchPlan.shared_row`)
+# Slot i's chunk c of the row in the shared-row kernel's passes: its 16 raw bytes (shared
+# memory for the first kShared slots, registers after), its first column and the lanes
+# [lo, hi) that belong to the row (the aligned envelope's ends are masked).
+_CHUNK_OF_SLOT = """\
+        const uint4 raw = i < kShared ? s_x[i * kT + tid] : xr[i >= kShared ? i - kShared : 0];
+        const int col0 = 8 * c - hx, lo = c == 0 ? hx : 0, hi = min(8, kHidden - col0);
+        float v[8];
+"""
+
 SHARED_ROW_SNIPPETS = {
     "helpers": """\
 // Sum over the block (one row a block): each warp's lane 0 writes its partial, one
@@ -743,10 +752,7 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
       // slots' may still be on their way while this one is summed
       if (i < kShared) copy_wait_pending(kShared - 1 - i);
       if (c < nch) {{
-        const uint4 raw = i < kShared ? s_x[i * kT + tid] : xr[i >= kShared ? i - kShared : 0];
-        const int col0 = 8 * c - hx, lo = c == 0 ? hx : 0, hi = min(8, kHidden - col0);
-        float v[8];
-        if (kRowsAligned || (lo == 0 && hi == 8)) chunk_values<true>(v, raw, col0, lo, hi{tensor_args});
+""" + _CHUNK_OF_SLOT + """        if (kRowsAligned || (lo == 0 && hi == 8)) chunk_values<true>(v, raw, col0, lo, hi{tensor_args});
         else chunk_values<false>(v, raw, col0, lo, hi{tensor_args});
 {accumulate}      }}
     }}
@@ -761,10 +767,7 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
     for (int i = 0; i < kSlots; ++i) {{
       const int c = i * kT + tid;
       if (c < nch) {{
-        const uint4 raw = i < kShared ? s_x[i * kT + tid] : xr[i >= kShared ? i - kShared : 0];
-        const int col0 = 8 * c - hx, lo = c == 0 ? hx : 0, hi = min(8, kHidden - col0);
-        float v[8];
-        if (kRowsAligned || (lo == 0 && hi == 8)) {{
+""" + _CHUNK_OF_SLOT + """        if (kRowsAligned || (lo == 0 && hi == 8)) {{
           chunk_values<true>(v, raw, col0, lo, hi{tensor_args});
           chunk_output<true>(v, center, rstd, y, col0, lo, hi{out_args});
         }} else {{
@@ -790,10 +793,7 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
     for (int i = 0; i < kSlots; ++i) {{
       const int c = i * kT + tid;
       if (c < nch) {{
-        const uint4 raw = i < kShared ? s_x[i * kT + tid] : xr[i >= kShared ? i - kShared : 0];
-        const int col0 = 8 * c - hx, lo = c == 0 ? hx : 0, hi = min(8, kHidden - col0);
-        float v[8];
-        if (kRowsAligned || (lo == 0 && hi == 8)) {{
+""" + _CHUNK_OF_SLOT + """        if (kRowsAligned || (lo == 0 && hi == 8)) {{
           chunk_values<true>(v, raw, col0, lo, hi{tensor_args});
 #pragma unroll
           for (int e = 0; e < 8; ++e) {{ const float d = v[e] - mean; s += d * d; }}
