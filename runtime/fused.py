@@ -500,11 +500,14 @@ def _row_grid_of(spec, rows: int, index: int, threads_per_sm: int) -> int:
     return max(1, min(groups, _sm_count(device) * per_sm))
 
 
-def _launch(spec, device, grid, block, args, smem: int = 0, dependent: bool = True) -> None:
+def _launch(spec, device, grid, block, args, smem: int = 0, dependent: bool = True,
+            render=None) -> None:
+    """Launch ``spec``'s kernel on the current stream; ``render``: its source's renderer
+    where that is not `lowering.kernels.seams.render` (the rotary kernels')."""
     from runtime import jit
 
     index = device.index if device.index is not None else torch.cuda.current_device()
-    kernel = _kernel(spec, device)
+    kernel = _kernel(spec, device, render)
     with jit.on_device(index):
         kernel.launch_raw(grid, block, args, smem, jit.current_stream_handle(index),
                           dependent and _dependent_launch(index))
@@ -539,15 +542,17 @@ def _dependent_launch(index: int) -> bool:
 _KERNELS: dict = {}
 
 
-def _kernel(spec, device):
-    """The loaded kernel of ``spec`` on ``device`` (compiled once through the jit cache)."""
+def _kernel(spec, device, render=None):
+    """The loaded kernel of ``spec`` on ``device`` (compiled once through the jit cache),
+    its source from ``render`` (default: `lowering.kernels.seams.render`)."""
     index = device.index if device.index is not None else torch.cuda.current_device()
     key = (spec, index)
     kernel = _KERNELS.get(key)
     if kernel is None:
-        from lowering.kernels.seams import render
         from runtime import jit
 
+        if render is None:
+            from lowering.kernels.seams import render
         compiled = jit.kernel_cache().get(render(spec), [spec.kernel_name],
                                           jit.device_arch(index))
         kernel = _KERNELS[key] = jit.load(compiled, index)[spec.kernel_name]

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import torch
 
-_KERNEL_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-
+from runtime import fused
 
 def _rotate_half(t):
     half = t.shape[-1] // 2
@@ -44,56 +43,32 @@ def rotary_backward_reference(dq, dk, dv, cos, sin, hq: int, hkv: int):
 
 def _kernel_path(*tensors) -> bool:
     first = tensors[0]
-    if not (first.is_cuda and first.dtype in _KERNEL_DTYPES):
+    if not (first.is_cuda and first.dtype in fused._KERNEL_DTYPES):
         return False
     if any(t.dtype != first.dtype or t.device != first.device for t in tensors):
         return False
-    from runtime import fused  # the seam kernels' JIT availability check
-
     return fused._jit_available()
 
 
-def _alignment(*tensors) -> int:
-    align = 16
-    for t in tensors:
-        while align > 2 and t.data_ptr() % align:
-            align //= 2
-    return align
-
-
 def _launch(backward: bool, fused_t, split, cos, sin, hq: int, hkv: int) -> None:
+    """One rotary kernel through the seam kernels' cache and launcher (`runtime.fused`)."""
     import numpy as np
 
-    from lowering.kernels.rotary import THREADS, RotarySpec, vector_width
-    from runtime import jit
+    from lowering.kernels.rotary import THREADS, RotarySpec, render, vector_width
 
     t = fused_t.shape[0]
     d = fused_t.shape[1] // (hq + 2 * hkv)
     pitch = fused_t.stride(0)
-    align = _alignment(fused_t, *split, cos, sin)
+    align = fused._alignment(fused_t, *split, cos, sin)
     while align > 2 and (2 * pitch) % align:
         align //= 2
-    spec = RotarySpec(_KERNEL_DTYPES[fused_t.dtype], d, vector_width(d, align), backward)
-    device = fused_t.device
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    kernel = _KERNELS.get((spec, index))
-    if kernel is None:
-        from lowering.kernels.rotary import render
-
-        compiled = jit.kernel_cache().get(render(spec), [spec.kernel_name],
-                                          jit.device_arch(index))
-        kernel = _KERNELS[(spec, index)] = jit.load(compiled, index)[spec.kernel_name]
+    spec = RotarySpec(fused._KERNEL_DTYPES[fused_t.dtype], d, vector_width(d, align), backward)
     items = t * (hq + 2 * hkv) * (d // 2 // spec.vector)
-    sms = torch.cuda.get_device_properties(index).multi_processor_count
-    grid = max(1, min(-(-items // THREADS), sms * (2048 // THREADS)))
-    args = tuple(np.uint64(x.data_ptr()) for x in (fused_t, *split, cos, sin)) + (
+    grid = max(1, min(-(-items // THREADS), fused._sm_count(fused_t.device) * (2048 // THREADS)))
+    args = tuple(fused._ptr(x) for x in (fused_t, *split, cos, sin)) + (
         np.int64(t), np.int32(hq), np.int32(hkv), np.int64(pitch))
-    with jit.on_device(index):
-        kernel.launch_raw((grid, 1, 1), (THREADS, 1, 1), args, 0,
-                          jit.current_stream_handle(index), False)
-
-
-_KERNELS: dict = {}
+    fused._launch(spec, fused_t.device, (grid, 1, 1), (THREADS, 1, 1), args,
+                  dependent=False, render=render)
 
 
 def _tables(cos, sin, t: int, d: int):

@@ -428,15 +428,15 @@ extern "C" void host_launch(int grid_x, int block_x, int block_y, @PARAMS@) {
 _HOST_BUILDS: dict = {}
 
 
-def _host_kernel(spec):
+def _host_kernel(spec, render=None):
     """``spec``'s kernel built for the host: a ctypes function host_launch(grid, bx, by,
-    *the kernel's arguments)."""
+    *the kernel's arguments). ``render``: its renderer, if not the seams'."""
     if spec in _HOST_BUILDS:
         return _HOST_BUILDS[spec]
     compiler = shutil.which("g++")
     if compiler is None:
         pytest.skip("no host C++ compiler")
-    src = S.render(spec).replace(SNIPPETS["convert"].strip(), "")
+    src = (render or S.render)(spec).replace(SNIPPETS["convert"].strip(), "")
     src = src.replace('extern "C" ', "")
     params = spec.params()
     plan = spec.plan if isinstance(spec, S.AddNormBackwardSpec) else None
@@ -587,11 +587,11 @@ def test_elementwise_runs_on_the_host(dtype, op, n, alignment):
 def _host_dispatch(monkeypatch, grid=3):
     """runtime.fused's launches sent to the host builds (CPU tensors, a grid of ``grid``):
     the arguments it packs must be the kernel's parameters, in order."""
-    def launch(spec, device, grid_, block, args, smem=0, dependent=True):
+    def launch(spec, device, grid_, block, args, smem=0, dependent=True, render=None):
         values = [a.item() if a.dtype.kind in "iuf" else a for a in args]
         values = [None if (isinstance(v, int) and v == 0 and t.endswith("*")) else v
                   for v, (t, _) in zip(values, spec.params())]
-        _host_kernel(spec)(grid_[0], block[0], block[1], *values)
+        _host_kernel(spec, render)(grid_[0], block[0], block[1], *values)
 
     monkeypatch.setattr(fused, "_launch", launch)
     monkeypatch.setattr(fused, "_row_grid", lambda spec, rows, device, threads: grid)
@@ -642,3 +642,33 @@ def test_dispatch_packs_the_elementwise_arguments(monkeypatch):
                 torch.float16)
     _host_close("dgelu", fused.gelu_backward(d, gate),
                 fused.gelu_backward_reference(d.double(), gate.double()), torch.float16)
+
+
+@pytest.mark.parametrize("dtype, hq, hkv, d, pad", [("bf16", 4, 2, 16, 0),
+                                                    ("fp16", 3, 1, 12, 2)])
+def test_rotary_runs_on_the_host_through_the_seam_launcher(monkeypatch, dtype, hq, hkv, d, pad):
+    """`runtime.rotary`'s launches (through `runtime.fused._launch`, its own renderer):
+    both directions against float64, a qkv with a row pitch, outputs poisoned first."""
+    from hostir.nn.transformer import rotary_tables
+    from runtime import rotary
+
+    _host_dispatch(monkeypatch)
+    monkeypatch.setattr(fused, "_sm_count", lambda device: 1)
+    tdt, t = HOST_DTYPES[dtype], 5
+    g = torch.Generator().manual_seed(d + pad)
+    width = (hq + 2 * hkv) * d
+    qkv = torch.randn(t, width + pad, generator=g).to(tdt)[:, :width]
+    cos, sin = rotary_tables(t, d, 10000.0, "cpu", tdt)
+    tables = cos.reshape(t, d).contiguous(), sin.reshape(t, d).contiguous()
+    outs = tuple(torch.full((t, h, d), float("nan"), dtype=tdt) for h in (hq, hkv, hkv))
+    rotary._launch(False, qkv, outs, *tables, hq, hkv)
+    want = rotary.rotary_forward_reference(qkv.double(), cos.double(), sin.double(), hq, hkv)
+    for name, got, ref in zip("qkv", outs, want):
+        _host_close(name, got, ref, tdt)
+    grads = [torch.randn(o.shape, generator=g).to(tdt) for o in outs]
+    d_qkv = torch.full((t, width), float("nan"), dtype=tdt)
+    rotary._launch(True, d_qkv, grads, *tables, hq, hkv)
+    ref = rotary.rotary_backward_reference(*(x.double() for x in grads), cos.double(),
+                                           sin.double(), hq, hkv)
+    _host_close("d_qkv", d_qkv, ref, tdt)
+
