@@ -340,7 +340,7 @@ def side_by_side(steps: dict, iters: int, warmup: int) -> dict:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def communication_overlap(step, iters: int = 2) -> dict:
+def communication_overlap(step, rank: int, iters: int = 2) -> dict:
     """Ours' communication beside its computation, from a profiler trace of ``iters``
     steps on this rank (`runtime.trace.overlap`): per step, the time a collective ran,
     how much of it some kernel of computation ran beside (hidden), and the rest."""
@@ -348,18 +348,12 @@ def communication_overlap(step, iters: int = 2) -> dict:
 
     from runtime import trace
 
-    path = f"{trace.default_trace_base()[:-5]}.rank{dist_rank()}.json"
+    path = f"{trace.default_trace_base()[:-5]}.rank{rank}.json"
     trace.record(step, iters, path, warmup=2)
     try:
         return trace.overlap(trace.device_events(path), steps=iters)
     finally:
         os.unlink(path)
-
-
-def dist_rank() -> int:
-    import torch.distributed as dist
-
-    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def host_ms(steps: dict, calls: int = 3) -> dict:
@@ -440,7 +434,7 @@ def bench(args) -> int:
     host = host_ms(steps)
     import torch.distributed as dist
 
-    comm = communication_overlap(steps["ours"]) if world > 1 else None
+    comm = communication_overlap(steps["ours"], rank) if world > 1 else None
     times = {n: _sum_over_ranks(torch.tensor(ms), dist.ReduceOp.MAX) for n, ms in times.items()}
     config = {"layers": args.layers, "hidden": args.hidden, "heads": args.heads,
               "kv_heads": args.kv_heads, "ffn": ffn_width(args), "tokens": args.tokens,

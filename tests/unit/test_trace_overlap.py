@@ -44,7 +44,7 @@ def test_the_transformer_bench_reads_its_own_trace_and_removes_it(tmp_path, monk
 
     monkeypatch.setattr(trace, "default_trace_base", lambda: str(tmp_path / "t.json"))
     calls = []
-    got = communication_overlap(lambda: calls.append(torch.ones(4).sum()), iters=2)
+    got = communication_overlap(lambda: calls.append(torch.ones(4).sum()), 0, iters=2)
     assert len(calls) == 4  # two warm-up steps, two recorded
     assert got["comm_ms"] == 0 and got["hidden_fraction"] is None
     assert list(tmp_path.iterdir()) == []
