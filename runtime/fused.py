@@ -168,14 +168,19 @@ def _alignment(*tensors) -> int:
     return align
 
 
-def _norm_forward_path(x, residual, weight, bias, kind) -> bool:
-    if not _usable(x, residual, weight, bias) or x.dim() < 1 or x.numel() == 0:
+def _norm_forward_path(x, residual, weight, bias, kind, out=None) -> bool:
+    y, h, mean, rstd = out if out is not None else (None,) * 4
+    if not _usable(x, residual, weight, bias, y, h) or x.dim() < 1 or x.numel() == 0:
         return False
     hidden = x.shape[-1]
-    return (1 <= hidden <= MAX_HIDDEN and x.numel() // hidden <= MAX_ROWS
+    rows = x.numel() // hidden
+    return (1 <= hidden <= MAX_HIDDEN and rows <= MAX_ROWS
             and (residual is None or residual.shape == x.shape)
             and weight.shape == (hidden,) and (bias is None or bias.shape == (hidden,))
-            and (bias is None or kind == "layer_norm"))
+            and (bias is None or kind == "layer_norm")
+            and (out is None or (y.shape == x.shape and _float_vector(rstd, rows, x.device)
+                                 and (residual is None or h.shape == x.shape)
+                                 and (kind == "rms_norm" or _float_vector(mean, rows, x.device)))))
 
 
 def _norm_backward_path(dy, h, weight, mean, rstd, kind, dh) -> bool:
@@ -222,11 +227,20 @@ def kernel_path(op: str, *args) -> bool:
                      f"swiglu_forward, swiglu_backward, gelu_forward, gelu_backward")
 
 
-def add_norm_forward(x, residual, weight, bias, eps: float, kind: str):
+def add_norm_forward(x, residual, weight, bias, eps: float, kind: str, out=None):
+    """See the module docstring. ``out``: ``(y, h, mean, rstd)`` to write into instead of
+    new tensors (``h`` is read only with a residual, ``mean`` only for layer_norm; pass
+    None for those that are not written); a host program's stage slices take it."""
     _check_kind(kind)
-    if not _norm_forward_path(x, residual, weight, bias, kind):
-        return add_norm_forward_reference(x, residual, weight, bias, eps, kind)
-    return add_norm_forward_fused(x, residual, weight, bias, eps, kind)
+    if _norm_forward_path(x, residual, weight, bias, kind, out):
+        return add_norm_forward_fused(x, residual, weight, bias, eps, kind, out=out)
+    result = add_norm_forward_reference(x, residual, weight, bias, eps, kind)
+    if out is None:
+        return result
+    for dst, src in zip(out, result):
+        if dst is not None and src is not None and dst is not src:
+            dst.copy_(src)
+    return out
 
 
 def add_norm_backward(dy, h, weight, mean, rstd, kind: str, dh=None):
@@ -237,21 +251,27 @@ def add_norm_backward(dy, h, weight, mean, rstd, kind: str, dh=None):
 
 
 def add_norm_forward_fused(x, residual, weight, bias, eps: float, kind: str,
-                           threads_per_sm: int = FORWARD_THREADS_PER_SM):
+                           threads_per_sm: int = FORWARD_THREADS_PER_SM, out=None):
     """`add_norm_forward` through the generated kernel, for tensors `kernel_path`
-    accepts; ``threads_per_sm`` sizes the persistent grid (the bench's --sweep)."""
+    accepts; ``threads_per_sm`` sizes the persistent grid (the bench's --sweep); ``out``
+    as `add_norm_forward`'s."""
     import numpy as np
 
     from lowering.kernels.seams import AddNormForwardSpec
 
     hidden = x.shape[-1]
     rows = x.numel() // hidden
-    y = torch.empty_like(x)
-    h = x if residual is None else torch.empty_like(x)
-    stats = x.shape[:-1]
-    rstd = torch.empty(stats, dtype=torch.float32, device=x.device)
-    mean = (torch.empty(stats, dtype=torch.float32, device=x.device)
-            if kind == "layer_norm" else None)
+    if out is not None:
+        y, h, mean, rstd = out
+        h = x if residual is None else h
+        mean = mean if kind == "layer_norm" else None
+    else:
+        y = torch.empty_like(x)
+        h = x if residual is None else torch.empty_like(x)
+        stats = x.shape[:-1]
+        rstd = torch.empty(stats, dtype=torch.float32, device=x.device)
+        mean = (torch.empty(stats, dtype=torch.float32, device=x.device)
+                if kind == "layer_norm" else None)
     spec = AddNormForwardSpec(kind, _KERNEL_DTYPES[x.dtype], hidden, residual is not None,
                               bias is not None, _alignment(x, residual, weight, bias, y, h))
     args = (_ptr(x), _ptr(residual), _ptr(weight), _ptr(bias),

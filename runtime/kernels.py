@@ -50,17 +50,40 @@ def _normalization(defn: ir.KernelDef, device: torch.device):
     return launch
 
 
-GENERATORS = {"normalization": _normalization}
+def _add_norm(defn: ir.KernelDef, device: torch.device):
+    """The residual add + norm of ``lowering.passes.stage_norm``: args ``(x, residual,
+    weight[, bias], y, h[, mean], rstd)``, ``scalars=(rows,)``. ``runtime.fused`` runs it:
+    its seam kernel for CUDA fp16/bf16 tensors (the grid sized for this device's SMs: the
+    persistent kernel loops over row groups, so the printed nominal grid is not needed),
+    its torch reference elsewhere (CPU ranks, float32), on the current stream."""
+    from runtime import fused
+
+    kind, eps = defn.param("kind"), defn.param("eps")
+    bias = bool(defn.param("bias", False))
+    layer = kind == "layer_norm"
+
+    def launch(tensors, grid, block, smem, scalars, stream):
+        x, residual, weight, *rest = tensors
+        b = rest.pop(0) if bias else None
+        y, h, *stats = rest
+        mean, rstd = (stats if layer else (None, stats[0]))
+        fused.add_norm_forward(x, residual, weight, b, eps, kind, out=(y, h, mean, rstd))
+
+    return launch
+
+
+GENERATORS = {"normalization": _normalization, "add_norm": _add_norm}
+ANY_DEVICE = {"add_norm"}  # generators with a torch path off CUDA
 
 
 def launcher(defn: ir.KernelDef, device: torch.device):
     """Compile (or find in the cache) and load ``defn``; returns its launch function."""
-    if device.type != "cuda":
-        raise ExecutionError(f"kernel {defn.name}: generated kernels run on CUDA devices only")
     make = GENERATORS.get(defn.generator)
     if make is None:
         raise ExecutionError(f"kernel {defn.name}: unknown generator {defn.generator!r}; "
                              f"expected one of {sorted(GENERATORS)}")
+    if device.type != "cuda" and defn.generator not in ANY_DEVICE:
+        raise ExecutionError(f"kernel {defn.name}: generated kernels run on CUDA devices only")
     return make(defn, device)
 
 

@@ -83,6 +83,7 @@ from hostir import ir
 from hostir.errors import LoweringError
 from lowering.patterns import allgather_matmul, check_row_split, matmul_reduce_scatter, stage_rows
 from lowering.pipeline import lower
+from runtime import fused
 from runtime.device import DTYPE_NAMES, make_backend
 from runtime.interpreter import Interpreter
 
@@ -237,9 +238,10 @@ def _expose_gathered(p: ir.Program) -> ir.Program:
 
 
 def _interpreter(rt: _Runtime, fusion, streams: int, gathered: bool,
-                 schedule: str, what: str = "") -> Interpreter:
+                 schedule: str, what: str = "", then=None) -> Interpreter:
     """The program of ``fusion``, printed under ``HOSTIR_DUMP=host_ir`` (rank 0) with a
-    line that says which layer pass it runs, once when the plan is built."""
+    line that says which layer pass it runs, once when the plan is built. ``then``: a
+    program -> program pass applied after lowering."""
     from hostir.options import dump
     from hostir.printer import print_program
 
@@ -247,6 +249,8 @@ def _interpreter(rt: _Runtime, fusion, streams: int, gathered: bool,
     program = lower(fusion, d, streams, rt.comm.rank, schedule=schedule)
     if gathered:
         program = _expose_gathered(program)
+    if then is not None:
+        program = then(program)
     dump("host_ir", f"// {what} ({rt.comm.name}, {schedule})\n{print_program(program)}",
          rt.comm.rank)
     return Interpreter(program, rt.backend, rt.comm)
@@ -283,6 +287,7 @@ class _Plan:
         self.kind, self.rt, self.m, self.k, self.n = kind, rt, m, k, n
         self.S, self.D, self.overlap = stages, d, overlap and rt.backend.name == "cuda"
         self.schedule, self.epilogue = schedule, epilogue
+        self.streams, self.dtype = streams, dtype
         t = m * d
         if t % (stages * d):
             raise LoweringError(
@@ -296,17 +301,43 @@ class _Plan:
             raise LoweringError(f"{kind}-parallel layer: epilogue {epilogue!r} has no GEMM to "
                                 "go on (gelu_aux: column forward; dgelu: row backward)")
         # ``label`` names the first user of a shared plan in the dump (e.g. "attention qkv").
-        what = f"{label + ': ' if label else ''}{kind}-parallel linear [{k}, {n}] a rank, {t} tokens"
+        self.what = what = (f"{label + ': ' if label else ''}{kind}-parallel linear [{k}, {n}] "
+                            f"a rank, {t} tokens")
+        # Each program is lowered (and dumped) on its first use: a block that runs the row
+        # forward with the next norm (``row_forward_norm``) never builds the plain one.
         if kind == "column":  # fwd: gather(x)[T, k] @ W[k, n]; bwd: rs(dy[T, n] @ W^T[n, k])
-            self.fwd = _interpreter(rt, ag(t, k, n, stages, d, dtype, fwd_epilogue), streams,
-                                    True, schedule, f"{what}: forward, AllGather+GEMM")
-            self.bwd = _interpreter(rt, rs(t, n * d, k, stages, d, dtype), streams, False, schedule,
-                                    f"{what}: backward dx, GEMM+ReduceScatter")
+            self._build = {
+                "fwd": lambda: _interpreter(rt, ag(t, k, n, stages, d, dtype, fwd_epilogue),
+                                            streams, True, schedule,
+                                            f"{what}: forward, AllGather+GEMM"),
+                "bwd": lambda: _interpreter(rt, rs(t, n * d, k, stages, d, dtype), streams,
+                                            False, schedule,
+                                            f"{what}: backward dx, GEMM+ReduceScatter")}
         else:  # fwd: rs(x[T, k] @ W[k, n]); bwd: gather(dy)[T, n] @ W^T[n, k]
-            self.fwd = _interpreter(rt, rs(t, k * d, n, stages, d, dtype), streams, False, schedule,
-                                    f"{what}: forward, GEMM+ReduceScatter")
-            self.bwd = _interpreter(rt, ag(t, n, k, stages, d, dtype, bwd_epilogue), streams,
-                                    True, schedule, f"{what}: backward dx, AllGather+GEMM")
+            self._build = {
+                "fwd": lambda: _interpreter(rt, rs(t, k * d, n, stages, d, dtype), streams,
+                                            False, schedule,
+                                            f"{what}: forward, GEMM+ReduceScatter"),
+                "bwd": lambda: _interpreter(rt, ag(t, n, k, stages, d, dtype, bwd_epilogue),
+                                            streams, True, schedule,
+                                            f"{what}: backward dx, AllGather+GEMM")}
+        self._runs: dict = {}
+
+    def _run(self, key) -> Interpreter:
+        run = self._runs.get(key)
+        if run is None:
+            run = self._runs[key] = self._build.pop(key)()
+        return run
+
+    @property
+    def fwd(self) -> Interpreter:
+        """The forward program's interpreter (lowered on first use)."""
+        return self._run("fwd")
+
+    @property
+    def bwd(self) -> Interpreter:
+        """The backward (dx) program's interpreter (lowered on first use)."""
+        return self._run("bwd")
 
     def _fill_local_rows(self, gathered: torch.Tensor, mine: torch.Tensor) -> None:
         """The ring multiplies this rank's rows from its own shard and never writes them
@@ -333,7 +364,8 @@ class _Plan:
 
     # column: x [m, k] sequence-sharded -> y [T, n] (and its pre-activation with gelu_aux)
     def column_forward(self, x, w):
-        if self.D == 1:  # one rank: no collective to overlap, so a plain GEMM (no program)
+        if self.D == 1:  # one rank: no collective to overlap, so a plain GEMM
+            self._run("fwd")  # the program is still lowered (and dumped), not run
             y = x @ w
             if self.epilogue == "gelu_aux":
                 return torch.nn.functional.gelu(y, approximate="tanh"), x, y
@@ -346,10 +378,37 @@ class _Plan:
 
     # row: x [T, k] feature-sharded -> y [m, n] sequence-sharded
     def row_forward(self, x, w):
-        if self.D == 1:  # one rank: no collective to overlap, so a plain GEMM (no program)
+        if self.D == 1:  # one rank: no collective to overlap, so a plain GEMM
+            self._run("fwd")  # the program is still lowered (and dumped), not run
             return x @ w
         (y,) = self.fwd(_as_input(self.fwd, 0, x), _as_input(self.fwd, 1, w))
         return y.view(-1, self.n)
+
+    def row_forward_norm(self, x, w, residual, weight, bias, eps: float, kind: str):
+        """The row forward followed by ``h = y + residual``, ``norm(h)`` (``kind``,
+        ``weight``, ``bias``, ``eps``) in one program: each stage's residual add and norm
+        launch as soon as its reduce-scatter has landed (``lowering.passes.stage_norm``),
+        overlapping the next stage's GEMM. ``(n, h, mean, rstd)`` as
+        ``runtime.fused.add_norm_forward`` returns them, over this rank's ``[m, n]``."""
+        key = ("fwd_norm", kind, float(eps), bias is not None)
+        if key not in self._runs:
+            from lowering.passes.stage_norm import fuse_stage_norm
+
+            fusion = matmul_reduce_scatter(self.m * self.D, self.k * self.D, self.n, self.S,
+                                           self.D, self.dtype)
+            self._build[key] = lambda: _interpreter(
+                self.rt, fusion, self.streams, False, self.schedule,
+                f"{self.what}: forward, GEMM+ReduceScatter, then residual add + {kind} a stage",
+                lambda p: fuse_stage_norm(p, kind, eps, bias is not None))
+        run = self._run(key)
+        if self.D == 1:  # no collective: the GEMM, then the fused add + norm
+            return fused.add_norm_forward(x @ w, residual, weight, bias, eps, kind)
+        args = (_as_input(run, 0, x), _as_input(run, 1, w),
+                residual.view(self.S, self.m // self.S, self.n), weight)
+        _, n, h, *stats = run(*args + ((bias,) if bias is not None else ()))
+        mean, rstd = stats if kind == "layer_norm" else (None, stats[0])
+        return (n.view(-1, self.n), h.view(-1, self.n),
+                None if mean is None else mean.view(-1), rstd.view(-1))
 
     def forward(self, x, w):
         """``(y, saved, pre)``: the output, what the backward reads (column: the gathered
@@ -367,6 +426,7 @@ class _Plan:
         row layer ``b = gather(dy)``, the program's second output (the row program always
         runs: it gathers ``b``)."""
         if self.D == 1:
+            self._run("bwd")  # lowered (and dumped), not run
             dx = dy @ w.t() if need_x else None
             if dx is not None and pre is not None:
                 dx = torch.ops.aten.gelu_backward(dx, pre, approximate="tanh")

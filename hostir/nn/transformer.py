@@ -23,14 +23,18 @@ On D ranks with T tokens (one causal sequence), per sublayer:
   ``scaled_dot_product_attention``, grouped-query attention (``heads / kv_heads`` query
   heads share a kv head);
 - the attention output and the MLP's down projection are row-parallel: GEMM+ReduceScatter
-  back to T/D tokens, the reduce-scatters overlapped with the GEMMs;
+  back to T/D tokens, the reduce-scatters overlapped with the GEMMs; the attention output's
+  program also runs the residual add and the post-attention norm, each stage's as soon as
+  its reduce-scatter has landed (``lowering.passes.stage_norm``), so that norm overlaps
+  the next stage's GEMM instead of following the whole program (llama style; gpt2's
+  output bias comes between the two, so it keeps them apart);
 - the backward mirrors it with the layers' one backward (``hostir.nn.linear._Plan.backward``):
   GEMM+ReduceScatter with the weight-gradient GEMM beside it for the column layers,
   AllGather+GEMM for the row layers.
 
-The four programs of a block print under ``HOSTIR_DUMP=host_ir`` when first built, each
-under a line naming its sublayer (``attention qkv``, ``attention out``, ``mlp gate_up``,
-``mlp down``) and its pass.
+The eight programs of a block (a forward and a backward for each linear) print under
+``HOSTIR_DUMP=host_ir`` when first run, each under a line naming its sublayer
+(``attention qkv``, ``attention out``, ``mlp gate_up``, ``mlp down``) and its pass.
 
 Refusals (``LoweringError``, a ``HostIrError``, raised on every rank before any
 collective): ``hidden`` not a multiple of ``heads``, ``heads`` not a multiple of
@@ -45,8 +49,8 @@ import torch
 import torch.nn.functional as F
 
 from hostir.errors import LoweringError
-from hostir.nn.linear import (COMMS, ColumnParallelLinear, RowParallelLinear, _resolve,
-                              _runtime, _world)
+from hostir.nn.linear import (COMMS, ColumnParallelLinear, RowParallelLinear, _no_autocast,
+                              _plan, _resolve, _runtime, _world)
 from runtime import fused, rotary
 
 __all__ = ["ParallelTransformerBlock", "check_block_shape", "shard_fused", "unshard_fused",
@@ -182,6 +186,39 @@ class _AddNorm(torch.autograd.Function):
         dx, dw, db = fused.add_norm_backward(dy, h, weight, mean, rstd, ctx.kind, dh)
         dw, db = ctx.reduce(dw), (ctx.reduce(db) if db is not None else None)
         return dx, (dx if ctx.has_residual else None), dw, db, None, None, None, None
+
+
+class _RowAddNorm(torch.autograd.Function):
+    """``(norm(a W summed over ranks + residual), a W summed + residual)``: a row-parallel
+    linear and the next residual add + norm in one host program (each stage's add + norm
+    right after its reduce-scatter, ``_Plan.row_forward_norm``). The backward runs the
+    norm's backward kernel, whose dx is the gradient of both the linear's output and the
+    residual, then the linear's backward (AllGather+GEMM) on it; the norm's weight (and
+    bias) gradients are summed over the group by ``reduce``."""
+
+    @staticmethod
+    def forward(ctx, a, w, residual, weight, bias, plan, eps, kind, reduce):
+        with _no_autocast(a.device):
+            n, h, mean, rstd = plan.row_forward_norm(a, w, residual, weight, bias, eps, kind)
+        ctx.plan, ctx.kind, ctx.reduce = plan, kind, reduce
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(a, w, h, weight, mean, rstd)
+        return n, h
+
+    @staticmethod
+    def backward(ctx, dn, dh):
+        a, w, h, weight, mean, rstd = ctx.saved_tensors
+        if dn is None:
+            dn = torch.zeros_like(h)
+        ds, dweight, dbias = fused.add_norm_backward(dn, h, weight, mean, rstd, ctx.kind, dh)
+        dweight = ctx.reduce(dweight)
+        dbias = ctx.reduce(dbias) if dbias is not None else None
+        need_a, need_w = ctx.needs_input_grad[:2]
+        da = dw = None
+        if need_a or need_w:
+            with _no_autocast(ds.device):
+                da, dw = ctx.plan.backward(ds.contiguous(), a, w, need_a, need_w)
+        return da, dw, ds, dweight, dbias, None, None, None, None
 
 
 class _QKVRotary(torch.autograd.Function):
@@ -375,10 +412,11 @@ class ParallelTransformerBlock(torch.nn.Module):
             raise LoweringError(f"ParallelTransformerBlock: expected input [tokens / ranks, "
                                 f"{self.hidden}], got {list(x.shape)}")
         n, x = self.input_layernorm(x, passthrough=True)  # x's two gradients meet in one kernel
-        n, h = self.post_attention_layernorm(self._attention(n), x)
+        n, h = self._attention(n, x)
         return h + self._mlp(n)
 
-    def _attention(self, n: torch.Tensor) -> torch.Tensor:
+    def _attention(self, n: torch.Tensor, residual: torch.Tensor):
+        """``(post_attention_layernorm(h), h)`` with ``h = residual + attention(n)``."""
         qkv = self.qkv_proj(n)  # [T, (heads + 2 kv_heads) d / D]: all tokens, our heads
         t, d = qkv.shape[0], self.head_dim
         hq, hkv = self.heads // self.world_size, self.kv_heads // self.world_size
@@ -388,9 +426,19 @@ class ParallelTransformerBlock(torch.nn.Module):
         else:
             q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=1)
             q, k, v = q.view(1, t, hq, d), k.view(1, t, hkv, d), v.view(1, t, hkv, d)
-        y = self.o_proj(causal_attention(q, k, v).reshape(t, hq * d))
-        return y if self.o_proj_bias is None else _AddReplicatedBias.apply(y, self.o_proj_bias,
-                                                                            self._reduce)
+        a = causal_attention(q, k, v).reshape(t, hq * d)
+        norm = self.post_attention_layernorm
+        if self.o_proj_bias is None and not torch.is_autocast_enabled(a.device.type):
+            # the output projection's reduce-scatters and the norm in one program
+            a, w = self.o_proj._inputs(a)
+            if residual.dtype == a.dtype:
+                return _RowAddNorm.apply(a, w, residual.contiguous(), norm.weight, norm.bias,
+                                         _plan("row", self.o_proj, a), norm.eps, norm.kind,
+                                         norm.reduce)
+        y = self.o_proj(a)
+        if self.o_proj_bias is not None:
+            y = _AddReplicatedBias.apply(y, self.o_proj_bias, self._reduce)
+        return norm(y, residual)
 
     def _mlp(self, n: torch.Tensor) -> torch.Tensor:
         up = self.mlp_up(n)

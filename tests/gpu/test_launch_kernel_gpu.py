@@ -113,3 +113,58 @@ def test_pipelined_program_on_the_generated_matmul(mode):
     (out,) = run(shard_rows(a, 2, 1, 0), b)
     ref = a.double() @ b.double()
     assert float((out.reshape(m, n).double() - ref).norm() / ref.norm()) < 1e-2
+
+
+class _OneRank:
+    """The communicator of a world of one: a reduce-scatter is a copy on the stream."""
+
+    name, rank, world_size = "one", 0, 1
+
+    class _Done:
+        def wait(self, stream):
+            pass
+
+    def agree(self, obj):
+        return [obj]
+
+    def reduce_scatter(self, out, inp, op, stream):
+        out.copy_(inp)  # on the current stream: the program's stage stream
+        return self._Done()
+
+
+@pytest.mark.parametrize("kind", ["rms_norm", "layer_norm"])
+def test_stage_norm_program_matches_float64(kind):
+    """GEMM+ReduceScatter with each stage's residual add + norm (the seam kernel launched
+    by ``LaunchKernel`` on the stage's worker stream) against float64, host never
+    blocked."""
+    pytest.importorskip("cupy")
+    from lowering.passes.stage_norm import fuse_stage_norm
+    from lowering.patterns import matmul_reduce_scatter
+    from runtime.device import CudaBackend
+    from runtime.interpreter import Interpreter
+
+    m, k, n, stages = 1024, 512, 4096, 2
+    p = fuse_stage_norm(lower(matmul_reduce_scatter(m, k, n, stages, 1, "bfloat16"), 1, 2, 0,
+                              schedule="pipelined"), kind, 1e-5, kind == "layer_norm")
+    run = Interpreter(p, CudaBackend(), _OneRank())
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(m, k, device="cuda", generator=g).bfloat16()
+    b = (torch.randn(k, n, device="cuda", generator=g) / k ** 0.5).bfloat16()
+    residual = torch.randn(m, n, device="cuda", generator=g).bfloat16()
+    w, bias = (torch.randn(n, device="cuda", generator=g).bfloat16() for _ in range(2))
+    args = [a.view(p.inputs[0].local_shape), b.view(p.inputs[1].local_shape),
+            residual.view(stages, -1, n), w] + ([bias] if kind == "layer_norm" else [])
+    run.prepare(*args)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _, y, h, *stats = run(*args)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    h64 = (a.double() @ b.double()).bfloat16().double() + residual.double()
+    hf = h64 - h64.mean(-1, keepdim=True) if kind == "layer_norm" else h64
+    ref = hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-5) * w.double()
+    if kind == "layer_norm":
+        ref = ref + bias.double()
+    for got, want in ((h.view(m, n), h64), (y.view(m, n), ref)):
+        err = float((got.double() - want).norm() / want.norm())
+        assert torch.isfinite(got).all() and err < 1e-2, err
