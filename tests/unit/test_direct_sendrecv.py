@@ -16,6 +16,8 @@ from lowering.pipeline import lower
 from runtime.device import CpuBackend
 from runtime.interpreter import Interpreter
 
+from .threads import run_ranks
+
 
 class _Done:
     def wait(self, stream=None):
@@ -69,27 +71,17 @@ def test_ring_program_writes_into_the_peers_gathered_buffer(world, stages):
     a = torch.randn(m, k, generator=torch.Generator().manual_seed(0))
     b = torch.randn(k, n, generator=torch.Generator().manual_seed(1))
     shared = SymmetricWorld(world)
-    results, errors = [None] * world, []
 
     def rank_main(r: int):
-        try:
-            p = lower(allgather_matmul(m, k, n, stages, world, "float32"), world, 2, r,
-                      schedule="ring")
-            it = Interpreter(p, CpuBackend(), ThreadComm(r, shared))
-            assert it._direct, "the gathered buffer should be symmetric"
-            for _ in range(2):  # the second call reuses the symmetric buffer
-                (out,) = it(shard_rows(a, stages, world, r), b)
-            results[r] = out
-        except BaseException as e:  # noqa: BLE001 - reported by the main thread
-            errors.append(e)
-            shared.barrier.abort()
+        p = lower(allgather_matmul(m, k, n, stages, world, "float32"), world, 2, r,
+                  schedule="ring")
+        it = Interpreter(p, CpuBackend(), ThreadComm(r, shared))
+        assert it._direct, "the gathered buffer should be symmetric"
+        for _ in range(2):  # the second call reuses the symmetric buffer
+            (out,) = it(shard_rows(a, stages, world, r), b)
+        return out
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    results = run_ranks(world, shared.barrier, rank_main)
     want = a @ b
     for r in range(world):
         got = results[r].reshape(m, n)

@@ -22,6 +22,8 @@ from runtime import fused
 from runtime.device import CpuBackend
 from runtime.interpreter import Interpreter
 
+from .threads import run_ranks
+
 
 def _program(m=32, k=16, n=8, stages=2, world=2, schedule="pipelined", kind="rms_norm",
              bias=False, rank=0):
@@ -129,30 +131,20 @@ def test_results_equal_the_unsharded_reference(schedule, world, stages, kind):
     weight, bias = torch.randn(n, generator=g), torch.randn(n, generator=g)
     bias = bias if kind == "layer_norm" else None
     want = fused.add_norm_forward_reference(a @ b, residual, weight, bias, 1e-5, kind)
-    shared, results, errors = _World(world), [None] * world, []
+    shared = _World(world)
 
     def rank_main(r: int):
-        try:
-            p = lower(matmul_reduce_scatter(m, k, n, stages, world, "float32"), world, 2, r,
-                      schedule=schedule)
-            it = Interpreter(fuse_stage_norm(p, kind, 1e-5, bias is not None), CpuBackend(),
-                             _ThreadComm(r, shared))
-            rows = stage_rows(stages, m, world, r)
-            args = [shard_columns(a, world, r).view(it.program.inputs[0].local_shape),
-                    b[r * (k // world):(r + 1) * (k // world)].view(
-                        it.program.inputs[1].local_shape),
-                    residual[rows].view(stages, -1, n), weight]
-            results[r] = (rows, it(*args + ([bias] if bias is not None else [])))
-        except BaseException as e:  # noqa: BLE001 - reported by the main thread
-            errors.append(e)
-            shared.barrier.abort()
+        p = lower(matmul_reduce_scatter(m, k, n, stages, world, "float32"), world, 2, r,
+                  schedule=schedule)
+        it = Interpreter(fuse_stage_norm(p, kind, 1e-5, bias is not None), CpuBackend(),
+                         _ThreadComm(r, shared))
+        rows = stage_rows(stages, m, world, r)
+        args = [shard_columns(a, world, r).view(it.program.inputs[0].local_shape),
+                b[r * (k // world):(r + 1) * (k // world)].view(it.program.inputs[1].local_shape),
+                residual[rows].view(stages, -1, n), weight]
+        return rows, it(*args + ([bias] if bias is not None else []))
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    results = run_ranks(world, shared.barrier, rank_main)
     y, h, mean, rstd = want
     for rows, (c, out_n, out_h, *stats) in results:
         torch.testing.assert_close(out_n.reshape(-1, n), y[rows], rtol=1e-4, atol=1e-4)
