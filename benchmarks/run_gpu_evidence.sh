@@ -55,6 +55,6 @@ PY
 # 7. the staged copy-engine SendRecv with large messages, and the fault scenarios
 run 150 "${M[@]}" python3 benchmarks/staged_sendrecv_stress.py \
   --json "$R/staged_sendrecv_stress_$SUFFIX.json" 2>&1 | grep -a "rank"
-HOSTIR_FAULT_EVIDENCE="$R/faults_$SUFFIX.json" run 400 python3 -m pytest -q -p no:cacheprovider \
+HOSTIR_FAULTS_JSON="$R/faults_$SUFFIX.json" run 400 python3 -m pytest -q -p no:cacheprovider \
   --color=no tests/faults/test_faults_nccl.py 2>&1 | tail -2
 python3 -m benchmarks.report

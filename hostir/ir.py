@@ -775,3 +775,25 @@ def walk(body) -> "list[Statement]":
         if isinstance(s, ForLoop):
             out.extend(walk(s.body))
     return out
+
+
+def tensors_of(program: Program):
+    """Every tensor a program names: its inputs, then each statement's tensor fields (a
+    value or a tuple of values, e.g. ``LaunchKernel.args``), in program order."""
+    yield from program.inputs
+    for s in walk(program.body):
+        for field in dataclasses.fields(s):
+            value = getattr(s, field.name)
+            for v in value if isinstance(value, tuple) else (value,):
+                if isinstance(v, Tensor):
+                    yield v
+
+
+def fresh_tensor_names(program: Program):
+    """Tensor names ``T<n>`` the program does not use, in increasing order (a pass that
+    adds tensors draws its names here)."""
+    used = [int(t.name[1:]) for t in tensors_of(program) if t.name[1:].isdigit()]
+    n = max(used, default=-1)
+    while True:
+        n += 1
+        yield f"T{n}"

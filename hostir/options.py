@@ -1,7 +1,7 @@
 """Runtime knobs, read once from the environment into one frozen object.
 
     HOSTIR_DUMP=host_ir,lowering,cuda_kernel,launch_params,ptxas,autotune
-    HOSTIR_ENABLE=check_zeroed
+    HOSTIR_ENABLE=autotune,check_zeroed
     HOSTIR_DISABLE=input_agreement,kernel_cache,direct_sendrecv,wgmma,stream_memops,dependent_launch
     HOSTIR_CACHE_DIR=~/.cache/hostir
     HOSTIR_COMM_TIMEOUT=300   (seconds)

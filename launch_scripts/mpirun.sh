@@ -15,9 +15,9 @@ NP="$1"; JOB="$2"; shift 2
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 ARGS=(-np "$NP")
 [ "$(id -u)" = 0 ] && ARGS+=(--allow-run-as-root)
+# every HOSTIR_* variable that is set (dumps, switches, flight recorder, fault injection...)
 for var in NCCL_NVLS_ENABLE TORCH_SYMM_MEM_DISABLE_MULTICAST NVSHMEM_DISABLE_NVLS \
-           PYTHONPATH HOSTIR_DUMP HOSTIR_ENABLE HOSTIR_DISABLE HOSTIR_COMM_TIMEOUT \
-           HOSTIR_CACHE_DIR HOSTIR_DEBUG HOSTIR_COMMIT CUDA_VISIBLE_DEVICES; do
+           PYTHONPATH CUDA_VISIBLE_DEVICES $(compgen -e | grep '^HOSTIR_'); do
   [ -n "${!var+set}" ] && ARGS+=(-x "$var")
 done
 exec mpirun "${ARGS[@]}" "${PYTHON:-python3}" -m hostir.run "$JOB" "$@"

@@ -362,10 +362,6 @@ class KernelCache:
         except OSError as e:  # e.g. a directory at the entry's path: the kernel still runs
             store.warn_once(self.STORE, f"{self.path(key)} not written ({e})")
 
-    def clear_memory(self) -> None:
-        with self._lock:
-            self._memory.clear()
-
 
 _CACHE: KernelCache | None = None
 

@@ -1,9 +1,11 @@
 """Generated kernels behind ``LaunchKernel``, and the implementation behind ``Matmul``.
 
-A program's ``KernelDef`` names a generator and its parameters; ``launcher`` renders the
-source again, compiles it through the kernel cache (``runtime.jit``: NVRTC, memory and
-disk) and returns a function that launches it with the statement's tensors, grid, block,
-shared memory and int scalars on a given stream.
+A program's ``KernelDef`` names a generator and its parameters; ``launcher`` returns a
+function that launches it with the statement's tensors, grid, block, shared memory and
+int scalars on a given stream. ``normalization`` renders the source again and compiles it
+through the kernel cache (``runtime.jit``: NVRTC, memory and disk) there; ``add_norm``
+hands its tensors to ``runtime.fused``, which compiles its seam kernel on first use
+(and runs the torch reference off CUDA).
 
 ``MatmulChoice`` decides, per (M, N, K, dtype), whether a ``Matmul`` statement runs on
 cuBLAS (torch) or on the generated split-K kernel (``runtime.matmul``): ``cublas`` and
@@ -13,6 +15,8 @@ and cuBLAS for shapes not measured.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import torch
@@ -60,14 +64,23 @@ def _add_norm(defn: ir.KernelDef, device: torch.device):
 
     kind, eps = defn.param("kind"), defn.param("eps")
     bias = bool(defn.param("bias", False))
+    if kind not in fused.NORM_KINDS or not isinstance(eps, float):
+        raise ExecutionError(f"kernel {defn.name}: add_norm needs kind in {fused.NORM_KINDS} "
+                             f"and a float eps, got kind={kind!r}, eps={eps!r}")
     layer = kind == "layer_norm"
+    count = 6 + bias + layer  # x, residual, weight, (bias,) y, h, (mean,) rstd
 
     def launch(tensors, grid, block, smem, scalars, stream):
+        if len(tensors) != count:
+            raise ExecutionError(f"kernel {defn.name}: expected {count} tensors (x, residual, "
+                                 f"weight, {'bias, ' if bias else ''}y, h, "
+                                 f"{'mean, ' if layer else ''}rstd), got {len(tensors)}")
         x, residual, weight, *rest = tensors
         b = rest.pop(0) if bias else None
         y, h, *stats = rest
         mean, rstd = (stats if layer else (None, stats[0]))
-        fused.add_norm_forward(x, residual, weight, b, eps, kind, out=(y, h, mean, rstd))
+        with torch.cuda.stream(stream) if x.is_cuda else contextlib.nullcontext():
+            fused.add_norm_forward(x, residual, weight, b, eps, kind, out=(y, h, mean, rstd))
 
     return launch
 

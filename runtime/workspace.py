@@ -125,6 +125,3 @@ def check_all_zeroed() -> None:
     for arena in list(_ARENAS.values()):
         arena.check_zeroed()
 
-
-def arenas() -> list[ZeroedArena]:
-    return list(_ARENAS.values())

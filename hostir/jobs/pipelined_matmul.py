@@ -40,7 +40,8 @@ def add_arguments(p) -> None:
                    help="pipeline stages (the Stream axis); --m must divide by stages x ranks; "
                         "default: the schedule heuristic or an autotuned choice")
     p.add_argument("--streams", type=at_least(1), default=None,
-                   help="worker streams (default 2)")
+                   help="worker streams; default: the schedule heuristic or an autotuned "
+                        "choice")
     p.add_argument("--dtype", default="float32", choices=DTYPES)
     p.add_argument("--device", type=device_name, default="auto",
                    help="auto (CUDA when present), cpu, cuda or cuda:N")

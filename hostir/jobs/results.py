@@ -29,15 +29,6 @@ def device_slug(name: str) -> str:
     return "-".join(kept) or "unknown"
 
 
-def current_device_slug() -> str:
-    """`device_slug` of this process's CUDA device, or ``cpu``."""
-    import torch
-
-    if torch.cuda.is_available() and torch.cuda.device_count():
-        return device_slug(torch.cuda.get_device_name())
-    return "cpu"
-
-
 def results_name(bench: str, device: str, world_size: int = 1) -> str:
     """``<bench>_<device>[_x<N>].json``: the name of a results file (N = world size > 1)."""
     return f"{bench}_{device_slug(device)}{f'_x{world_size}' if world_size > 1 else ''}.json"

@@ -49,40 +49,46 @@ from hostir.nn.transformer import check_block_shape
 from lowering.patterns import check_row_split
 from runtime.bootstrap import init_distributed, local_device
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+          "float16": torch.float16}
 # Relative errors --check accepts: fp32 differs from the reference in summation order only;
-# half precision rounds every intermediate.
-TOLERANCE = {"float32": 1e-4, "bfloat16": 5e-2, "float16": 2e-2}
+# fp64 too, but for the norms' float32 statistics and the loss's float32 sum; half
+# precision rounds every intermediate.
+TOLERANCE = {"float32": 1e-4, "float64": 1e-6, "bfloat16": 5e-2, "float16": 2e-2}
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--steps", type=int, default=10)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--kv-heads", type=int, default=2)
-    p.add_argument("--ffn", type=int, default=None,
+    from hostir.jobs.preflight import at_least, device_name, positive_float
+
+    p.add_argument("--steps", type=at_least(1), default=10)
+    p.add_argument("--layers", type=at_least(1), default=2)
+    p.add_argument("--hidden", type=at_least(1), default=256)
+    p.add_argument("--heads", type=at_least(1), default=8)
+    p.add_argument("--kv-heads", type=at_least(1), default=2)
+    p.add_argument("--ffn", type=at_least(1), default=None,
                    help="MLP width; default Llama's 8/3 hidden rounded up to 256")
-    p.add_argument("--tokens", type=int, default=128, help="one sequence, over all ranks")
+    p.add_argument("--tokens", type=at_least(1), default=128, help="one sequence, over all ranks")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=positive_float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--stages", type=int, default=1, help="pipeline stages of every linear")
+    p.add_argument("--stages", type=at_least(1), default=1, help="pipeline stages of every linear")
     p.add_argument("--comm", default="auto", choices=["auto", "torch", "nccl", "mpi", "copy_engine"])
     p.add_argument("--schedule", default="auto", choices=["auto", "pipelined", "ring"])
-    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu or cuda")
+    p.add_argument("--device", type=device_name, default="auto",
+                   help="auto (CUDA when present), cpu, cuda or cuda:N")
     p.add_argument("--check", action="store_true", help="compare with an unsharded reference")
     p.add_argument("--graph", action="store_true", help="CUDA: replay the step as a CUDA graph")
     p.add_argument("--bench", action="store_true", help="CUDA: ours vs eager vs torch.compile")
-    p.add_argument("--iters", type=int, default=20, help="--bench: timed steps per variant")
-    p.add_argument("--warmup", type=int, default=5, help="--bench: untimed steps per variant")
+    p.add_argument("--iters", type=at_least(1), default=20, help="--bench: timed steps per variant")
+    p.add_argument("--warmup", type=at_least(0), default=5, help="--bench: untimed steps per variant")
     p.add_argument("--json", default=None, metavar="FILE", help="--bench: write the rows here")
 
 
 def parse(argv) -> "argparse.Namespace":  # noqa: F821
-    import argparse
+    """The job's flags (for callers that skip ``hostir.run``); errors are a UsageError."""
+    from hostir.jobs.preflight import JobParser
 
-    p = argparse.ArgumentParser()
+    p = JobParser()
     add_arguments(p)
     return p.parse_args(argv)
 
@@ -92,6 +98,32 @@ def ffn_width(args) -> int:
 
 
 # ----------------------------------------------------------------------------- checks
+
+
+def estimated_bytes(args, world: int) -> int:
+    """Peak bytes a rank allocates (a generous estimate): the full model every rank builds
+    (and one block's copy while it is sharded), this rank's shards with their gradients
+    and AdamW's two moments, the activations a step keeps for its backward; with --check
+    the reference's gradients, moments and activations too; with --bench the eager and the
+    compiled copy, each with its own."""
+    from hostir.jobs.preflight import dtype_bytes
+
+    e, h, t, layers = dtype_bytes(args.dtype), args.hidden, args.tokens, args.layers
+    qkv = (args.heads + 2 * args.kv_heads) * (h // args.heads)
+    f = ffn_width(args)
+    block = h * qkv + h * h + 3 * h * f + 2 * h
+    full = layers * block
+    # saved for the backward: gathered inputs (qkv, gate-up), their outputs, attention,
+    # SwiGLU, the norms' rows and the residual stream
+    acts_full = layers * t * (8 * h + qkv + h + 3 * f)
+    acts = layers * t * (2 * h + (qkv + h + 3 * f + 6 * h) / world)
+    total = full + block + 4 * full / world + acts
+    if args.check:
+        total += 3 * full + acts_full
+    if args.bench:
+        total += 2 * (4 * full + acts_full)
+    return int(e * total)
+
 
 
 def validate(args, world) -> None:
@@ -114,13 +146,16 @@ def validate(args, world) -> None:
     if args.json:
         pf.writable_output("--json", args.json)
         pf.refuse_results_on_cpu("--json", args.json, device)
-    # the shape on its own first (a usage error), then its split over the ranks
+    # the shape on its own first (a usage error), then its split over the ranks, then memory
     for ranks, refusal in ((1, pf.UsageError), (size, pf.WorldSizeError)):
         try:
             check_block_shape(args.hidden, args.heads, args.kv_heads, ffn_width(args), ranks)
             check_row_split("tokens", args.tokens, args.stages, ranks)
         except HostIrError as e:
             raise refusal(str(e)) from e
+    pf.check_fits(f"--layers {args.layers} --hidden {args.hidden} --tokens {args.tokens} "
+                  f"{args.dtype}", estimated_bytes(args, size), device,
+                  world if isinstance(world, pf.World) else pf.World(size=size))
 
 
 # ----------------------------------------------------------------------------- set-up

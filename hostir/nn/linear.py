@@ -251,6 +251,8 @@ def _interpreter(rt: _Runtime, fusion, streams: int, gathered: bool,
         program = _expose_gathered(program)
     if then is not None:
         program = then(program)
+        dump("lowering", f"// after pass {program.provenance.rsplit('+', 1)[-1]}\n"
+                         f"{print_program(program)}", rt.comm.rank)
     dump("host_ir", f"// {what} ({rt.comm.name}, {schedule})\n{print_program(program)}",
          rt.comm.rank)
     return Interpreter(program, rt.backend, rt.comm)
@@ -325,8 +327,9 @@ class _Plan:
 
     def _run(self, key) -> Interpreter:
         run = self._runs.get(key)
-        if run is None:
-            run = self._runs[key] = self._build.pop(key)()
+        if run is None:  # a builder that raised stays, so the next call raises the same
+            run = self._runs[key] = self._build[key]()
+            del self._build[key]
         return run
 
     @property
@@ -388,8 +391,8 @@ class _Plan:
         """The row forward followed by ``h = y + residual``, ``norm(h)`` (``kind``,
         ``weight``, ``bias``, ``eps``) in one program: each stage's residual add and norm
         launch as soon as its reduce-scatter has landed (``lowering.passes.stage_norm``),
-        overlapping the next stage's GEMM. ``(n, h, mean, rstd)`` as
-        ``runtime.fused.add_norm_forward`` returns them, over this rank's ``[m, n]``."""
+        overlapping the next stage's GEMM. ``(norm(h), h, mean, rstd)``, the order of
+        ``runtime.fused.add_norm_forward``'s result, over this rank's ``[m, n]``."""
         key = ("fwd_norm", kind, float(eps), bias is not None)
         if key not in self._runs:
             from lowering.passes.stage_norm import fuse_stage_norm

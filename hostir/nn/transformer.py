@@ -429,9 +429,10 @@ class ParallelTransformerBlock(torch.nn.Module):
         a = causal_attention(q, k, v).reshape(t, hq * d)
         norm = self.post_attention_layernorm
         if self.o_proj_bias is None and not torch.is_autocast_enabled(a.device.type):
-            # the output projection's reduce-scatters and the norm in one program
+            # the output projection's reduce-scatters and the norm in one program, whose
+            # inputs share one dtype (else, as under autocast, the two apart)
             a, w = self.o_proj._inputs(a)
-            if residual.dtype == a.dtype:
+            if all(t is None or t.dtype == a.dtype for t in (residual, norm.weight, norm.bias)):
                 return _RowAddNorm.apply(a, w, residual.contiguous(), norm.weight, norm.bias,
                                          _plan("row", self.o_proj, a), norm.eps, norm.kind,
                                          norm.reduce)

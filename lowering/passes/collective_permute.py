@@ -63,7 +63,7 @@ def collective_permute(program: ir.Program, number_of_streams: int = 2) -> ir.Pr
         raise LoweringError(f"numberOfStreams must be a positive int, got {number_of_streams!r}")
     loop, gathered, out, team, mm, pre = _pattern(program)
     a, b = program.inputs[:2]
-    names = iter(f"T{n}" for n in range(_next_tensor_number(program), 10**9))
+    names = ir.fresh_tensor_names(program)
     rank, world = ir.Var("rank"), ir.Var("worldSize")
     i, j = loop.index, ir.IndexVar("j")
     peer = ir.BinOp("%", ir.BinOp("+", rank, ir.Var(j.name)), world)
@@ -124,17 +124,3 @@ def collective_permute(program: ir.Program, number_of_streams: int = 2) -> ir.Pr
     )
     return dataclasses.replace(program, body=body, number_of_streams=number_of_streams,
                                provenance="collective_permute")
-
-
-def _next_tensor_number(program: ir.Program) -> int:
-    numbers = [int(t.name[1:]) for t in _tensors(program) if t.name[1:].isdigit()]
-    return max(numbers, default=-1) + 1
-
-
-def _tensors(program: ir.Program):
-    yield from program.inputs
-    for s in ir.walk(program.body):
-        for f in ("out", "input", "output", "a", "b", "aux"):
-            t = getattr(s, f, None)
-            if isinstance(t, ir.Tensor):
-                yield t

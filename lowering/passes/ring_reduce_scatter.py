@@ -48,7 +48,6 @@ import dataclasses
 
 from hostir import ir
 from hostir.errors import LoweringError
-from lowering.passes.collective_permute import _next_tensor_number
 
 COMM, COMPUTE = 1, 0
 P = ir.ParallelType
@@ -87,7 +86,7 @@ def ring_reduce_scatter(program: ir.Program, number_of_streams: int = 2) -> ir.P
     else:
         a_ring = ir.Tensor(a.name, (d, m, d, k_local), a.dtype,
                            (P.Serial, P.Serial, P.DIDx, P.Serial), a.mesh)
-    names = iter(f"T{n}" for n in range(_next_tensor_number(program), 10**9))
+    names = ir.fresh_tensor_names(program)
     dtype = out.dtype
     partial = ir.Tensor(next(names), (S, d, m, N), dtype)        # P: each owner's rows
     received = ir.Tensor(next(names), (S, max(d - 1, 1), m, N), dtype)  # R: one per transfer

@@ -5,8 +5,9 @@ In a transformer block the attention output projection (row-parallel) is followe
 ``h = y + residual; n = norm(h)`` on the same sequence-sharded rows. Stage ``i``'s rows of
 ``y`` are final once its reduce-scatter is waited (``pipelined``) or its last partial sum
 is added (``ring``); this pass launches the fused add + norm kernel on those rows right
-there, on the stream that finished them, so a stage's norm runs while the next stage
-multiplies and communicates instead of after the whole program:
+there, so a stage's norm runs while the next stage multiplies and communicates instead
+of after the whole program (with one stage there is no next stage: the norm then only
+joins the program). ``pipelined`` (each stage on a worker stream of its own):
 
     FOR i in range(0, S):
       SetCurrentStream to Stream (i % numberOfStreams)
@@ -21,6 +22,10 @@ multiplies and communicates instead of after the whole program:
       LaunchKernel add_rms_norm_h4096(T8, T11, T10, T12, T14, T16) grid=(...) block=(...) smem=0 scalars=(rows)
       ...
 
+``ring`` (every stage's GEMMs on stream 0, transfers on stream 1): after the stage's last
+``add``, ``SetCurrentStream to Stream 1``, ``Synchronize Stream 0``, the selects
+and the launch, then back to stream 0, so the next stage's GEMMs do not queue behind it.
+
 New inputs (after the program's): the residual ``[S, rows, N]`` (the output's local
 layout), the norm weight ``[N]`` and, for layer_norm with a bias, the bias ``[N]``. New
 outputs (after the program's): ``n``, ``h`` ``[S, rows, N]``, then float32 ``mean``
@@ -31,7 +36,7 @@ outputs (after the program's): ``n``, ``h`` ``[S, rows, N]``, then float32 ``mea
 from __future__ import annotations
 
 import dataclasses
-import re
+import math
 
 from hostir import ir
 from hostir.errors import LoweringError
@@ -41,25 +46,7 @@ from lowering.kernels.seams import FORWARD_CACHE_FLOATS, NORM_KINDS, plan_row
 # The runtime's persistent row grid holds this many threads an SM at most
 # (``runtime.fused.FORWARD_THREADS_PER_SM``); here only for the printed nominal grid.
 _THREADS_PER_SM = 2048
-
-
-def _fresh_names(program: ir.Program):
-    """Tensor names ``T<n>`` not used by the program, in increasing order."""
-    used = [int(m.group(1)) for t in _tensors(program)
-            for m in [re.fullmatch(r"T(\d+)", t.name)] if m]
-    n = max(used, default=-1)
-    while True:
-        n += 1
-        yield f"T{n}"
-
-
-def _tensors(program: ir.Program):
-    yield from program.inputs
-    for s in ir.walk(program.body):
-        for value in (getattr(s, f, None) for f in getattr(s, "__slots__", ())):
-            for v in (value if isinstance(value, tuple) else (value,)):
-                if isinstance(v, ir.Tensor):
-                    yield v
+PROVENANCE = "stage_norm"
 
 
 def _stage_loop(program: ir.Program, out: ir.Tensor):
@@ -92,55 +79,83 @@ def _finished_at(loop: ir.ForLoop, slice_: ir.Tensor) -> int:
     return last
 
 
+def _stream_at(program: ir.Program, pos: int, loop: ir.ForLoop, after: int):
+    """The stream current after statement ``after`` of the stage loop (at ``pos``)."""
+    current = None
+    for s in ir.walk(program.body[:pos] + loop.body[:after + 1]):
+        if isinstance(s, ir.SetCurrentStream):
+            current = s.stream
+    return current
+
+
 def fuse_stage_norm(program: ir.Program, kind: str, eps: float, bias: bool = False) -> ir.Program:
     """``program`` (GEMM+ReduceScatter, output ``[S, rows, N]``) with the residual add and
     ``kind`` norm of each stage's rows launched after the stage; see the module docstring.
-    ``bias``: a layer_norm bias input."""
+    ``bias``: a layer_norm bias input.
+
+    Where each stage runs on a stream of its own (``pipelined``: stream ``i %
+    numberOfStreams``), the launch follows the stage on it. Where every stage computes on
+    one stream (``ring``: stream 0, its transfers on stream 1), the launch goes to the
+    next pool stream after a ``Synchronize`` on the stage's, so that the next stage's
+    GEMMs need not wait for it."""
     if kind not in NORM_KINDS:
         raise LoweringError(f"stage norm: kind {kind!r}: expected one of {NORM_KINDS}")
     if bias and kind != "layer_norm":
         raise LoweringError("stage norm: a bias belongs to layer_norm only")
+    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps > 0):
+        raise LoweringError(f"stage norm: eps={eps!r}: expected a finite number > 0")
+    if PROVENANCE in program.provenance.split("+"):
+        raise LoweringError("stage norm: the program already runs a stage norm")
     out = program.outputs[0]
     if len(out.shape) != 3 or out.is_sharded:
         raise LoweringError(f"stage norm: output {out.name} {list(out.shape)}: expected a "
                             f"local [stages, rows, hidden] tensor")
-    stages, rows, hidden = out.shape
     if not any(isinstance(s, ir.Allocate) and s.out == out for s in program.body):
         raise LoweringError(f"stage norm: output {out.name} is not allocated at the top level")
+    stages, rows, hidden = out.shape
     pos, loop, slice_ = _stage_loop(program, out)
     after = _finished_at(loop, slice_.out)
-    names = _fresh_names(program)
+    names = ir.fresh_tensor_names(program)
     full = dict(shape=out.shape, dtype=out.dtype)
     residual = ir.Tensor(next(names), **full)
     weight = ir.Tensor(next(names), (hidden,), out.dtype)
     bias_t = ir.Tensor(next(names), (hidden,), out.dtype) if bias else None
-    y, h = ir.Tensor(next(names), **full), ir.Tensor(next(names), **full)
+    normed, h = ir.Tensor(next(names), **full), ir.Tensor(next(names), **full)
     stats = [ir.Tensor(next(names), (stages, rows), "float32")
              for _ in range(2 if kind == "layer_norm" else 1)]
     index = ir.Var(loop.index.name)
     selects, stage = [], {}
-    for t in (residual, y, h, *stats):
+    for t in (residual, normed, h, *stats):
         s = ir.Select(ir.select_type(next(names), t, 0), t, 0, index)
         selects.append(s)
         stage[t.name] = s.out
     name = f"add_{kind}_h{hidden}"
-    plan = plan_row(hidden, 16, FORWARD_CACHE_FLOATS)
+    plan = plan_row(hidden, alignment=16, cache_floats=FORWARD_CACHE_FLOATS)
     grid = max(1, min(-(-rows // plan.rows_per_block),
                       DEFAULT_SM_COUNT * max(1, _THREADS_PER_SM // plan.block_threads)))
     args = (slice_.out, stage[residual.name], weight, *((bias_t,) if bias else ()),
-            stage[y.name], stage[h.name], *(stage[t.name] for t in stats))
-    launch = ir.LaunchKernel(name, args, (grid, 1, 1), plan.block, 0, (rows,))
-    body = loop.body[:after + 1] + tuple(selects) + (launch,) + loop.body[after + 1:]
+            stage[normed.name], stage[h.name], *(stage[t.name] for t in stats))
+    launch = (*selects, ir.LaunchKernel(name, args, (grid, 1, 1), plan.block, 0, (rows,)))
+    current = _stream_at(program, pos, loop, after)
+    if (isinstance(current, ir.PoolStream) and loop.index.name not in ir.free_vars(current.index)
+            and program.number_of_streams > 1):
+        side = ir.PoolStream(ir.Const(current.index.value + 1)
+                             if isinstance(current.index, ir.Const)
+                             else ir.BinOp("+", current.index, ir.Const(1)))
+        launch = (ir.SetCurrentStream(side), ir.Synchronize(current), *launch,
+                  ir.SetCurrentStream(current))
+    body = loop.body[:after + 1] + launch + loop.body[after + 1:]
     # allocated beside the output, on the stream it is allocated on (the user's): the
     # caching allocator ties a block to the stream it was allocated on
     at = next(i for i, s in enumerate(program.body)
               if isinstance(s, ir.Allocate) and s.out == out) + 1
-    allocs = tuple(ir.Allocate(t) for t in (y, h, *stats))
+    allocs = tuple(ir.Allocate(t) for t in (normed, h, *stats))
     body = program.body[:pos] + (dataclasses.replace(loop, body=body),) + program.body[pos + 1:]
     new_body = body[:at] + allocs + body[at:]
     kernel = ir.KernelDef(name, "add_norm", (("kind", kind), ("hidden", hidden),
                                               ("bias", bias), ("eps", float(eps))))
     inputs = program.inputs + (residual, weight) + ((bias_t,) if bias else ())
-    return dataclasses.replace(program, inputs=inputs, outputs=program.outputs + (y, h, *stats),
-                               body=new_body, kernels=program.kernels + (kernel,),
-                               provenance=f"{program.provenance}+stage_norm".lstrip("+"))
+    return dataclasses.replace(program, inputs=inputs,
+                               outputs=program.outputs + (normed, h, *stats), body=new_body,
+                               kernels=program.kernels + (kernel,),
+                               provenance="+".join(filter(None, (program.provenance, PROVENANCE))))

@@ -70,6 +70,23 @@ def test_memory_estimates_are_checked_against_what_is_free():
         pf.check_fits("half", 0.5 * free, "cpu", pf.World(local_size=4))
 
 
+def test_train_transformer_refuses_a_model_that_cannot_fit():
+    from hostir.jobs import train_transformer as job
+
+    small = job.parse(["--device=cpu"])
+    job.validate(small, 2)  # the default config fits anywhere
+    assert 0 < job.estimated_bytes(small, 2) < job.estimated_bytes(small, 1) < 1 << 30
+    # more layers, tokens or checks only ever need more
+    for flags in (["--layers=4"], ["--tokens=256"], ["--check"]):
+        assert job.estimated_bytes(job.parse(["--device=cpu"] + flags), 2) > \
+            job.estimated_bytes(small, 2)
+    huge = job.parse(["--device=cpu", "--hidden=65536", "--heads=64", "--kv-heads=8",
+                      "--tokens=65536", "--layers=64"])
+    with pytest.raises(pf.MemoryEstimateError, match="--layers 64 --hidden 65536") as e:
+        job.validate(huge, 2)
+    assert e.value.code == EXIT_MEMORY
+
+
 def test_missing_packages_say_how_to_install_them():
     with pytest.raises(pf.MissingDependencyError, match="pip install no-such-pkg"):
         pf.need_module("no_such_module_hostir", "no-such-pkg", "--flag")

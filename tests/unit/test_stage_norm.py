@@ -49,18 +49,26 @@ def test_program_verifies_and_round_trips(schedule, kind, bias):
 
 
 def test_the_norm_follows_the_stage_s_last_write():
-    """Pipelined: right after the Wait of the stage's reduce-scatter; ring: right after the
-    add of the last partial sum."""
-    for schedule, before in (("pipelined", ir.Wait), ("ring", ir.Add)):
+    """Pipelined: right after the Wait of the stage's reduce-scatter, on the stage's
+    stream; ring: after the add of the last partial sum, moved to the transfer stream
+    (stream 1) behind a Synchronize on the compute stream, then back to stream 0."""
+    for schedule in ("pipelined", "ring"):
         p = _program(schedule=schedule)
         loop = next(s for s in p.body if isinstance(s, ir.ForLoop)
                     and any(isinstance(t, ir.LaunchKernel) for t in s.body))
         pos = next(i for i, s in enumerate(loop.body) if isinstance(s, ir.LaunchKernel))
-        previous = [s for s in loop.body[:pos] if not isinstance(s, ir.Select)][-1]
-        assert isinstance(previous, before), (schedule, previous)
+        before = [s for s in loop.body[:pos] if not isinstance(s, ir.Select)]
         stage_slice = next(s.out for s in loop.body if isinstance(s, ir.Select)
                            and s.input == p.outputs[0])
         assert loop.body[pos].args[0] == stage_slice
+        if schedule == "pipelined":
+            assert isinstance(before[-1], ir.Wait)
+            continue
+        add, switch, sync = before[-3:]
+        assert isinstance(add, ir.Add) and add.out == stage_slice
+        assert switch == ir.SetCurrentStream(ir.PoolStream(1))
+        assert sync == ir.Synchronize(ir.PoolStream(0))
+        assert loop.body[pos + 1] == ir.SetCurrentStream(ir.PoolStream(0))
 
 
 def test_refusals():
@@ -72,6 +80,11 @@ def test_refusals():
         fuse_stage_norm(rs, "batch_norm", 1e-5)
     with pytest.raises(LoweringError, match="bias belongs to layer_norm"):
         fuse_stage_norm(rs, "rms_norm", 1e-5, bias=True)
+    for eps in (0.0, -1e-5, float("nan")):
+        with pytest.raises(LoweringError, match="eps"):
+            fuse_stage_norm(rs, "rms_norm", eps)
+    with pytest.raises(LoweringError, match="already runs a stage norm"):
+        fuse_stage_norm(fuse_stage_norm(rs, "rms_norm", 1e-5), "rms_norm", 1e-5)
 
 
 class _World:
@@ -154,12 +167,13 @@ def test_results_equal_the_unsharded_reference(schedule, world, stages, kind):
             torch.testing.assert_close(stats[0].reshape(-1), mean[rows], rtol=1e-4, atol=1e-5)
 
 
-def test_a_stage_s_norm_does_not_wait_for_the_next_stage():
-    """On the stream model: stage 0's norm depends on its own reduce-scatter, and stage 1's
-    GEMM does not depend on stage 0's norm (they can overlap on two streams)."""
+@pytest.mark.parametrize("schedule", ["pipelined", "ring"])
+def test_a_stage_s_norm_does_not_wait_for_the_next_stage(schedule):
+    """On the stream model: stage 0's norm follows its own reduction, and stage 1's GEMMs
+    do not wait for stage 0's norm (they can overlap on two streams)."""
     from .stream_model import ModelBackend, ModelComm, ModelMatmul, depends, nodes
 
-    p = _program(stages=2, schedule="pipelined")
+    p = _program(stages=2, schedule=schedule)
     backend = ModelBackend()
     it = Interpreter(p, backend, ModelComm(0, 2))
     it.matmul = ModelMatmul(backend)
@@ -172,11 +186,15 @@ def test_a_stage_s_norm_does_not_wait_for_the_next_stage():
     it._agreed = True
     it(*[torch.zeros(t.local_shape) for t in p.inputs])
     mm = nodes(*backend.pool, prefix="MM")
-    rs = nodes(it.comm.stream, prefix="RS")
-    assert len(norms) == 2 and len(mm) == 2
-    assert depends(norms[0], rs[0]) and not depends(norms[0], mm[1])
-    assert not depends(mm[1], norms[0])
-    assert depends(norms[1], rs[1])
+    comms = nodes(it.comm.stream, prefix="RS" if schedule == "pipelined" else "SR")
+    per_stage = len(mm) // 2  # the ring: one GEMM a rank's rows
+    assert len(norms) == 2 and len(mm) == 2 * per_stage
+    first, second = mm[:per_stage], mm[per_stage:]
+    assert all(depends(norms[0], m) for m in first)
+    assert depends(norms[0], comms[len(comms) // 2 - 1])
+    assert not any(depends(norms[0], m) for m in second)
+    assert not any(depends(m, norms[0]) for m in second)
+    assert all(depends(norms[1], m) for m in second)
 
 
 @pytest.mark.parametrize("schedule", ["pipelined", "ring"])
@@ -196,3 +214,25 @@ def test_new_outputs_are_allocated_on_the_user_s_stream(schedule):
             where[s.out.name] = current
     for t in p.outputs:
         assert where[t.name] == "user", (t.name, print_program(p))
+
+
+def test_add_norm_generator_refuses_bad_definitions_and_arguments():
+    from hostir.errors import ExecutionError
+    from runtime.kernels import launcher
+
+    bad = ir.KernelDef("k", "add_norm", (("kind", "batch_norm"), ("hidden", 8),
+                                         ("bias", False), ("eps", 1e-5)))
+    with pytest.raises(ExecutionError, match="add_norm needs kind"):
+        launcher(bad, torch.device("cpu"))
+    good = ir.KernelDef("k", "add_norm", (("kind", "rms_norm"), ("hidden", 8),
+                                          ("bias", False), ("eps", 1e-5)))
+    launch = launcher(good, torch.device("cpu"))
+    x = torch.randn(4, 8)
+    with pytest.raises(ExecutionError, match="expected 6 tensors"):
+        launch([x, x, torch.ones(8)], (1, 1, 1), (32, 1, 1), 0, (4,), "cpu:0")
+    y, h, rstd = torch.empty(4, 8), torch.empty(4, 8), torch.empty(4)
+    launch([x, x, torch.ones(8), y, h, rstd], (1, 1, 1), (32, 1, 1), 0, (4,), "cpu:0")
+    want = fused.add_norm_forward_reference(x, x, torch.ones(8), None, 1e-5, "rms_norm")
+    torch.testing.assert_close(y, want[0])
+    torch.testing.assert_close(h, 2 * x)
+    torch.testing.assert_close(rstd, want[3])
