@@ -203,7 +203,6 @@ def test_refusals_on_every_rank_before_any_collective(world, comm):
     (["--tokens=7"], "tensor tokens axis 0: extent 7 does not split"),
     (["--kv-heads=3"], "heads=8 is not a multiple of kv_heads=3"),
     (["--bench"], "--bench needs a CUDA GPU"),
-    (["--steps=0"], "--steps=0: expected at least 1"),
     (["--json=/nonexistent/x.json", "--bench"], "--bench needs a CUDA GPU"),
 ])
 def test_the_job_refuses_bad_flags_on_every_rank(world, flags, message):
@@ -215,3 +214,16 @@ def test_the_job_refuses_bad_flags_on_every_rank(world, flags, message):
     with pytest.raises((HostIrError, JobError), match=message) as info:
         job.main(job.parse(["--device=cpu", "--kv-heads=4"] + flags))  # 4: divides 2 and 4 ranks
     assert info.value.on_every_rank
+
+
+def test_flag_values_are_refused_by_the_parser():
+    """Out-of-range values end in the parser's one-line UsageError (hostir.run prints it
+    on every rank: the flags are the same everywhere)."""
+    from hostir.jobs import train_transformer as job
+    from hostir.jobs.preflight import UsageError
+
+    for flags, message in ((["--steps=0"], "argument --steps: expected an integer >= 1"),
+                           (["--lr=-1"], "argument --lr: expected a number > 0"),
+                           (["--device=gpu"], "argument --device: expected auto, cpu")):
+        with pytest.raises(UsageError, match=message):
+            job.parse(flags)
