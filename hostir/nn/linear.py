@@ -173,9 +173,9 @@ def copy_engine_available(device: torch.device, world_size: int) -> bool:
 def _resolve(device: torch.device, process_group, comm: str, schedule: str) -> tuple[str, str]:
     """(communicator kind, schedule) with ``auto`` filled in; see the module docstring."""
     if comm not in COMMS:
-        raise ValueError(f"comm={comm!r}: expected one of {', '.join(COMMS)}")
+        raise LoweringError(f"comm={comm!r}: expected one of {', '.join(COMMS)}")
     if schedule not in SCHEDULES:
-        raise ValueError(f"schedule={schedule!r}: expected one of {', '.join(SCHEDULES)}")
+        raise LoweringError(f"schedule={schedule!r}: expected one of {', '.join(SCHEDULES)}")
     kind = comm
     if comm == "auto":
         # The ring over the copy engine where it can run: it was the fastest AllGather+GEMM
@@ -547,9 +547,9 @@ class _ParallelLinear(torch.nn.Module):
                  schedule="auto"):
         super().__init__()
         if comm not in COMMS:
-            raise ValueError(f"comm={comm!r}: expected one of {', '.join(COMMS)}")
+            raise LoweringError(f"comm={comm!r}: expected one of {', '.join(COMMS)}")
         if schedule not in SCHEDULES:
-            raise ValueError(f"schedule={schedule!r}: expected one of {', '.join(SCHEDULES)}")
+            raise LoweringError(f"schedule={schedule!r}: expected one of {', '.join(SCHEDULES)}")
         self.schedule = schedule
         self.rank, self.world_size = rank, world_size
         self.in_features, self.out_features = in_features, out_features
@@ -563,7 +563,7 @@ class _ParallelLinear(torch.nn.Module):
 
     def _inputs(self, x: torch.Tensor):
         if x.dim() != 2 or x.shape[1] != self._k:
-            raise ValueError(f"{type(self).__name__}: expected input [tokens, {self._k}], "
+            raise LoweringError(f"{type(self).__name__}: expected input [tokens, {self._k}], "
                              f"got {list(x.shape)}")
         dtype = _compute_dtype(x, self.weight)
         return x.to(dtype).contiguous(), self.weight.to(dtype)
@@ -592,13 +592,13 @@ class ColumnParallelLinear(_ParallelLinear):
         """``activation="gelu_tanh"``: the output is ``gelu(x W, approximate="tanh")``,
         computed in the forward GEMMs' epilogue (cuBLASLt GELU_AUX on CUDA); no bias then."""
         if activation not in ACTIVATIONS:
-            raise ValueError(f"activation={activation!r}: expected one of {ACTIVATIONS}")
+            raise LoweringError(f"activation={activation!r}: expected one of {ACTIVATIONS}")
         if activation is not None and bias:
-            raise ValueError("ColumnParallelLinear: activation with a bias is not supported")
+            raise LoweringError("ColumnParallelLinear: activation with a bias is not supported")
         self.activation = activation
         rank, world = _world(process_group, comm)
         if out_features % world:
-            raise ValueError(f"ColumnParallelLinear: out_features={out_features} is not "
+            raise LoweringError(f"ColumnParallelLinear: out_features={out_features} is not "
                              f"divisible by the {world} ranks")
         n = out_features // world
         super().__init__(in_features, out_features, (in_features, n), rank, world,
@@ -644,7 +644,7 @@ class RowParallelLinear(_ParallelLinear):
                  dtype=None, overlap_weight_grad: bool = True, schedule: str = "auto"):
         rank, world = _world(process_group, comm)
         if in_features % world:
-            raise ValueError(f"RowParallelLinear: in_features={in_features} is not "
+            raise LoweringError(f"RowParallelLinear: in_features={in_features} is not "
                              f"divisible by the {world} ranks")
         k = in_features // world
         super().__init__(in_features, out_features, (k, out_features), rank, world,
@@ -656,7 +656,7 @@ class RowParallelLinear(_ParallelLinear):
     def from_linear(cls, linear: torch.nn.Linear, **kw) -> "RowParallelLinear":
         """This rank's shard of a full bias-free ``torch.nn.Linear``."""
         if linear.bias is not None:
-            raise ValueError("RowParallelLinear.from_linear: the linear has a bias; expected none")
+            raise LoweringError("RowParallelLinear.from_linear: the linear has a bias; expected none")
         layer = cls(linear.in_features, linear.out_features, device=linear.weight.device,
                     dtype=linear.weight.dtype, **kw)
         k, r = layer._k, layer.rank
@@ -687,7 +687,7 @@ class ParallelMLP(torch.nn.Module):
                  schedule: str = "auto"):
         super().__init__()
         if activation != "gelu_tanh":
-            raise ValueError(f"activation={activation!r}: ParallelMLP fuses 'gelu_tanh' only")
+            raise LoweringError(f"activation={activation!r}: ParallelMLP fuses 'gelu_tanh' only")
         kw = dict(stages=stages, streams=streams, process_group=process_group, comm=comm,
                   device=device, dtype=dtype, overlap_weight_grad=overlap_weight_grad,
                   schedule=schedule)
@@ -701,7 +701,7 @@ class ParallelMLP(torch.nn.Module):
         mlp = cls(up.in_features, up.out_features, device=up.weight.device,
                   dtype=up.weight.dtype, **kw)
         if up.bias is not None or down.bias is not None:
-            raise ValueError("ParallelMLP.from_linears: expected bias-free linears")
+            raise LoweringError("ParallelMLP.from_linears: expected bias-free linears")
         n, k, r = mlp.up._n, mlp.down._k, mlp.up.rank
         with torch.no_grad():
             mlp.up.weight.copy_(up.weight[r * n:(r + 1) * n].t())
@@ -730,7 +730,7 @@ def fused_mlp(x: torch.Tensor, up: ColumnParallelLinear, down: RowParallelLinear
     x, w1 = up._inputs(x)
     w2 = down.weight.to(w1.dtype)
     if down._k != up._n:
-        raise ValueError(f"fused_mlp: up gives {up._n} features a rank, down takes {down._k}")
+        raise LoweringError(f"fused_mlp: up gives {up._n} features a rank, down takes {down._k}")
     up_plan = _plan("column", up, x, "gelu_aux")
     down_plan = _plan("row", down, x, "dgelu" if fuse_backward else None,
                       rows=x.shape[0] * up_plan.D)
