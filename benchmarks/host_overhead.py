@@ -2,15 +2,18 @@
 
     python benchmarks/host_overhead.py --json benchmarks/results/host_overhead_nvidia-h100.json
     python benchmarks/host_overhead.py --shapes 1024 --device cpu          # host time only
+    python benchmarks/host_overhead.py --device cpu --shapes 16 --no-layers --rounds 200
 
-For pipelined_matmul's program (AllGather+GEMM at this process's world size) on each
-``--shapes`` M=N=K, eager (``mode: eager_walk``: the interpreter walking the statements
-each call, ``Interpreter(flat=False)``; ``mode: eager``: the default, the program run as a
-flat list of pre-bound steps) and through
-``Session(auto_graph=True)`` (``mode: auto_graph``: repeated calls replay a CUDA graph, the
-outputs copied out; ``mode: auto_graph_alias``: the graph's own output buffers returned,
-``AutoGraphed(copy_outputs=False)``); and for a ``hostir.nn`` ColumnParallelLinear and RowParallelLinear
-forward+backward (eager; autograd owns their outputs).
+For the pipelined program of ``--pattern`` (``allgather``: pipelined_matmul's
+AllGather+GEMM, ``reduce_scatter``: GEMM+ReduceScatter, at this process's world size) on
+each ``--shapes`` M=N=K, eager (``mode: eager_walk``: the interpreter walking the
+statements each call, ``Interpreter(flat=False)``; ``mode: eager``: the default, the
+program run as a flat list of pre-bound steps) and through ``Session(auto_graph=True)``
+(``mode: auto_graph``: repeated calls replay a CUDA graph, the outputs copied out;
+``mode: auto_graph_alias``: the graph's own output buffers returned,
+``AutoGraphed(copy_outputs=False)``); and for a ``hostir.nn`` ColumnParallelLinear and
+RowParallelLinear forward+backward (eager; autograd owns their outputs). On the CPU a tiny
+shape leaves mostly the host's own time (the interpreter, the communicator).
 
 How it measures, on CUDA: each round first queues a sleep kernel long enough that the
 host queues all of the round's calls before the GPU starts any, so that no call blocks on
@@ -79,7 +82,8 @@ def row(what: str, shape: str, mode: str, host_us: float, gpu_us: float | None) 
 
 
 def pipelined_rows(args, dtype, cuda: bool) -> list[dict]:
-    from lowering.patterns import allgather_matmul, shard_rows
+    from lowering.patterns import (allgather_matmul, matmul_reduce_scatter, shard_columns,
+                                   shard_rows)
     from lowering.pipeline import lower
     from runtime.graph import AutoGraphed
     from runtime.session import Session
@@ -91,9 +95,15 @@ def pipelined_rows(args, dtype, cuda: bool) -> list[dict]:
         m = k = n = size
         a = torch.randn(m, k, device=session.device, dtype=dtype)
         b = torch.randn(k, n, device=session.device, dtype=dtype)
-        shard = shard_rows(a, args.stages, d, r)
-        p = lower(allgather_matmul(m, k, n, args.stages, d, args.dtype_name), d, args.streams, r,
+        make = allgather_matmul if args.pattern == "allgather" else matmul_reduce_scatter
+        p = lower(make(m, k, n, args.stages, d, args.dtype_name), d, args.streams, r,
                   schedule=args.schedule)
+        if args.pattern == "allgather":
+            inputs = (shard_rows(a, args.stages, d, r), b)
+        else:  # this rank's columns of A and rows of B
+            inputs = (shard_columns(a, d, r).view(p.inputs[0].local_shape),
+                      b.view(d, k // d, n)[r:r + 1])
+        what = "pipelined_matmul" if args.pattern == "allgather" else "matmul_reduce_scatter"
         modes = ["eager_walk", "eager"] + (["auto_graph", "auto_graph_alias"] if cuda else [])
         for mode in modes:
             from runtime.interpreter import Interpreter
@@ -101,10 +111,9 @@ def pipelined_rows(args, dtype, cuda: bool) -> list[dict]:
             run = Interpreter(p, session.backend, session.comm, flat=mode != "eager_walk")
             if mode.startswith("auto_graph"):
                 run = AutoGraphed(run, copy_outputs=mode == "auto_graph")
-            run.prepare(shard, b)
-            host, gpu = measure(lambda: run(shard, b), cuda, args.rounds)
-            rows.append(row(f"pipelined_matmul S{args.stages} D{d}", f"{m}x{n}x{k}", mode,
-                            host, gpu))
+            run.prepare(*inputs)
+            host, gpu = measure(lambda: run(*inputs), cuda, args.rounds)
+            rows.append(row(f"{what} S{args.stages} D{d}", f"{m}x{n}x{k}", mode, host, gpu))
             del run
     return rows
 
@@ -141,6 +150,8 @@ def main(argv=None) -> int:
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--streams", type=int, default=2)
     ap.add_argument("--schedule", default="pipelined")
+    ap.add_argument("--pattern", choices=["allgather", "reduce_scatter"], default="allgather",
+                    help="AllGather+GEMM (the default) or GEMM+ReduceScatter")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--no-layers", action="store_true", help="pipelined_matmul rows only")
     ap.add_argument("--json", help="write the rows here")
@@ -162,7 +173,8 @@ def main(argv=None) -> int:
             "device": torch.cuda.get_device_name() if cuda else "cpu",
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "commit": commit(), "dtype": args.dtype, "stages": args.stages,
-            "streams": args.streams, "schedule": args.schedule, "rows": rows})
+            "streams": args.streams, "schedule": args.schedule, "pattern": args.pattern,
+            "rows": rows})
     return 0
 
 

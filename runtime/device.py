@@ -47,7 +47,9 @@ class CpuBackend:
         pass
 
     def allocate(self, shape, dtype: str) -> torch.Tensor:
-        return torch.empty(tuple(shape), dtype=DTYPES[dtype])
+        # The sizes as arguments: torch parses them faster than one tuple.
+        return torch.empty(*shape, dtype=DTYPES[dtype]) if shape else \
+            torch.empty((), dtype=DTYPES[dtype])
 
     def synchronize(self) -> None:
         pass
@@ -66,7 +68,7 @@ class CudaBackend:
         self._events: dict[int, torch.cuda.Event] = {}
 
     def current_stream(self) -> torch.cuda.Stream:
-        return torch.cuda.current_stream(self.device)
+        return torch.cuda.current_stream(self.device.index)  # an int: torch's short path
 
     def set_current_stream(self, stream: torch.cuda.Stream) -> None:
         torch.cuda.set_stream(stream)
@@ -88,10 +90,12 @@ class CudaBackend:
         if event is None:
             event = self._events[waited.cuda_stream] = torch.cuda.Event()
         event.record(waited)
-        waiter.wait_event(event)
+        event.wait(waiter)  # what waiter.wait_event(event) calls
 
     def allocate(self, shape, dtype: str) -> torch.Tensor:
-        return torch.empty(tuple(shape), dtype=DTYPES[dtype], device=self.device)
+        # The sizes as arguments: torch parses them faster than one tuple.
+        return torch.empty(*shape, dtype=DTYPES[dtype], device=self.device) if shape else \
+            torch.empty((), dtype=DTYPES[dtype], device=self.device)
 
     def join_all(self, user: torch.cuda.Stream, others=()) -> None:
         """Order ``user`` after every worker (and ``others``): after a failed program, so

@@ -143,14 +143,16 @@ class FlightRecorder:
         return seq
 
     def start(self, meta: tuple, loops: tuple = (), seq: int = 0, nbytes: int = 0,
-              stream=None) -> Entry:
+              stream=None, completed: bool = False) -> Entry:
         """Record a statement starting now (``meta``: ``statement_meta``; ``loops``: the
-        values of its loop indices)."""
+        values of its loop indices); ``completed``: it also ended now (a Synchronize,
+        complete when issued)."""
         n = self.recorded = self.recorded + 1
         e = self._ring[(n - 1) % self.capacity] if self.capacity else Entry()
         e.meta, e.loops, e.n, e.seq, e.nbytes, e.stream = meta, loops, n, seq, nbytes, stream
-        e.started = time.monotonic()
-        e.ended = e.poll = None
+        e.started = now = time.monotonic()
+        e.ended = now if completed else None
+        e.poll = None
         return e
 
     # ------------------------------------------------------------------ writing out

@@ -201,6 +201,8 @@ class Interpreter:
         self._transposable = transposable_inputs(program)
         self._signature = [(t.local_shape, DTYPES[t.dtype], t.name in self._transposable)
                            for t in program.inputs]
+        self._input_names = [t.name for t in program.inputs]
+        self._output_names = [t.name for t in program.outputs]
         self._direct = self._direct_sendrecv_roots(communicator)
         # root name -> (tensor, handle, {(peer, offset): peer's view}), kept across calls
         self._symmetric: dict[str, tuple] = {}
@@ -239,14 +241,11 @@ class Interpreter:
 
         walk(program.body, ())
 
-    def record(self, s, frame: _Frame, seq: int = 0, nbytes: int = 0):
-        """Start a flight-recorder entry for ``s`` (None when the recorder is off)."""
+    def flight_of(self, s, env: dict) -> tuple:
+        """(``s``'s flight-recorder meta, the values of its loop indices in ``env``), or
+        (None, ()) for a statement the recorder does not record (or when it is off)."""
         meta = self._recorded.get(id(s))
-        if meta is None:
-            return None
-        env = frame.env
-        return self.flight.start(meta, tuple([env[n] for n in meta[3]]), seq, nbytes,
-                                 frame.current)
+        return (None, ()) if meta is None else (meta, tuple([env[n] for n in meta[3]]))
 
     def _direct_sendrecv_roots(self, communicator) -> dict[str, str]:
         """SendRecv outputs whose buffer the sender can write directly: {output: root}.
@@ -355,7 +354,7 @@ class Interpreter:
                             self._transposable)
             self._agreed = True
         env = dict(self.params)
-        env.update({t.name: x for t, x in zip(self.program.inputs, args)})
+        env.update(zip(self._input_names, args))
         frame = _Frame(env, self.backend.current_stream())
         try:
             if self.flat and "_body" not in self.__dict__:  # not instrumented
@@ -372,7 +371,7 @@ class Interpreter:
         finally:
             # Also after an error: the caller gets its own stream back.
             self.backend.set_current_stream(frame.user)
-        return [env[t.name] for t in self.program.outputs]
+        return [env[name] for name in self._output_names]
 
     def _body(self, body, frame: _Frame) -> None:
         for s in body:
@@ -414,11 +413,11 @@ class Interpreter:
         the statement-walking path re-derives every call done once: loops unrolled (the
         bounds are constants), index expressions evaluated (they depend only on loop
         indices and the rank, world size and stream count, fixed for this interpreter),
-        worker streams looked up. Statements whose work depends on the call (collectives,
-        waits, GEMMs, kernels) run their rule, with the loop indices they may read (their
-        flight-recorder entries name them) bound in the environment first."""
+        worker streams, collective peers and flight-recorder entries' loop values
+        resolved. A Select of a tensor that is the same every call (a symmetric
+        allocation, or a Select of one) is made on the first call and reused."""
         steps, statements = [], []
-        it = self
+        fixed: dict[str, list] = {}  # see _step
 
         def emit(body, bound: dict):
             for s in body:
@@ -427,42 +426,86 @@ class Interpreter:
                         emit(s.body, {**bound, s.index.name: i})
                     continue
                 statements.append(s)
-                steps.append(step(s, bound))
+                steps.append(self._step(s, {**self.params, **bound}, fixed))
 
-        def step(s, bound):
-            env = {**self.params, **bound}
-            if isinstance(s, ir.Select):
-                out, src, axis, at = s.out.name, s.input.name, s.axis, self.index(s.index, env)
+        emit(self.program.body, {})
+        return steps, statements
 
-                def select(f):
-                    f.env[out] = f.env[src].select(axis, at)
-                return select
-            if isinstance(s, ir.SetCurrentStream) and isinstance(s.stream, ir.PoolStream):
+    def _step(self, s, env: dict, fixed: dict):
+        """One statement of ``_flatten`` as a step; ``env``: the loop indices around it and
+        the interpreter's parameters; ``fixed``: the names whose value is the same every
+        call at this point of the program, each with a cell that holds its value once
+        made (Selects and Allocates rebind names: updated here in program order)."""
+        it = self
+        if isinstance(s, (ir.Select, ir.Allocate)):
+            fixed.pop(s.out.name, None)
+        if isinstance(s, ir.Select):
+            out, src, axis, at = s.out.name, s.input.name, s.axis, self.index(s.index, env)
+            if src in fixed:
+                cell = fixed[out] = []
+                source = fixed[src]
+
+                def select_fixed(f):
+                    if not cell:
+                        cell.append(source[0].select(axis, at))
+                    f.env[out] = cell[0]
+                return select_fixed
+
+            if axis == 0:  # indexing takes torch's shorter path to the same select
+
+                def select_first(f):
+                    f.env[out] = f.env[src][at]
+                return select_first
+
+            def select(f):
+                f.env[out] = f.env[src].select(axis, at)
+            return select
+        if isinstance(s, ir.SetCurrentStream):
+            set_stream = self.backend.set_current_stream
+            if isinstance(s.stream, ir.PoolStream):
                 stream = self.backend.worker(self.index(s.stream.index, env),
                                              self.program.number_of_streams)
-                set_stream = self.backend.set_current_stream
 
                 def set_current(f):
                     f.current = stream
                     set_stream(stream)
                 return set_current
-            if isinstance(s, ir.Allocate) and s.out.name not in self._direct.values():
-                out, shape, dtype = s.out.name, s.out.local_shape, s.out.dtype
-                allocate = self.backend.allocate
+            name = s.stream.name
 
-                def alloc(f):
-                    f.env[out] = allocate(shape, dtype)
-                return alloc
-            rule = _RULES[type(s)]
-            if bound and isinstance(s, (ir.Communication, ir.Wait, ir.Synchronize)):
-                def with_indices(f):
-                    f.env.update(bound)
-                    rule(it, s, f)
-                return with_indices
-            return lambda f: rule(it, s, f)
+            def set_named(f):
+                f.current = f.env[name]
+                set_stream(f.current)
+            return set_named
+        if isinstance(s, ir.Synchronize):
+            meta, loops = self.flight_of(s, env)
+            if isinstance(s.stream, ir.PoolStream):
+                waited = self.backend.worker(self.index(s.stream.index, env),
+                                             self.program.number_of_streams)
+                return lambda f: _sync(it, f, waited, meta, loops)
+            name = s.stream.name
+            return lambda f: _sync(it, f, f.env[name], meta, loops)
+        if isinstance(s, ir.Allocate):
+            out, shape, dtype = s.out.name, s.out.local_shape, s.out.dtype
+            if out in self._direct.values():
+                cell = fixed[out] = []
 
-        emit(self.program.body, {})
-        return steps, statements
+                def allocate_symmetric(f):
+                    _allocate(it, s, f)
+                    cell[:] = [f.env[out]]
+                return allocate_symmetric
+            allocate = self.backend.allocate
+
+            def alloc(f):
+                f.env[out] = allocate(shape, dtype)
+            return alloc
+        if isinstance(s, ir.Communication):
+            post, (meta, loops) = _poster(self, s, env), self.flight_of(s, env)
+            return lambda f: _communicate(it, s, f, post, meta, loops)
+        if isinstance(s, ir.Wait):
+            meta, loops = self.flight_of(s, env)
+            return lambda f: _await(it, s, f, meta, loops)
+        rule = _RULES[type(s)]  # the other rules read no loop index
+        return lambda f: rule(it, s, f)
 
     def stream(self, ref: ir.StreamRef, frame: _Frame):
         if isinstance(ref, ir.StreamValue):
@@ -493,10 +536,14 @@ def _set_current_stream(it: Interpreter, s: ir.SetCurrentStream, f: _Frame) -> N
 
 
 def _synchronize(it: Interpreter, s: ir.Synchronize, f: _Frame) -> None:
-    entry = it.record(s, f)
-    it.backend.wait_stream(f.current, it.stream(s.stream, f))
-    if entry is not None:  # CUDA: an event wait, issued (the collectives carry events)
-        entry.complete()
+    _sync(it, f, it.stream(s.stream, f), *it.flight_of(s, f.env))
+
+
+def _sync(it: Interpreter, f: _Frame, waited, meta, loops: tuple) -> None:
+    """The current stream waits for ``waited``; recorded (``meta``: see ``flight_of``)."""
+    it.backend.wait_stream(f.current, waited)
+    if meta is not None:  # CUDA: an event wait, issued (the collectives carry events)
+        it.flight.start(meta, loops, 0, 0, f.current, completed=True)
 
 
 def _allocate(it: Interpreter, s: ir.Allocate, f: _Frame) -> None:
@@ -520,35 +567,48 @@ def _select(it: Interpreter, s: ir.Select, f: _Frame) -> None:
 
 
 def _communication(it: Interpreter, s: ir.Communication, f: _Frame) -> None:
-    inp, out = f.env[s.input.name], f.env[s.output.name]
-    c, t = it.comm, s.type
-    entry = it.record(s, f, it.flight.next_seq(c), inp.numel() * inp.element_size())
-    T = ir.CommunicationType
+    _communicate(it, s, f, _poster(it, s, f.env), *it.flight_of(s, f.env))
+
+
+def _poster(it: Interpreter, s: ir.Communication, env: dict):
+    """What posts ``s``'s collective: ``post(out, inp, stream) -> work``. ``env`` binds the
+    loop indices and the rank, which SendRecv's peers and slots depend on."""
+    c, t, T = it.comm, s.type, ir.CommunicationType
     if t is T.Allgather:
-        work = c.allgather(out, inp, f.current)
-    elif t is T.ReduceScatter:
-        work = c.reduce_scatter(out, inp, s.reduce_op, f.current)
-    elif t is T.Allreduce:
-        work = c.allreduce(out, inp, s.reduce_op, f.current)
-    elif t is T.Broadcast:
-        work = c.broadcast(out, inp, s.root, f.current)
-    else:
-        send_peer = it.index(s.send_peer, f.env) % c.world_size
-        recv_peer = it.index(s.recv_peer, f.env) % c.world_size
-        root = it._direct.get(s.output.name)
-        if root is not None:
-            tensor, handle, views = it._symmetric[root]
-            # The peer's slot, found once per (statement, local slot, peer): the local slot
-            # stands for the loop indices it was selected with (each iteration of the
-            # lowered rings receives into its own slot, so the map is one to one).
-            key = (id(s), out.data_ptr(), send_peer)
-            dst = views.get(key)
-            if dst is None:
-                offset = it.peer_view(s.output.name, tensor, f.env, send_peer).storage_offset()
-                dst = views[key] = c.remote_view(handle, send_peer, inp.shape, inp.dtype, offset)
-            work = c.sendrecv_direct(out, inp, send_peer, recv_peer, f.current, handle, dst)
-        else:
-            work = c.sendrecv(out, inp, send_peer, recv_peer, f.current)
+        return c.allgather
+    if t is T.ReduceScatter:
+        return lambda out, inp, stream: c.reduce_scatter(out, inp, s.reduce_op, stream)
+    if t is T.Allreduce:
+        return lambda out, inp, stream: c.allreduce(out, inp, s.reduce_op, stream)
+    if t is T.Broadcast:
+        return lambda out, inp, stream: c.broadcast(out, inp, s.root, stream)
+    send_peer = it.index(s.send_peer, env) % c.world_size
+    recv_peer = it.index(s.recv_peer, env) % c.world_size
+    root = it._direct.get(s.output.name)
+    if root is None:
+        return lambda out, inp, stream: c.sendrecv(out, inp, send_peer, recv_peer, stream)
+
+    def direct(out, inp, stream):
+        tensor, handle, views = it._symmetric[root]
+        # The peer's slot, found once per (statement, local slot, peer): the local slot
+        # stands for the loop indices it was selected with (each iteration of the
+        # lowered rings receives into its own slot, so the map is one to one).
+        key = (id(s), out.data_ptr(), send_peer)
+        dst = views.get(key)
+        if dst is None:
+            offset = it.peer_view(s.output.name, tensor, env, send_peer).storage_offset()
+            dst = views[key] = c.remote_view(handle, send_peer, inp.shape, inp.dtype, offset)
+        return c.sendrecv_direct(out, inp, send_peer, recv_peer, stream, handle, dst)
+    return direct
+
+
+def _communicate(it: Interpreter, s: ir.Communication, f: _Frame, post, meta,
+                 loops: tuple) -> None:
+    """Post ``s``'s collective through ``post`` (``_poster``); recorded (``meta``)."""
+    inp, out = f.env[s.input.name], f.env[s.output.name]
+    entry = None if meta is None else it.flight.start(
+        meta, loops, it.flight.next_seq(it.comm), inp.numel() * inp.element_size(), f.current)
+    work = post(out, inp, f.current)
     f.env[s.handle.name] = work
     if entry is not None:
         f.posted[s.handle.name] = (entry, entry.n)
@@ -559,11 +619,19 @@ def _communication(it: Interpreter, s: ir.Communication, f: _Frame) -> None:
 
 
 def _wait(it: Interpreter, s: ir.Wait, f: _Frame) -> None:
+    _await(it, s, f, *it.flight_of(s, f.env))
+
+
+def _await(it: Interpreter, s: ir.Wait, f: _Frame, meta, loops: tuple) -> None:
+    """Wait for ``s``'s collective on the current stream; recorded (``meta``)."""
     work = f.env.pop(s.handle.name)
     posted, n = f.posted.pop(s.handle.name, (None, 0))
     if posted is not None and posted.n != n:
         posted = None  # its slot was reused: more than the recorder keeps ran since
-    entry = it.record(s, f) if posted is None else it.record(s, f, posted.seq, posted.nbytes)
+    entry = None
+    if meta is not None:
+        seq, nbytes = (0, 0) if posted is None else (posted.seq, posted.nbytes)
+        entry = it.flight.start(meta, loops, seq, nbytes, f.current)
     work.wait(f.current)
     if entry is not None and posted is not None:
         entry.poll = posted.poll

@@ -38,9 +38,10 @@ class _Comm:
         return DoneWork()
 
 
-def test_the_interpreter_records_collectives_waits_and_synchronizes(recorder):
+@pytest.mark.parametrize("flat", [True, False])
+def test_the_interpreter_records_collectives_waits_and_synchronizes(recorder, flat):
     program = lower(allgather_matmul(16, 4, 4, 2, 2), 2, 2)
-    run = Interpreter(program, make_backend("cpu"), _Comm())
+    run = Interpreter(program, make_backend("cpu"), _Comm(), flat=flat)
     shard, b = torch.randn(2, 1, 4, 4), torch.randn(4, 4)
     run(shard, b)
     run(shard, b)
@@ -55,6 +56,8 @@ def test_the_interpreter_records_collectives_waits_and_synchronizes(recorder):
     assert gathers[0]["bytes"] == 4 * 4 * 4 and gathers[0]["comm"] == "fake"
     waits = [e for e in data["entries"] if e["kind"] == "Wait"]
     assert [e["seq"] for e in waits] == [1, 2, 3, 4] and waits[0]["statement"] == "Wait C0"
+    syncs = [e for e in data["entries"] if e["kind"] == "Synchronize"]
+    assert [e["loops"] for e in syncs] == [{"k": 0}, {"k": 1}, {"i": 0}, {"i": 1}] * 2
     assert {e["state"] for e in data["entries"]} == {"completed"}
     assert data["rank"] == 0 and data["world_size"] == 2
     assert data["entries"][0]["program"] == program.provenance
