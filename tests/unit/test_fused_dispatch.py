@@ -71,6 +71,10 @@ def _t(shape, dtype=BF, offset=0):
     return torch.randn(n + offset).to(dtype)[offset:].view(shape)
 
 
+def _p(t):
+    return 0 if t is None else t.data_ptr()
+
+
 def _stats(rows):
     return torch.empty(rows, dtype=torch.float32)
 
@@ -174,38 +178,66 @@ def _grid(units, per_cta, cap, cluster=1):
     return (cluster * max(1, min(-(-units // per_cta), cap)), 1, 1)
 
 
-def test_norm_records_are_what_the_spec_and_plan_say(launches):
-    x, r, w = _t((70, 4096)), _t((70, 4096)), _t((4096,))
-    y, h, mean, rstd = fused.add_norm_forward_fused(x, r, w, None, 1e-6, "rms_norm")
+@pytest.mark.parametrize("rows, hidden, kind, residual, offset, threads", [
+    (70, 4096, "rms_norm", True, 0, 2048), (3, 4096, "rms_norm", True, 0, 2048),
+    (70, 4096, "layer_norm", False, 0, 256), (70, 4096, "rms_norm", True, 1, 2048),
+    (9, 20000, "layer_norm", True, 2, 512), (1000, 768, "rms_norm", True, 0, 1024),
+])
+def test_forward_records_are_what_the_spec_and_plan_say(launches, rows, hidden, kind,
+                                                        residual, offset, threads):
+    x, w = _t((rows, hidden), offset=offset), _t((hidden,))
+    r = _t((rows, hidden)) if residual else None
+    b = _t((hidden,)) if kind == "layer_norm" else None
+    y, h, mean, rstd = fused.add_norm_forward_fused(x, r, w, b, 1e-6, kind,
+                                                    threads_per_sm=threads)
     (record, grid, args), = launches
-    spec = S.AddNormForwardSpec("rms_norm", "bf16", 4096, True, False, 16)
+    alignment = 2 ** min(4, (x.data_ptr() & -x.data_ptr()).bit_length() - 1)
+    spec = S.AddNormForwardSpec(kind, "bf16", hidden, residual, b is not None, alignment)
     plan = spec.plan
-    per_sm = min(2048 // plan.block_threads, _resident(None, plan.block_threads))
+    per_sm = min(max(1, threads // plan.block_threads), _resident(None, plan.block_threads))
     assert record.spec == spec and record.kernel.spec == spec and record.kernel.render is None
     assert (record.block, record.smem, record.dependent) == (plan.block, 0, True)
-    assert grid == _grid(70, plan.rows_per_block, SMS * per_sm)
-    assert [a.item() for a in args[:8]] == [t.data_ptr() for t in (x, r, w)] + [0] + [
-        t.data_ptr() for t in (h, y)] + [0, rstd.data_ptr()]
-    assert (args[8].dtype, args[9].dtype, args[9].item()) == (np.float32, np.int32, 70)
+    assert grid == _grid(rows, plan.rows_per_block, SMS * per_sm)
+    assert [a.item() for a in args[:8]] == [_p(t) for t in (
+        x, r, w, b, h if residual else None, y, mean, rstd)]
+    assert (args[8].dtype, args[9].dtype, args[9].item()) == (np.float32, np.int32, rows)
 
-    launches.clear()
-    dy = _t((16, 65536))
-    dx, dw, db = fused.add_norm_backward_fused(dy, dy, _t((65536,)), None, _stats(16),
-                                               "rms_norm")
-    (rows, grid, args), (reduce, reduce_grid, sums) = launches
-    spec = S.AddNormBackwardSpec("rms_norm", "bf16", 65536, False, 16, S.SM90)
+
+@pytest.mark.parametrize("rows, hidden, kind, dh, offset, threads", [
+    (64, 4096, "rms_norm", True, 0, 512), (64, 4096, "layer_norm", False, 1, 512),
+    (3, 4096, "rms_norm", False, 0, 2048), (16, 65536, "rms_norm", False, 0, 512),
+    (40, 131072, "layer_norm", True, 0, 512),
+])
+def test_backward_records_are_what_the_spec_and_plan_say(launches, rows, hidden, kind, dh,
+                                                         offset, threads):
+    dy, h, w = _t((rows, hidden), offset=offset), _t((rows, hidden)), _t((hidden,))
+    g = _t((rows, hidden)) if dh else None
+    mean = _stats(rows) if kind == "layer_norm" else None
+    rstd = _stats(rows)
+    dx, dw, db = fused.add_norm_backward_fused(dy, h, w, mean, rstd, kind, g,
+                                               threads_per_sm=threads)
+    (record, grid, args), (reduce, reduce_grid, sums) = launches
+    alignment = 2 ** min(4, (dy.data_ptr() & -dy.data_ptr()).bit_length() - 1)
+    spec = S.AddNormBackwardSpec(kind, "bf16", hidden, dh, alignment, S.SM90)
     plan = spec.plan
-    assert plan.cluster > 1 and rows.spec == spec and not rows.dependent
-    assert (rows.block, rows.smem) == (plan.block, plan.smem_bytes)
-    per_sm = min(max(1, 512 // plan.block_threads), _resident(None, plan.block_threads,
-                                                               plan.smem_bytes))
-    clusters = max(1, SMS * per_sm // plan.cluster * 3 // 4)  # no driver answer: 3 in 4
-    assert grid == _grid(16, plan.rows_per_block, clusters, plan.cluster)
-    assert reduce.spec == S.ColumnReduceSpec("bf16", 1) and reduce.dependent
-    assert reduce.block == S.REDUCE_BLOCK and reduce_grid == (-(-65536 // 32), 1, 1)
+    assert (plan.cluster > 1) == (hidden > 4096)  # the params cover both
+    assert record.spec == spec and record.kernel.spec == spec
+    assert (record.block, record.smem) == (plan.block, plan.smem_bytes)
+    assert record.dependent == (plan.cluster == 1)  # a cluster kernel launches plainly
+    per_sm = min(max(1, threads // plan.block_threads),
+                 _resident(None, plan.block_threads, plan.smem_bytes))
+    cap = SMS * per_sm
+    if plan.cluster > 1:  # no driver answer: 3 in 4 of the even split
+        cap = max(1, cap // plan.cluster * 3 // 4)
+    assert grid == _grid(rows, plan.rows_per_block, cap, plan.cluster)
+    assert [a.item() for a in args[:7]] == [_p(t) for t in (
+        dy, h, w, mean, rstd, g, dx)] and args[8].item() == rows
+    sets = 2 if kind == "layer_norm" else 1
+    assert reduce.spec == S.ColumnReduceSpec("bf16", sets) and reduce.dependent
+    assert reduce.block == S.REDUCE_BLOCK and reduce_grid == (-(-hidden // 32), 1, 1)
     teams = grid[0] // plan.cluster
-    assert sums[0] == args[7] and [a.item() for a in sums[1:]] == [dw.data_ptr(), 0, teams,
-                                                                   65536]
+    assert sums[0] == args[7] and [a.item() for a in sums[1:]] == [
+        dw.data_ptr(), _p(db), teams, hidden]
 
 
 def test_elementwise_and_rotary_records_are_what_their_specs_say(launches):
