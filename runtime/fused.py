@@ -30,9 +30,17 @@ plain torch (any device and dtype, float32 math, float64 for float64 inputs).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import operator
 
+import numpy as np
 import torch
+
+from hostir.errors import LoweringError
+from hostir.options import options
+from lowering.kernels import seams
+from runtime import jit
 
 NORM_KINDS = ("rms_norm", "layer_norm")
 
@@ -129,13 +137,13 @@ def _usable(*tensors) -> bool:
     first = tensors[0]
     if not (isinstance(first, torch.Tensor) and first.is_cuda and first.dtype in _KERNEL_DTYPES):
         return False
+    dtype, index = first.dtype, first.get_device()
     grad = torch.is_grad_enabled()
     for t in tensors:
         if t is None:
             continue
-        if (not isinstance(t, torch.Tensor) or t.device != first.device
-                or t.dtype != first.dtype or not t.is_contiguous()
-                or (grad and t.requires_grad)):
+        if (not isinstance(t, torch.Tensor) or not t.is_cuda or t.get_device() != index
+                or t.dtype != dtype or not t.is_contiguous() or (grad and t.requires_grad)):
             return False
     return _jit_available()
 
@@ -153,19 +161,26 @@ def _jit_available() -> bool:
     return _JIT[0]
 
 
-def _float_vector(t, rows: int, device) -> bool:
-    return (isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.device == device
-            and t.is_contiguous() and t.numel() == rows)
+def _float_vector(t, rows: int, index: int) -> bool:
+    """A contiguous float32 ``[rows]`` tensor on CUDA device ``index``."""
+    return (isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.is_cuda
+            and t.get_device() == index and t.is_contiguous() and t.numel() == rows)
+
+
+def _alignment_of(addresses: int) -> int:
+    """Largest power of two up to 16 dividing ``addresses`` (the bitwise or of base
+    addresses, and of any byte extents that must keep the alignment), in bytes."""
+    low = addresses & -addresses
+    return 16 if low == 0 or low > 16 else low
 
 
 def _alignment(*tensors) -> int:
     """Largest power of two up to 16 dividing every base address (in bytes)."""
-    align = 16
+    addresses = 0
     for t in tensors:
         if t is not None:
-            while align > 1 and t.data_ptr() % align:
-                align //= 2
-    return align
+            addresses |= t.data_ptr()
+    return _alignment_of(addresses)
 
 
 def _norm_forward_path(x, residual, weight, bias, kind, out=None) -> bool:
@@ -174,13 +189,14 @@ def _norm_forward_path(x, residual, weight, bias, kind, out=None) -> bool:
         return False
     hidden = x.shape[-1]
     rows = x.numel() // hidden
+    index = x.get_device()
     return (1 <= hidden <= MAX_HIDDEN and rows <= MAX_ROWS
             and (residual is None or residual.shape == x.shape)
             and weight.shape == (hidden,) and (bias is None or bias.shape == (hidden,))
             and (bias is None or kind == "layer_norm")
-            and (out is None or (y.shape == x.shape and _float_vector(rstd, rows, x.device)
+            and (out is None or (y.shape == x.shape and _float_vector(rstd, rows, index)
                                  and (residual is None or h.shape == x.shape)
-                                 and (kind == "rms_norm" or _float_vector(mean, rows, x.device)))))
+                                 and (kind == "rms_norm" or _float_vector(mean, rows, index)))))
 
 
 def _norm_backward_path(dy, h, weight, mean, rstd, kind, dh) -> bool:
@@ -188,26 +204,34 @@ def _norm_backward_path(dy, h, weight, mean, rstd, kind, dh) -> bool:
         return False
     hidden = h.shape[-1]
     rows = h.numel() // hidden
+    index = h.get_device()
     return (rows <= MAX_ROWS and hidden <= MAX_HIDDEN and dy.shape == h.shape
             and (dh is None or dh.shape == h.shape)
-            and weight.shape == (hidden,) and _float_vector(rstd, rows, h.device)
-            and (kind == "rms_norm" or _float_vector(mean, rows, h.device))
+            and weight.shape == (hidden,) and _float_vector(rstd, rows, index)
+            and (kind == "rms_norm" or _float_vector(mean, rows, index))
             and not (torch.is_grad_enabled() and (rstd.requires_grad or (
                 mean is not None and mean.requires_grad)))
             and _backward_plannable(kind, h.dtype, hidden, dh is not None,
-                                    _alignment(dy, h, dh, weight), h.device))
+                                    _alignment(dy, h, dh, weight), index))
 
 
-def _backward_plannable(kind, dtype, hidden: int, dh: bool, alignment: int, device) -> bool:
+@functools.lru_cache(maxsize=1024)
+def _backward_plannable(kind, dtype, hidden: int, dh: bool, alignment: int, index: int) -> bool:
     """Whether the device's shared memory holds a plan of this width (every width to
     131072 on sm_90; the widest need clusters, so older GPUs take the torch path there)."""
-    from hostir.errors import LoweringError
-
     try:
-        _backward_spec(kind, dtype, hidden, dh, alignment, device).plan
+        _backward_spec(kind, dtype, hidden, dh, alignment, index).plan
     except LoweringError:
         return False
     return True
+
+
+def _elementwise_path(*tensors) -> bool:
+    """Contiguous tensors of one shape the elementwise kernels take."""
+    if not _usable(*tensors):
+        return False
+    shape = tensors[0].shape
+    return all(t.shape == shape for t in tensors)
 
 
 def kernel_path(op: str, *args) -> bool:
@@ -220,7 +244,7 @@ def kernel_path(op: str, *args) -> bool:
         dy, h, weight, mean, rstd, kind, *dh = args
         return _norm_backward_path(dy, h, weight, mean, rstd, kind, dh[0] if dh else None)
     if op in ("swiglu_forward", "swiglu_backward", "gelu_backward"):
-        return _usable(*args) and all(a.shape == args[0].shape for a in args)
+        return _elementwise_path(*args)
     if op == "gelu_forward":
         return _usable(*args)
     raise ValueError(f"op {op!r}: expected one of add_norm_forward, add_norm_backward, "
@@ -250,15 +274,111 @@ def add_norm_backward(dy, h, weight, mean, rstd, kind: str, dh=None):
     return add_norm_backward_fused(dy, h, weight, mean, rstd, kind, dh)
 
 
+# ---------------------------------------------------------------------------------------
+# Launch records: a call looks its launch up once, by a key of plain values (the op's
+# flags, dtype, widths, alignment class, device index), and then only allocates, packs
+# its pointers and launches. The record holds what the spec, plan, kernel cache, driver
+# occupancy and device queries gave when the key was first met.
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Launch:
+    """One kernel's launch but for a call's pointers and sizes. Its grid for a call of
+    ``units`` units of work (rows, vectors, rotary items): ``cluster`` x one CTA per
+    ``per_cta`` units, ``cap`` at most (what the device holds at once, for a persistent
+    kernel), one at least."""
+
+    spec: object
+    index: int  # the CUDA device
+    kernel: object
+    block: tuple[int, int, int]
+    smem: int
+    dependent: bool  # a programmatic dependent launch (`_dependent_launch`)
+    per_cta: int
+    cap: int
+    cluster: int = 1
+    vector: int = 1  # values a vector access moves, where the units count vectors
+
+    def grid(self, units: int) -> tuple[int, int, int]:
+        return (self.cluster * max(1, min(-(-units // self.per_cta), self.cap)), 1, 1)
+
+
+_RECORDS: dict[tuple, object] = {}
+
+
+def _record(key: tuple):
+    """The launch record of ``key``: ``key[0](*key[1:])``, built on the key's first call
+    (its builder is part of the key, so each op's keys are its own)."""
+    record = _RECORDS.get(key)
+    if record is None:
+        record = _RECORDS[key] = key[0](*key[1:])
+    return record
+
+
+def _launch(*launches) -> None:
+    """Launch each ``(record, grid, args)`` in turn on the current stream of the first
+    record's device (every record of one call has the same device)."""
+    index = launches[0][0].index
+    handle = jit.current_stream_handle(index)
+    with jit.on_device(index):
+        for record, grid, args in launches:
+            record.kernel.launch_raw(grid, record.block, args, record.smem, handle,
+                                     record.dependent)
+
+
+def _forward_record(kind, dtype, hidden: int, residual: bool, bias: bool, alignment: int,
+                    index: int, threads_per_sm: int) -> _Launch:
+    """The persistent row kernel's launch: as many CTAs as the SMs hold at once (driver
+    occupancy), ``threads_per_sm`` threads an SM at most, never more than there are row
+    groups."""
+    spec = seams.AddNormForwardSpec(kind, _KERNEL_DTYPES[dtype], hidden, residual, bias, alignment)
+    plan = spec.plan
+    kernel = _kernel(spec, index)
+    per_sm = min(max(1, threads_per_sm // plan.block_threads),
+                 _resident_blocks(kernel, plan.block_threads))
+    return _Launch(spec, index, kernel, plan.block, 0, _dependent_launch(index),
+                   plan.rows_per_block, _sm_count(index) * per_sm)
+
+
+def _backward_record(kind, dtype, hidden: int, dh: bool, alignment: int, index: int,
+                     threads_per_sm: int) -> tuple[_Launch, _Launch]:
+    """The staged row kernel's launch and its column reduce's. The row kernel's CTAs: as
+    many as the SMs hold at once (the driver's occupancy with the plan's shared memory;
+    for a cluster, the clusters the GPCs hold at once, since a cluster that waits for a
+    second wave doubles the time), never more teams than tiles of rows. A cluster kernel
+    launches plainly: its rows are long, the launch overlap small."""
+    spec = _backward_spec(kind, dtype, hidden, dh, alignment, index)
+    plan = spec.plan
+    kernel = _kernel(spec, index)
+    kernel.ensure_smem(plan.smem_bytes)
+    per_sm = min(max(1, threads_per_sm // plan.block_threads),
+                 _resident_blocks(kernel, plan.block_threads, plan.smem_bytes))
+    cap = _sm_count(index) * per_sm
+    if plan.cluster > 1:
+        cap = _active_clusters(kernel, plan.cluster, plan.block_threads, plan.smem_bytes)
+        if cap <= 0:  # no answer: the GPCs' SMs hold about 3 in 4 of the even split
+            cap = max(1, _sm_count(index) * per_sm // plan.cluster * 3 // 4)
+    rows = _Launch(spec, index, kernel, plan.block, plan.smem_bytes,
+                   plan.cluster == 1 and _dependent_launch(index), plan.rows_per_block, cap,
+                   plan.cluster)
+    reduce = seams.ColumnReduceSpec(_KERNEL_DTYPES[dtype], spec.sets)
+    # one CTA per REDUCE_BLOCK[0] columns, every column (no cap)
+    return rows, _Launch(reduce, index, _kernel(reduce, index), seams.REDUCE_BLOCK, 0,
+                         _dependent_launch(index), seams.REDUCE_BLOCK[0], 2**31 - 1)
+
+
+def _elementwise_record(op: str, dtype, alignment: int, index: int, rows: bool) -> _Launch:
+    spec = seams.ElementwiseSpec(op, _KERNEL_DTYPES[dtype], alignment, rows=rows)
+    return _Launch(spec, index, _kernel(spec, index), (seams.ELEMENTWISE_THREADS, 1, 1), 0,
+                   _dependent_launch(index), seams.ELEMENTWISE_THREADS,
+                   _sm_count(index) * ELEMENTWISE_BLOCKS_PER_SM, vector=spec.vector)
+
+
 def add_norm_forward_fused(x, residual, weight, bias, eps: float, kind: str,
                            threads_per_sm: int = FORWARD_THREADS_PER_SM, out=None):
     """`add_norm_forward` through the generated kernel, for tensors `kernel_path`
     accepts; ``threads_per_sm`` sizes the persistent grid (the bench's --sweep); ``out``
     as `add_norm_forward`'s."""
-    import numpy as np
-
-    from lowering.kernels.seams import AddNormForwardSpec
-
     hidden = x.shape[-1]
     rows = x.numel() // hidden
     if out is not None:
@@ -269,16 +389,15 @@ def add_norm_forward_fused(x, residual, weight, bias, eps: float, kind: str,
         y = torch.empty_like(x)
         h = x if residual is None else torch.empty_like(x)
         stats = x.shape[:-1]
-        rstd = torch.empty(stats, dtype=torch.float32, device=x.device)
-        mean = (torch.empty(stats, dtype=torch.float32, device=x.device)
-                if kind == "layer_norm" else None)
-    spec = AddNormForwardSpec(kind, _KERNEL_DTYPES[x.dtype], hidden, residual is not None,
-                              bias is not None, _alignment(x, residual, weight, bias, y, h))
-    args = (_ptr(x), _ptr(residual), _ptr(weight), _ptr(bias),
-            _ptr(h if residual is not None else None), _ptr(y), _ptr(mean), _ptr(rstd),
-            np.float32(eps), np.int32(rows))
-    grid = _row_grid(spec, rows, x.device, threads_per_sm)
-    _launch(spec, x.device, (grid, 1, 1), spec.plan.block, args)
+        rstd = _empty(stats, torch.float32, x.device)
+        mean = _empty(stats, torch.float32, x.device) if kind == "layer_norm" else None
+    p = [0 if t is None else t.data_ptr()
+         for t in (x, residual, weight, bias, None if residual is None else h, y, mean, rstd)]
+    record = _record((_forward_record, kind, x.dtype, hidden, residual is not None,
+                      bias is not None, _alignment_of(p[0] | p[1] | p[2] | p[3] | p[4] | p[5]),
+                      x.get_device(), threads_per_sm))
+    _launch((record, record.grid(rows),
+             (*map(np.uint64, p), np.float32(eps), np.int32(rows))))
     return y, h, mean, rstd
 
 
@@ -288,50 +407,46 @@ def add_norm_backward_fused(dy, h, weight, mean, rstd, kind: str, dh=None,
     column reduce of its per-team weight-gradient rows), for tensors `kernel_path`
     accepts; ``threads_per_sm`` caps the persistent grid's CTAs an SM (the bench's
     --sweep)."""
-    import numpy as np
-
-    from lowering.kernels.seams import REDUCE_BLOCK, ColumnReduceSpec
-
     hidden = h.shape[-1]
     rows = h.numel() // hidden
     dx = torch.empty_like(h)
-    spec = _backward_spec(kind, h.dtype, hidden, dh is not None,
-                          _alignment(dy, h, dh, dx, weight), h.device)
-    plan = spec.plan
-    grid = _backward_grid(spec, rows, h.device, threads_per_sm)
-    teams = grid // plan.cluster
+    p = [0 if t is None else t.data_ptr() for t in (dy, h, weight, mean, rstd, dh, dx)]
+    index = h.get_device()
+    row_kernel, reduce = _record((_backward_record, kind, h.dtype, hidden, dh is not None,
+                                  _alignment_of(p[0] | p[1] | p[2] | p[5] | p[6]), index,
+                                  threads_per_sm))
+    grid = row_kernel.grid(rows)
+    teams = grid[0] // row_kernel.cluster
     # every team writes its whole workspace row (zeros where it met no row): no memset
-    ws = torch.empty(spec.sets * teams * hidden, dtype=torch.float32, device=h.device)
-    args = (_ptr(dy), _ptr(h), _ptr(weight), _ptr(mean), _ptr(rstd), _ptr(dh), _ptr(dx),
-            _ptr(ws), np.int32(rows))
-    # a cluster kernel launches plainly: its rows are long, the launch overlap small
-    _launch(spec, h.device, (grid, 1, 1), plan.block, args, plan.smem_bytes,
-            dependent=plan.cluster == 1)
+    ws = torch.empty(row_kernel.spec.sets * teams * hidden, dtype=torch.float32,
+                     device=h.device)
     dweight = torch.empty_like(weight)
     dbias = torch.empty_like(weight) if kind == "layer_norm" else None
-    reduce = ColumnReduceSpec(_KERNEL_DTYPES[weight.dtype], spec.sets)
-    _launch(reduce, h.device, (-(-hidden // REDUCE_BLOCK[0]), 1, 1), REDUCE_BLOCK,
-            (_ptr(ws), _ptr(dweight), _ptr(dbias), np.int32(teams), np.int32(hidden)))
+    ws_ptr = np.uint64(ws.data_ptr())
+    sums = (ws_ptr, np.uint64(dweight.data_ptr()),
+            np.uint64(0 if dbias is None else dbias.data_ptr()), np.int32(teams), np.int32(hidden))
+    _launch((row_kernel, grid, (*map(np.uint64, p), ws_ptr, np.int32(rows))),
+            (reduce, reduce.grid(hidden), sums))
     return dx, dweight, dbias
 
 
-def _backward_spec(kind, dtype, hidden: int, dh: bool, alignment: int, device):
-    from lowering.kernels.seams import AddNormBackwardSpec
+def _empty(shape, dtype, device):
+    """``torch.empty(shape, ...)`` of a torch.Size, its sizes passed one by one (which
+    torch's argument parser takes about 1 us faster than the Size itself)."""
+    if not shape:
+        return torch.empty((), dtype=dtype, device=device)
+    return torch.empty(*shape, dtype=dtype, device=device)
 
-    return AddNormBackwardSpec(kind, _KERNEL_DTYPES[dtype], hidden, dh, alignment,
-                               _hardware(_index(device)))
 
-
-def _index(device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
+def _backward_spec(kind, dtype, hidden: int, dh: bool, alignment: int, index: int):
+    return seams.AddNormBackwardSpec(kind, _KERNEL_DTYPES[dtype], hidden, dh, alignment,
+                                     _hardware(index))
 
 
 @functools.lru_cache(maxsize=16)
 def _hardware(index: int):
     """`lowering.kernels.seams.Hardware` of a device, from the driver's attributes (the
     DRAM bandwidth from the memory clock and bus width where the driver reports them)."""
-    from lowering.kernels.seams import SM90, Hardware
-
     from cupy.cuda import runtime
 
     def attr(name: str, default):
@@ -340,14 +455,14 @@ def _hardware(index: int):
         except Exception:  # noqa: BLE001 -- an attribute this CUDA lacks: the model's
             return default
 
-    bandwidth = SM90.dram_bytes_per_s
+    bandwidth = seams.SM90.dram_bytes_per_s
     clock_khz = attr("cudaDevAttrMemoryClockRate", 0)
     bus_bits = attr("cudaDevAttrGlobalMemoryBusWidth", 0)
     if clock_khz and bus_bits:
         bandwidth = 2.0 * clock_khz * 1e3 * bus_bits / 8
     major = torch.cuda.get_device_capability(index)[0]
-    return Hardware(
-        sm_count=_sm_count(torch.device("cuda", index)),
+    return seams.Hardware(
+        sm_count=_sm_count(index),
         smem_per_block=attr("cudaDevAttrMaxSharedMemoryPerBlockOptin", 48 * 1024),
         smem_per_sm=attr("cudaDevAttrMaxSharedMemoryPerMultiprocessor", 64 * 1024),
         regs_per_sm=attr("cudaDevAttrMaxRegistersPerMultiprocessor", 65536),
@@ -355,37 +470,10 @@ def _hardware(index: int):
         clusters=major >= 9, dram_bytes_per_s=bandwidth)
 
 
-def _backward_grid(spec, rows: int, device, threads_per_sm: int) -> int:
-    return _backward_grid_of(spec, rows, _index(device), threads_per_sm)
-
-
-@functools.lru_cache(maxsize=4096)
-def _backward_grid_of(spec, rows: int, index: int, threads_per_sm: int) -> int:
-    """CTAs of the persistent backward: as many as the SMs hold at once (the driver's
-    occupancy with the plan's shared memory; for a cluster, the clusters the GPCs hold
-    at once, since a cluster that waits for a second wave doubles the time), never more
-    teams than tiles of rows."""
-    plan = spec.plan
-    device = torch.device("cuda", index)
-    kernel = _kernel(spec, device)
-    kernel.ensure_smem(plan.smem_bytes)
-    tiles = -(-rows // plan.rows_per_block)
-    per_sm = min(max(1, threads_per_sm // plan.block_threads),
-                 _resident_blocks(kernel, plan.block_threads, plan.smem_bytes))
-    if plan.cluster == 1:
-        return max(1, min(tiles, _sm_count(device) * per_sm))
-    clusters = _active_clusters(kernel, plan.cluster, plan.block_threads, plan.smem_bytes)
-    if clusters <= 0:  # no answer: the GPCs' SMs hold about 3 in 4 of the even split
-        clusters = max(1, _sm_count(device) * per_sm // plan.cluster * 3 // 4)
-    return plan.cluster * max(1, min(tiles, clusters))
-
-
 def _active_clusters(kernel, cluster: int, threads: int, smem: int) -> int:
     """cuOccupancyMaxActiveClusters of a kernel with compiled-in cluster dims; 0 where
     the driver cannot say."""
     import ctypes
-
-    from runtime import jit
 
     try:
         fn = ctypes.CDLL("libcuda.so.1").cuOccupancyMaxActiveClusters
@@ -405,8 +493,8 @@ def swiglu_forward(gate, up, out=None):
     """``silu(gate) * up``; ``gate`` and ``up`` may be column blocks of one tensor (rows
     with a pitch, e.g. the halves of a fused gate-up GEMM's output). ``out``: where to
     write (a new contiguous tensor by default)."""
-    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device) if out is None else out
-    if kernel_path("swiglu_forward", gate, up):
+    out = _empty(gate.shape, gate.dtype, gate.device) if out is None else out
+    if _elementwise_path(gate, up, out):
         _elementwise("swiglu_forward", (gate, up), (out,))
     elif _rows_usable(gate, up, out):
         _elementwise_rows("swiglu_forward", (gate, up), (out,))
@@ -419,9 +507,8 @@ def swiglu_backward(da, gate, up, out=None):
     """``(dgate, dup)``; ``out``: a pair of tensors to write them into (e.g. the two
     column halves of the fused gate-up output's gradient), else new ones."""
     if out is None:
-        out = (torch.empty(gate.shape, dtype=gate.dtype, device=gate.device),
-               torch.empty(up.shape, dtype=up.dtype, device=up.device))
-    if kernel_path("swiglu_backward", da, gate, up) and all(o.is_contiguous() for o in out):
+        out = _empty(gate.shape, gate.dtype, gate.device), _empty(up.shape, up.dtype, up.device)
+    if _elementwise_path(da, gate, up, *out):
         _elementwise("swiglu_backward", (da, gate, up), out)
     elif _rows_usable(da, gate, up, *out):
         _elementwise_rows("swiglu_backward", (da, gate, up), out)
@@ -438,15 +525,22 @@ def _rows_usable(*tensors) -> bool:
     if not (isinstance(first, torch.Tensor) and first.is_cuda and first.dtype in _KERNEL_DTYPES
             and first.dim() == 2 and first.numel() > 0):
         return False
+    shape, dtype, index = first.shape, first.dtype, first.get_device()
+    width = shape[1]
     grad = torch.is_grad_enabled()
-    return _jit_available() and all(
-        isinstance(t, torch.Tensor) and t.shape == first.shape and t.dtype == first.dtype
-        and t.device == first.device and t.stride(1) == 1 and t.stride(0) >= t.shape[1]
-        and not (grad and t.requires_grad) for t in tensors)
+    for t in tensors:
+        if not (isinstance(t, torch.Tensor) and t.dtype == dtype and t.is_cuda
+                and t.get_device() == index and t.shape == shape
+                and not (grad and t.requires_grad)):
+            return False
+        pitch, step = t.stride()
+        if step != 1 or pitch < width:
+            return False
+    return _jit_available()
 
 
 def gelu_forward(x):
-    if not kernel_path("gelu_forward", x):
+    if not _usable(x):
         return gelu_forward_reference(x)
     y = torch.empty_like(x)
     _elementwise("gelu_forward", (x,), (y,))
@@ -454,86 +548,38 @@ def gelu_forward(x):
 
 
 def gelu_backward(dy, x):
-    if not kernel_path("gelu_backward", dy, x):
+    if not _elementwise_path(dy, x):
         return gelu_backward_reference(dy, x)
     dx = torch.empty_like(x)
     _elementwise("gelu_backward", (dy, x), (dx,))
     return dx
 
 
-def _ptr(t):
-    import numpy as np
-
-    return np.uint64(0 if t is None else t.data_ptr())
-
-
 def _elementwise(op: str, ins, outs) -> None:
-    import numpy as np
-
-    from lowering.kernels.seams import ELEMENTWISE_THREADS, ElementwiseSpec
-
     n = ins[0].numel()
     if n == 0:
         return
-    spec = ElementwiseSpec(op, _KERNEL_DTYPES[ins[0].dtype], _alignment(*ins, *outs))
-    vectors = max(1, n // spec.vector)
-    grid = min(-(-vectors // ELEMENTWISE_THREADS),
-               _sm_count(ins[0].device) * ELEMENTWISE_BLOCKS_PER_SM)
-    _launch(spec, ins[0].device, (grid, 1, 1), (ELEMENTWISE_THREADS, 1, 1),
-            tuple(_ptr(t) for t in (*ins, *outs)) + (np.int64(n),))
+    p = [t.data_ptr() for t in (*ins, *outs)]
+    record = _record((_elementwise_record, op, ins[0].dtype,
+                      _alignment_of(functools.reduce(operator.or_, p)), ins[0].get_device(),
+                      False))
+    _launch((record, record.grid(n // record.vector), (*map(np.uint64, p), np.int64(n))))
 
 
 def _elementwise_rows(op: str, ins, outs) -> None:
-    import numpy as np
-
-    from lowering.kernels.seams import ELEMENTWISE_THREADS, ElementwiseSpec
-
+    """The rows variant: the alignment also divides the width and every pitch (bytes)."""
+    tensors = (*ins, *outs)
     rows, width = ins[0].shape
-    align = _alignment(*ins, *outs)
-    for extent in [width] + [t.stride(0) for t in (*ins, *outs)]:
-        while align > 2 and (2 * extent) % align:
-            align //= 2
-    spec = ElementwiseSpec(op, _KERNEL_DTYPES[ins[0].dtype], align, rows=True)
-    vectors = max(1, rows * max(1, width // spec.vector))
-    grid = min(-(-vectors // ELEMENTWISE_THREADS),
-               _sm_count(ins[0].device) * ELEMENTWISE_BLOCKS_PER_SM)
-    _launch(spec, ins[0].device, (grid, 1, 1), (ELEMENTWISE_THREADS, 1, 1),
-            tuple(_ptr(t) for t in (*ins, *outs)) + (np.int64(rows), np.int64(width))
-            + tuple(np.int64(t.stride(0)) for t in (*ins, *outs)))
-
-
-def _row_grid(spec, rows: int, device, threads_per_sm: int) -> int:
-    """CTAs of a persistent row kernel: as many as the SMs hold at once (driver
-    occupancy), ``threads_per_sm`` threads an SM at most, never more than there are row
-    groups."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return _row_grid_of(spec, rows, index, threads_per_sm)
-
-
-@functools.lru_cache(maxsize=4096)
-def _row_grid_of(spec, rows: int, index: int, threads_per_sm: int) -> int:
-    plan = spec.plan
-    device = torch.device("cuda", index)
-    groups = -(-rows // plan.rows_per_block)
-    per_sm = min(max(1, threads_per_sm // plan.block_threads),
-                 _resident_blocks(_kernel(spec, device), plan.block_threads))
-    return max(1, min(groups, _sm_count(device) * per_sm))
-
-
-def _launch(spec, device, grid, block, args, smem: int = 0, dependent: bool = True,
-            render=None) -> None:
-    """Launch ``spec``'s kernel on the current stream; ``render``: its source's renderer
-    where that is not `lowering.kernels.seams.render` (the rotary kernels')."""
-    from runtime import jit
-
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    kernel = _kernel(spec, device, render)
-    with jit.on_device(index):
-        kernel.launch_raw(grid, block, args, smem, jit.current_stream_handle(index),
-                          dependent and _dependent_launch(index))
-
-
-_DEPENDENT: dict[int, bool] = {}
+    p = [t.data_ptr() for t in tensors]
+    pitches = [t.stride(0) for t in tensors]
+    extents = 2 * width
+    for pitch in pitches:
+        extents |= 2 * pitch
+    record = _record((_elementwise_record, op, ins[0].dtype,
+                      _alignment_of(functools.reduce(operator.or_, p, extents)),
+                      ins[0].get_device(), True))
+    _launch((record, record.grid(rows * max(1, width // record.vector)),
+             (*map(np.uint64, p), np.int64(rows), np.int64(width), *map(np.int64, pitches))))
 
 
 def _dependent_launch(index: int) -> bool:
@@ -543,37 +589,26 @@ def _dependent_launch(index: int) -> bool:
     global memory, so this is as safe as a plain launch; back to back, the next kernel's
     launch overlaps this one's tail (the norm backward's column reduce follows its row
     kernel so)."""
-    on = _DEPENDENT.get(index)
-    if on is None:
-        from hostir.options import options
-        from runtime import jit
-
-        on = (torch.cuda.get_device_capability(index)[0] >= 9
-              and not options().disable("dependent_launch"))
-        if on:
-            try:
-                jit.launch_ex_available()
-            except (OSError, AttributeError):
-                on = False
-        _DEPENDENT[index] = on
+    on = (torch.cuda.get_device_capability(index)[0] >= 9
+          and not options().disable("dependent_launch"))
+    if on:
+        try:
+            jit.launch_ex_available()
+        except (OSError, AttributeError):
+            on = False
     return on
 
 
 _KERNELS: dict = {}
 
 
-def _kernel(spec, device, render=None):
-    """The loaded kernel of ``spec`` on ``device`` (compiled once through the jit cache),
-    its source from ``render`` (default: `lowering.kernels.seams.render`)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+def _kernel(spec, index: int, render=None):
+    """The loaded kernel of ``spec`` on device ``index`` (compiled once through the jit
+    cache), its source from ``render`` (default: `lowering.kernels.seams.render`)."""
     key = (spec, index)
     kernel = _KERNELS.get(key)
     if kernel is None:
-        from runtime import jit
-
-        if render is None:
-            from lowering.kernels.seams import render
-        compiled = jit.kernel_cache().get(render(spec), [spec.kernel_name],
+        compiled = jit.kernel_cache().get((render or seams.render)(spec), [spec.kernel_name],
                                           jit.device_arch(index))
         kernel = _KERNELS[key] = jit.load(compiled, index)[spec.kernel_name]
         # its compiled-in cluster, shown by the launch_params dump
@@ -602,8 +637,7 @@ def _resident_blocks(kernel, threads: int, smem: int = 0) -> int:
 _SM_COUNTS: dict[int, int] = {}
 
 
-def _sm_count(device) -> int:
-    index = device.index if device.index is not None else torch.cuda.current_device()
+def _sm_count(index: int) -> int:
     n = _SM_COUNTS.get(index)
     if n is None:
         n = _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count

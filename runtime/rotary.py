@@ -10,9 +10,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from lowering.kernels.rotary import THREADS, RotarySpec, render, vector_width
 from runtime import fused
+
 
 def _rotate_half(t):
     half = t.shape[-1] // 2
@@ -45,33 +48,41 @@ def _kernel_path(*tensors) -> bool:
     first = tensors[0]
     if not (first.is_cuda and first.dtype in fused._KERNEL_DTYPES):
         return False
-    if any(t.dtype != first.dtype or t.device != first.device for t in tensors):
-        return False
+    dtype, index = first.dtype, first.get_device()
+    for t in tensors:
+        if t.dtype != dtype or not t.is_cuda or t.get_device() != index:
+            return False
     return fused._jit_available()
 
 
+def _record(dtype, head_dim: int, alignment: int, index: int, backward: bool):
+    """The launch record of one rotary kernel (`runtime.fused._record`): one thread an item
+    (``vector`` values of a rotated pair's halves, or of v), up to 2048 threads an SM."""
+    spec = RotarySpec(fused._KERNEL_DTYPES[dtype], head_dim, vector_width(head_dim, alignment),
+                      backward)
+    return fused._Launch(spec, index, fused._kernel(spec, index, render), (THREADS, 1, 1), 0,
+                         False, THREADS, fused._sm_count(index) * (2048 // THREADS),
+                         vector=spec.vector)
+
+
 def _launch(backward: bool, fused_t, split, cos, sin, hq: int, hkv: int) -> None:
-    """One rotary kernel through the seam kernels' cache and launcher (`runtime.fused`)."""
-    import numpy as np
-
-    from lowering.kernels.rotary import THREADS, RotarySpec, render, vector_width
-
+    """One rotary kernel through the seam kernels' launch records and launcher
+    (`runtime.fused`); the alignment also divides the fused tensor's row pitch."""
     t = fused_t.shape[0]
-    d = fused_t.shape[1] // (hq + 2 * hkv)
+    heads = hq + 2 * hkv
+    d = fused_t.shape[1] // heads
     pitch = fused_t.stride(0)
-    align = fused._alignment(fused_t, *split, cos, sin)
-    while align > 2 and (2 * pitch) % align:
-        align //= 2
-    spec = RotarySpec(fused._KERNEL_DTYPES[fused_t.dtype], d, vector_width(d, align), backward)
-    items = t * (hq + 2 * hkv) * (d // 2 // spec.vector)
-    grid = max(1, min(-(-items // THREADS), fused._sm_count(fused_t.device) * (2048 // THREADS)))
-    args = tuple(fused._ptr(x) for x in (fused_t, *split, cos, sin)) + (
-        np.int64(t), np.int32(hq), np.int32(hkv), np.int64(pitch))
-    fused._launch(spec, fused_t.device, (grid, 1, 1), (THREADS, 1, 1), args,
-                  dependent=False, render=render)
+    p = [x.data_ptr() for x in (fused_t, *split, cos, sin)]
+    align = fused._alignment_of(p[0] | p[1] | p[2] | p[3] | p[4] | p[5] | 2 * pitch)
+    record = fused._record((_record, fused_t.dtype, d, align, fused_t.get_device(), backward))
+    args = (*map(np.uint64, p), np.int64(t), np.int32(hq), np.int32(hkv), np.int64(pitch))
+    fused._launch((record, record.grid(t * heads * (d // 2 // record.vector)), args))
 
 
 def _tables(cos, sin, t: int, d: int):
+    """``cos, sin`` as contiguous ``[t, d]`` tables (themselves where they already are)."""
+    if cos.shape == (t, d) and sin.shape == (t, d) and cos.is_contiguous() and sin.is_contiguous():
+        return cos, sin
     return cos.reshape(t, d).contiguous(), sin.reshape(t, d).contiguous()
 
 

@@ -584,21 +584,36 @@ def test_elementwise_runs_on_the_host(dtype, op, n, alignment):
         _host_close(f"{op}[{k}]", got, want, tdt)
 
 
-def _host_dispatch(monkeypatch, grid=3):
-    """runtime.fused's launches sent to the host builds (CPU tensors, a grid of ``grid``):
-    the arguments it packs must be the kernel's parameters, in order."""
-    def launch(spec, device, grid_, block, args, smem=0, dependent=True, render=None):
-        values = [a.item() if a.dtype.kind in "iuf" else a for a in args]
-        values = [None if (isinstance(v, int) and v == 0 and t.endswith("*")) else v
-                  for v, (t, _) in zip(values, spec.params())]
-        _host_kernel(spec, render)(grid_[0], block[0], block[1], *values)
+class _NoKernel:
+    """The loaded kernel of a launch record built without a GPU."""
 
+    def ensure_smem(self, nbytes):
+        pass
+
+
+def _host_dispatch(monkeypatch, sm_count=3):
+    """runtime.fused's launches sent to the host builds (CPU tensors; launch records built
+    for a device of ``sm_count`` SMs holding one CTA each): the arguments it packs must
+    be the kernel's parameters, in order, and its grids must cover the work."""
+    from lowering.kernels import rotary as rotary_kernels
+
+    def launch(*launches):
+        for record, grid, args in launches:
+            spec = record.spec
+            values = [a.item() if a.dtype.kind in "iuf" else a for a in args]
+            values = [None if (isinstance(v, int) and v == 0 and t.endswith("*")) else v
+                      for v, (t, _) in zip(values, spec.params())]
+            render = rotary_kernels.render if isinstance(spec, rotary_kernels.RotarySpec) else None
+            _host_kernel(spec, render)(grid[0], *record.block[:2], *values)
+
+    monkeypatch.setattr(fused, "_RECORDS", {})
     monkeypatch.setattr(fused, "_launch", launch)
-    monkeypatch.setattr(fused, "_row_grid", lambda spec, rows, device, threads: grid)
-    monkeypatch.setattr(fused, "_backward_grid",
-                        lambda spec, rows, device, threads: grid * spec.plan.cluster)
-    monkeypatch.setattr(fused, "_index", lambda device: 0)
+    monkeypatch.setattr(fused, "_kernel", lambda spec, index, render=None: _NoKernel())
+    monkeypatch.setattr(fused, "_resident_blocks", lambda kernel, threads, smem=0: 1)
+    monkeypatch.setattr(fused, "_active_clusters", lambda kernel, cluster, threads, smem: 0)
+    monkeypatch.setattr(fused, "_sm_count", lambda index: sm_count)
     monkeypatch.setattr(fused, "_hardware", lambda index: S.SM90)
+    monkeypatch.setattr(fused, "_dependent_launch", lambda index: True)
 
 
 @pytest.mark.parametrize("kind", fused.NORM_KINDS)
@@ -628,9 +643,8 @@ def test_dispatch_packs_the_kernels_arguments(monkeypatch, kind):
 
 
 def test_dispatch_packs_the_elementwise_arguments(monkeypatch):
-    _host_dispatch(monkeypatch)
-    monkeypatch.setattr(fused, "_sm_count", lambda device: 2)
-    monkeypatch.setattr(fused, "kernel_path", lambda op, *args: True)
+    _host_dispatch(monkeypatch, sm_count=2)
+    monkeypatch.setattr(fused, "_usable", lambda *tensors: True)
     g = torch.Generator().manual_seed(4)
     gate, up, d = (torch.randn(5, 41, generator=g).to(torch.float16) for _ in range(3))
     _host_close("swiglu", fused.swiglu_forward(gate, up),
@@ -652,8 +666,7 @@ def test_rotary_runs_on_the_host_through_the_seam_launcher(monkeypatch, dtype, h
     from hostir.nn.transformer import rotary_tables
     from runtime import rotary
 
-    _host_dispatch(monkeypatch)
-    monkeypatch.setattr(fused, "_sm_count", lambda device: 1)
+    _host_dispatch(monkeypatch, sm_count=1)
     tdt, t = HOST_DTYPES[dtype], 5
     g = torch.Generator().manual_seed(d + pad)
     width = (hq + 2 * hkv) * d
