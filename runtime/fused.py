@@ -42,7 +42,7 @@ from hostir.options import options
 from lowering.kernels import seams
 from runtime import jit
 
-NORM_KINDS = ("rms_norm", "layer_norm")
+NORM_KINDS = seams.NORM_KINDS
 
 
 def _check_kind(kind: str) -> None:
@@ -125,7 +125,7 @@ _KERNEL_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 # its bytes in flight are its shared-memory stages, and its workspace has a row per CTA
 # (written and read once more), so more CTAs would only grow that. The bench's --sweep
 # times others (the ``threads_per_sm`` argument of the ``*_fused`` functions).
-FORWARD_THREADS_PER_SM = 2048
+FORWARD_THREADS_PER_SM = seams.FORWARD_THREADS_PER_SM
 BACKWARD_THREADS_PER_SM = 512
 ELEMENTWISE_BLOCKS_PER_SM = 8
 MAX_ROWS = 2**31 - 64  # row indices (and a row group's last) stay in an int

@@ -55,6 +55,9 @@ ELEMENTWISE_OPS = {  # op -> (inputs, outputs)
     "gelu_backward": (2, 1),
 }
 
+# Threads of the forward's persistent row grid an SM at most, by default (runtime.fused
+# launches it so; a program's LaunchKernel prints the grid this gives on 132 SMs).
+FORWARD_THREADS_PER_SM = 2048
 # Floats of a row a forward thread may hold in registers (its K vectors of V values);
 # past this the kernel streams the row.
 FORWARD_CACHE_FLOATS = 32

@@ -41,11 +41,9 @@ import math
 from hostir import ir
 from hostir.errors import LoweringError
 from lowering.kernels.normalization.plan import DEFAULT_SM_COUNT
-from lowering.kernels.seams import FORWARD_CACHE_FLOATS, NORM_KINDS, plan_row
+from lowering.kernels.seams import (FORWARD_CACHE_FLOATS, FORWARD_THREADS_PER_SM, NORM_KINDS,
+                                    plan_row)
 
-# The runtime's persistent row grid holds this many threads an SM at most
-# (``runtime.fused.FORWARD_THREADS_PER_SM``); here only for the printed nominal grid.
-_THREADS_PER_SM = 2048
 PROVENANCE = "stage_norm"
 
 
@@ -132,7 +130,7 @@ def fuse_stage_norm(program: ir.Program, kind: str, eps: float, bias: bool = Fal
     name = f"add_{kind}_h{hidden}"
     plan = plan_row(hidden, alignment=16, cache_floats=FORWARD_CACHE_FLOATS)
     grid = max(1, min(-(-rows // plan.rows_per_block),
-                      DEFAULT_SM_COUNT * max(1, _THREADS_PER_SM // plan.block_threads)))
+                      DEFAULT_SM_COUNT * max(1, FORWARD_THREADS_PER_SM // plan.block_threads)))
     args = (slice_.out, stage[residual.name], weight, *((bias_t,) if bias else ()),
             stage[normed.name], stage[h.name], *(stage[t.name] for t in stats))
     launch = (*selects, ir.LaunchKernel(name, args, (grid, 1, 1), plan.block, 0, (rows,)))
