@@ -192,7 +192,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--sweep", action="store_true",
                     help="also time the norm kernels at other persistent-grid sizes "
-                         f"(threads per SM {SWEEP_THREADS}), side by side; row field 'sweep'")
+                         f"(threads per SM {SWEEP_THREADS}) and the norm backward under "
+                         "each plan rule that plans otherwise, side by side; row fields "
+                         "'sweep', 'plans', 'rules_us'")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("hostir seams_bench: error: needs a CUDA GPU", file=sys.stderr)
@@ -230,10 +232,22 @@ def main(argv=None) -> int:
             dst = [torch.empty(half, dtype=torch.uint8, device="cuda") for _ in sets]
             calls = {"ours": [(lambda t=t: ours(op, t)) for t in sets],
                      "copy": [(lambda s=s, d=d: d.copy_(s)) for s, d in zip(src, dst)]}
+            plans = {}
             if args.sweep and op.startswith("add_"):
                 for threads in SWEEP_THREADS:
                     calls[f"t{threads}"] = [(lambda t=t, n=threads: _with_grid(n, op, t))
                                             for t in sets]
+                if op.endswith("bwd"):  # the other plan rules, where their plan differs
+                    plans = _backward_plans(op, first)
+                    for rule in plans:
+                        if rule != "in_flight" and plans[rule] != plans["in_flight"]:
+                            try:
+                                check_rule(op, first, hidden, rule)
+                            except RuntimeError as e:
+                                print(f"hostir seams_bench: error: {e}", file=sys.stderr)
+                                return 1
+                            calls[f"rule_{rule}"] = [(lambda t=t, r=rule: _with_rule(r, op, t))
+                                                     for t in sets]
             try:
                 for t in sets:
                     prepare_torch(op, t)
@@ -255,6 +269,10 @@ def main(argv=None) -> int:
                                 if k.startswith("t") and k[1:].isdigit()}
                 row["sweep_default"] = (fused.BACKWARD_THREADS_PER_SM if op.endswith("bwd")
                                         else fused.FORWARD_THREADS_PER_SM)
+            if plans:  # each rule's plan, and the time of those that differ from the default
+                row["plans"] = plans
+                row["rules_us"] = {k[5:]: round(v, 3) for k, v in us.items()
+                                   if k.startswith("rule_")}
             rows_out.append(row)
             print(f"{op:<20} {hidden:>6} {row['ours_us']:>9.2f} us {row['ours_gbps']:>7.1f} GB/s "
                   f"over_copy {row['over_copy']:.3f}  torch {row['torch_us']} us"
@@ -291,6 +309,33 @@ def _with_grid(threads_per_sm: int, op: str, t: dict):
                                             threads_per_sm=threads_per_sm)
     return fused.add_norm_backward_fused(t["dy"], t["h"], t["w"], t["mean"], t["rstd"],
                                          _kind(op), t["dh"], threads_per_sm=threads_per_sm)
+
+
+def _with_rule(rule: str, op: str, t: dict):
+    """The fused norm backward of ``op`` planned by ``rule`` (seams.BACKWARD_RULES)."""
+    return fused.add_norm_backward_fused(t["dy"], t["h"], t["w"], t["mean"], t["rstd"],
+                                         _kind(op), t["dh"], rule=rule)
+
+
+def _backward_plans(op: str, t: dict) -> dict:
+    """Each backward rule's plan of ``op`` on these tensors, described."""
+    from lowering.kernels import seams
+
+    h = t["h"]
+    align = fused._alignment_of(t["dy"].data_ptr() | h.data_ptr() | t["w"].data_ptr()
+                                | t["dh"].data_ptr())
+    return {rule: fused._backward_spec(_kind(op), h.dtype, h.shape[-1], True, align,
+                                       h.get_device(), rule).plan.describe()
+            for rule in seams.BACKWARD_RULES}
+
+
+def check_rule(op: str, t: dict, hidden: int, rule: str) -> None:
+    """``rule``'s kernel against the default's result (exits through RuntimeError)."""
+    want = ours(op, t)
+    got = _with_rule(rule, op, t)
+    for g, w in zip(got, want):
+        if g is not None and not torch.allclose(g.float(), w.float(), rtol=1e-2, atol=1e-2):
+            raise RuntimeError(f"{op} at hidden {hidden}: rule {rule} differs from the default")
 
 
 def _kernel_path(op: str, t: dict) -> bool:

@@ -341,13 +341,13 @@ def _forward_record(kind, dtype, hidden: int, residual: bool, bias: bool, alignm
 
 
 def _backward_record(kind, dtype, hidden: int, dh: bool, alignment: int, index: int,
-                     threads_per_sm: int) -> tuple[_Launch, _Launch]:
+                     threads_per_sm: int, rule: str = "in_flight") -> tuple[_Launch, _Launch]:
     """The staged row kernel's launch and its column reduce's. The row kernel's CTAs: as
     many as the SMs hold at once (the driver's occupancy with the plan's shared memory;
     for a cluster, the clusters the GPCs hold at once, since a cluster that waits for a
     second wave doubles the time), never more teams than tiles of rows. A cluster kernel
     launches plainly: its rows are long, the launch overlap small."""
-    spec = _backward_spec(kind, dtype, hidden, dh, alignment, index)
+    spec = _backward_spec(kind, dtype, hidden, dh, alignment, index, rule)
     plan = spec.plan
     kernel = _kernel(spec, index)
     kernel.ensure_smem(plan.smem_bytes)
@@ -402,11 +402,12 @@ def add_norm_forward_fused(x, residual, weight, bias, eps: float, kind: str,
 
 
 def add_norm_backward_fused(dy, h, weight, mean, rstd, kind: str, dh=None,
-                            threads_per_sm: int = BACKWARD_THREADS_PER_SM):
+                            threads_per_sm: int = BACKWARD_THREADS_PER_SM,
+                            rule: str = "in_flight"):
     """`add_norm_backward` through the generated kernels (the staged row kernel, then the
     column reduce of its per-team weight-gradient rows), for tensors `kernel_path`
-    accepts; ``threads_per_sm`` caps the persistent grid's CTAs an SM (the bench's
-    --sweep)."""
+    accepts; ``threads_per_sm`` caps the persistent grid's CTAs an SM and ``rule`` picks
+    the plan (`lowering.kernels.seams.BACKWARD_RULES`): the bench's --sweep times both."""
     hidden = h.shape[-1]
     rows = h.numel() // hidden
     dx = torch.empty_like(h)
@@ -414,7 +415,7 @@ def add_norm_backward_fused(dy, h, weight, mean, rstd, kind: str, dh=None,
     index = h.get_device()
     row_kernel, reduce = _record((_backward_record, kind, h.dtype, hidden, dh is not None,
                                   _alignment_of(p[0] | p[1] | p[2] | p[5] | p[6]), index,
-                                  threads_per_sm))
+                                  threads_per_sm, rule))
     grid = row_kernel.grid(rows)
     teams = grid[0] // row_kernel.cluster
     # every team writes its whole workspace row (zeros where it met no row): no memset
@@ -438,9 +439,10 @@ def _empty(shape, dtype, device):
     return torch.empty(*shape, dtype=dtype, device=device)
 
 
-def _backward_spec(kind, dtype, hidden: int, dh: bool, alignment: int, index: int):
+def _backward_spec(kind, dtype, hidden: int, dh: bool, alignment: int, index: int,
+                   rule: str = "in_flight"):
     return seams.AddNormBackwardSpec(kind, _KERNEL_DTYPES[dtype], hidden, dh, alignment,
-                                     _hardware(index))
+                                     _hardware(index), rule)
 
 
 @functools.lru_cache(maxsize=16)

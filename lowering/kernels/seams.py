@@ -253,20 +253,44 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held):
                         (stats, weight, red, cslot), cslot + 16)
 
 
+# How `plan_backward` trades a row's cluster barriers against bytes in flight:
+# ``in_flight`` (the default) takes the smallest cluster that keeps
+# `Hardware.in_flight_target` bytes in flight at `BACKWARD_HELD_FLOATS` columns a thread;
+# ``fewest_clusters`` takes the smallest cluster that holds the row at up to twice those
+# columns, whatever it keeps in flight (fewer CTAs share a row, so each thread has more of
+# it and a row pays fewer barriers). Past 8192 columns the default splits rows so that
+# each CTA's threads are about half full (8704: two CTAs of 4352 columns on 512 threads of
+# 16), and the H100's norm_widths dips (0.51 at 8704, 0.47 at 16896, 0.46 at 33280) fall
+# where the cluster doubles; which rule is faster there is for seams_bench --sweep to say.
+BACKWARD_RULES = ("in_flight", "fewest_clusters")
+
+
 @functools.lru_cache(maxsize=1024)
 def plan_backward(hidden: int, alignment: int, dh: bool, layer: bool,
-                  hw: Hardware = SM90) -> BackwardPlan:
-    """The smallest cluster (1 where the whole row fits a CTA) whose CTAs hold at most
-    `BACKWARD_HELD_FLOATS` columns a thread, whose stages fit shared memory and keep
-    `Hardware.in_flight_target` bytes in flight (else the one that keeps the most); where
-    none holds the row so, twice the columns a thread. LoweringError where none fits (a
-    width the GPU cannot hold: runtime.fused then takes the torch path)."""
+                  hw: Hardware = SM90, rule: str = "in_flight") -> BackwardPlan:
+    """``in_flight`` (see `BACKWARD_RULES`): the smallest cluster (1 where the whole row
+    fits a CTA) whose CTAs hold at most `BACKWARD_HELD_FLOATS` columns a thread, whose
+    stages fit shared memory and keep `Hardware.in_flight_target` bytes in flight (else
+    the one that keeps the most); where none holds the row so, twice the columns a
+    thread. ``fewest_clusters``: the smallest cluster whose stages fit at either. A
+    LoweringError where none fits (a width the GPU cannot hold: runtime.fused then takes
+    the torch path)."""
     if hidden < 1:
         raise LoweringError(f"seam kernel: hidden {hidden}: expected >= 1")
+    if rule not in BACKWARD_RULES:
+        raise LoweringError(f"seam kernel: norm backward rule {rule!r}: expected one of "
+                            f"{BACKWARD_RULES}")
     vs = vector_width(hidden, alignment)
     streams = 3 if dh else 2
     clusters = [c for c in (1, 2, 4, 8) if c == 1 or (hw.clusters and c <= MAX_CLUSTER)]
-    for held in (BACKWARD_HELD_FLOATS, 2 * BACKWARD_HELD_FLOATS):
+    helds = (BACKWARD_HELD_FLOATS, 2 * BACKWARD_HELD_FLOATS)
+    if rule == "fewest_clusters":
+        for c in clusters:
+            for held in helds:
+                p = _backward_layout(hidden, vs, c, streams, layer, hw, held)
+                if p is not None:
+                    return p
+    for held in helds:
         plans = [p for p in (_backward_layout(hidden, vs, c, streams, layer, hw, held)
                              for c in clusters) if p is not None]
         for p in plans:  # the smallest cluster that keeps the bandwidth's bytes in flight
@@ -336,16 +360,20 @@ class AddNormBackwardSpec:
     dh: bool
     alignment: int = 16  # of dy, h, dh, dx and weight's base addresses, in bytes
     hardware: Hardware = SM90
+    rule: str = "in_flight"  # `BACKWARD_RULES`
 
     def __post_init__(self):
         _check_common(self.dtype, self.hidden)
         if self.kind not in NORM_KINDS:
             raise LoweringError(f"seam kernel: norm kind {self.kind!r}: expected {NORM_KINDS}")
+        if self.rule not in BACKWARD_RULES:
+            raise LoweringError(f"seam kernel: norm backward rule {self.rule!r}: expected "
+                                f"one of {BACKWARD_RULES}")
 
     @property
     def plan(self) -> BackwardPlan:
         return plan_backward(self.hidden, self.alignment, self.dh, self.kind == "layer_norm",
-                             self.hardware)
+                             self.hardware, self.rule)
 
     @property
     def sets(self) -> int:
@@ -356,7 +384,7 @@ class AddNormBackwardSpec:
     def kernel_name(self) -> str:
         p = self.plan
         return (f"seam_{self.kind}_bwd_{self.dtype}_h{self.hidden}_v{p.vector}_c{p.cluster}"
-                f"_s{p.stages}" + ("_dh" if self.dh else ""))
+                f"_s{p.stages}_k{p.vectors_per_thread}" + ("_dh" if self.dh else ""))
 
     def params(self) -> list[tuple[str, str]]:
         u, cu = "unsigned short* __restrict__", "const unsigned short* __restrict__"

@@ -19,7 +19,8 @@ joins the program). ``pipelined`` (each stage on a worker stream of its own):
       T12 = select(T13, axis=0, index=i)          # normalized output
       T14 = select(T15, axis=0, index=i)          # h = y + residual, the new stream
       T16 = select(T17, axis=0, index=i)          # rstd (and mean, for layer_norm)
-      LaunchKernel add_rms_norm_h4096(T8, T11, T10, T12, T14, T16) grid=(...) block=(...) smem=0 scalars=(rows)
+      LaunchKernel add_rms_norm_h4096(T8, T11, T10, T12, T14, T16) grid=(...) block=(...)
+          smem=0 scalars=(rows)                   # (one line in the printed form)
       ...
 
 ``ring`` (every stage's GEMMs on stream 0, transfers on stream 1): after the stage's last

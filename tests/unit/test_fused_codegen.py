@@ -163,6 +163,37 @@ def test_every_backward_plan_compiles_without_spills(dtype, hidden):
                                        "sm_90")
 
 
+def test_fewest_clusters_rule_takes_fewer_ctas_a_row_and_still_fits():
+    """The other backward rule (the bench's --sweep times it): never a larger cluster than
+    the default, fewer where the default splits a row it could hold at twice the columns
+    a thread; every plan fits and covers its row."""
+    fewer = 0
+    for hidden in list(range(512, 131073, 512)) + [8705, 16897, 33281, 100003]:
+        for dh in (False, True):
+            a = S.plan_backward(hidden, 16, dh, True, S.SM90)
+            b = S.plan_backward(hidden, 16, dh, True, S.SM90, "fewest_clusters")
+            assert b.cluster <= a.cluster
+            fewer += b.cluster < a.cluster
+            assert b.cluster * b.slice >= hidden > (b.cluster - 1) * b.slice
+            assert b.vectors_per_thread * b.threads_per_row * b.vector >= b.slice
+            assert b.smem_bytes <= S.SM90.smem_per_block and b.stages >= 2
+            assert b.vectors_per_thread * b.vector <= 2 * S.BACKWARD_HELD_FLOATS
+    assert fewer > 100
+    assert S.plan_backward(8704, 16, True, False, S.SM90, "fewest_clusters").cluster == 1
+    with pytest.raises(LoweringError, match="rule"):
+        S.AddNormBackwardSpec("rms_norm", "bf16", 4096, True, rule="most")
+
+
+@pytest.mark.parametrize("hidden", [8704, 12800, 16896, 33280, 65536])
+def test_fewest_clusters_plans_compile_without_spills(hidden):
+    for kind in S.NORM_KINDS:
+        for dh in (False, True):
+            spec = S.AddNormBackwardSpec(kind, "bf16", hidden, dh, rule="fewest_clusters")
+            ck = _assert_compiles_clean(spec, "sm_90")
+            # one CTA of 512 threads an SM: at most 128 registers a thread
+            assert ck.registers[ck.lowered[spec.kernel_name]] <= 128
+
+
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 @pytest.mark.parametrize("dtype", S.DTYPES)
 def test_elementwise_and_reduce_kernels_compile(arch, dtype):
@@ -506,23 +537,28 @@ def test_forward_runs_on_the_host(dtype, hidden, rows, grid, kind, residual):
         assert torch.allclose(mean.double(), rmean.double(), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("dtype, hidden, rows, teams, kind, with_dh, offset, vector", [
-    ("bf16", 4096, 5, 2, "layer_norm", True, 0, 8),   # 2 rows a tile, 16-byte vectors
-    ("fp16", 768, 9, 3, "rms_norm", False, 0, 8),     # 4 rows a tile
-    ("bf16", 7, 40, 2, "layer_norm", False, 0, 1),    # single values, 16 rows a tile
-    ("bf16", 1, 300, 2, "layer_norm", False, 0, 1),   # one value a row
-    ("fp16", 1, 50, 3, "rms_norm", True, 0, 1),
-    ("bf16", 4097, 7, 2, "rms_norm", True, 0, 1),     # rows at every 2-byte offset
-    ("bf16", 5140, 5, 2, "layer_norm", True, 0, 4),   # rows 8- or 16-byte aligned
-    ("fp16", 4098, 4, 1, "layer_norm", False, 0, 2),
-    ("bf16", 512, 37, 2, "layer_norm", True, 1, 1),   # bases 2 bytes off: single values
-    ("bf16", 1024, 9, 2, "rms_norm", True, 2, 2),     # 4 bytes off: pairs, shifted
-    ("bf16", 16384, 3, 2, "layer_norm", True, 0, 8),  # a cluster of 2
-    ("fp16", 16385, 3, 1, "rms_norm", True, 0, 1),    # a cluster of 4, single values
-    ("bf16", 16384, 4, 1, "layer_norm", True, -1, 8),  # a cluster with 2 stages: no defer
+@pytest.mark.parametrize("dtype, hidden, rows, teams, kind, with_dh, offset, vector, rule", [
+    ("bf16", 4096, 5, 2, "layer_norm", True, 0, 8, "in_flight"),   # 2 rows a tile, 16-byte vectors
+    ("fp16", 768, 9, 3, "rms_norm", False, 0, 8, "in_flight"),     # 4 rows a tile
+    ("bf16", 7, 40, 2, "layer_norm", False, 0, 1, "in_flight"),    # single values, 16 rows a tile
+    ("bf16", 1, 300, 2, "layer_norm", False, 0, 1, "in_flight"),   # one value a row
+    ("fp16", 1, 50, 3, "rms_norm", True, 0, 1, "in_flight"),
+    ("bf16", 4097, 7, 2, "rms_norm", True, 0, 1, "in_flight"),     # rows at every 2-byte offset
+    ("bf16", 5140, 5, 2, "layer_norm", True, 0, 4, "in_flight"),   # rows 8- or 16-byte aligned
+    ("fp16", 4098, 4, 1, "layer_norm", False, 0, 2, "in_flight"),
+    # bases 2 bytes off: single values
+    ("bf16", 512, 37, 2, "layer_norm", True, 1, 1, "in_flight"),
+    ("bf16", 1024, 9, 2, "rms_norm", True, 2, 2, "in_flight"),     # 4 bytes off: pairs, shifted
+    ("bf16", 16384, 3, 2, "layer_norm", True, 0, 8, "in_flight"),  # a cluster of 2
+    ("fp16", 16385, 3, 1, "rms_norm", True, 0, 1, "in_flight"),    # a cluster of 4, single values
+    # a cluster with 2 stages: no defer
+    ("bf16", 16384, 4, 1, "layer_norm", True, -1, 8, "in_flight"),
+    # the fewest_clusters rule: one CTA, three vectors a thread, n and g read again
+    ("bf16", 8704, 5, 2, "layer_norm", True, 0, 8, "fewest_clusters"),
+    ("fp16", 16896, 3, 1, "rms_norm", True, 0, 8, "fewest_clusters"),  # a cluster of 2, k3
 ])
 def test_backward_and_column_reduce_run_on_the_host(dtype, hidden, rows, teams, kind, with_dh,
-                                                    offset, vector):
+                                                    offset, vector, rule):
     tdt = HOST_DTYPES[dtype]
     g = torch.Generator().manual_seed(hidden * 3 + rows)
 
@@ -542,7 +578,7 @@ def test_backward_and_column_reduce_run_on_the_host(dtype, hidden, rows, teams, 
     # that two stages serve)
     hw = S.Hardware(smem_per_block=120000, dram_bytes_per_s=1e9) if offset < 0 else S.SM90
     spec = S.AddNormBackwardSpec(kind, dtype, hidden, with_dh, fused._alignment(dy, h, dh, w),
-                                 hw)
+                                 hw, rule)
     assert (spec.plan.stages == 2) == (offset < 0)
     plan = spec.plan
     assert plan.vector == vector
