@@ -4,7 +4,8 @@
 # PART: kernels (the tuned matmul and normalization benches; with two GPUs the matmul work
 # runs on GPU 0 and the normalization work on GPU 1, side by side), layer (tests/gpu, the
 # transformer step after `warmup`, the seam kernels, host overhead), shapes (the untuned
-# any-shape GEMM and norm-width sweeps); default: all three. Official results go to
+# any-shape GEMM and norm-width sweeps), rules (the norm backward's plan rules side by
+# side, into $OUT only); default: kernels, layer, shapes. Official results go to
 # $RESULTS (default benchmarks/results)/<bench>_<device>.json (the next run overwrites
 # them), logs under $OUT; then docs/PERFORMANCE.md is regenerated.
 set -uo pipefail
@@ -50,6 +51,12 @@ shapes_work() {
   echo "== matmul shapes"; timeout 300 python3 benchmarks/matmul_shapes.py --budget-s 220 \
     --json "$R/matmul_shapes_$DEV.json" > "$OUT/matmul_shapes.log" 2>&1; echo "rc=$?"
 }
+rules_work() {  # an experiment, not an official file: the norm backward's plan rules
+  echo "== norm backward rules"; timeout 300 python3 benchmarks/seams_bench.py --sweep \
+    --hidden 8192,8704,12800,16384,16896,24576,32768,33280,65536 \
+    --ops add_rms_norm_bwd,add_layer_norm_bwd --reps 5 --json "$OUT/seams_rules.json" \
+    > "$OUT/seams_rules.log" 2>&1; echo "rc=$?"; tail -12 "$OUT/seams_rules.log"
+}
 for part in $PARTS; do
   case "$part" in
     kernels)
@@ -66,7 +73,8 @@ for part in $PARTS; do
       grep -a -E "passed|failed" "$OUT/gpu_tests.log" | tail -3 ;;
     layer) layer_work ;;
     shapes) shapes_work ;;
-    *) echo "run_gpu_single.sh: error: unknown part '$part' (kernels, layer, shapes)"; exit 2 ;;
+    rules) rules_work ;;
+    *) echo "run_gpu_single.sh: error: unknown part '$part' (kernels, layer, shapes, rules)"; exit 2 ;;
   esac
 done
 [ "$R" = benchmarks/results ] && python3 -m benchmarks.report
