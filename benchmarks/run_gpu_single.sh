@@ -52,8 +52,8 @@ shapes_work() {
     --json "$R/matmul_shapes_$DEV.json" > "$OUT/matmul_shapes.log" 2>&1; echo "rc=$?"
 }
 rules_work() {  # an experiment, not an official file: the norm backward's plan rules
-  echo "== norm backward rules"; timeout 300 python3 benchmarks/seams_bench.py --sweep \
-    --hidden 8192,8704,12800,16384,16896,24576,32768,33280,65536 \
+  echo "== norm backward rules"; timeout 500 python3 benchmarks/seams_bench.py --sweep \
+    --hidden 8704,12800,16384,16896,24576,33280,65536 \
     --ops add_rms_norm_bwd,add_layer_norm_bwd --reps 5 --json "$OUT/seams_rules.json" \
     > "$OUT/seams_rules.log" 2>&1; echo "rc=$?"; tail -12 "$OUT/seams_rules.log"
 }
