@@ -8,7 +8,9 @@
 - ``hostir.nn.graphs``: ``capture_blocks``, each block's forward and backward replayed from
   CUDA graphs (one GPU).
 - ``hostir.nn.llama``: ``parallelize``, which turns an unsharded Llama-style torch block
-  (``LlamaBlock`` or Hugging Face's decoder layer naming) into the parallel block.
+  (``LlamaBlock`` or Hugging Face's decoder layer naming) into the parallel block, and
+  ``parallelize_model``, which does so for every block of a model and shards the sequence
+  at the first block and gathers it at the last (the rest of the model runs unchanged).
 
     >>> from hostir.nn import parallelize, LlamaBlock             # doctest: +SKIP
     >>> block = parallelize(LlamaBlock(256, heads=8, kv_heads=2, ffn=512))  # doctest: +SKIP
@@ -18,9 +20,10 @@ from hostir.nn.linear import (  # noqa: F401  (the private names: tests and jobs
     _PLANS, _RUNTIMES, ColumnParallelLinear, ParallelMLP, RowParallelLinear,
     _plan, _resolve, copy_engine_available, fused_mlp, sequence_rows, shard_sequence)
 from hostir.nn.graphs import capture_blocks  # noqa: F401
-from hostir.nn.llama import LlamaBlock, parallelize  # noqa: F401
+from hostir.nn.llama import LlamaBlock, parallelize, parallelize_model  # noqa: F401
 from hostir.nn.transformer import ParallelTransformerBlock  # noqa: F401
 
 __all__ = ["ColumnParallelLinear", "RowParallelLinear", "ParallelMLP", "fused_mlp",
            "shard_sequence", "sequence_rows", "copy_engine_available",
-           "ParallelTransformerBlock", "LlamaBlock", "parallelize", "capture_blocks"]
+           "ParallelTransformerBlock", "LlamaBlock", "parallelize", "parallelize_model",
+           "capture_blocks"]

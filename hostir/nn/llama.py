@@ -34,8 +34,8 @@ from hostir.nn.transformer import (ParallelTransformerBlock, apply_rotary, causa
                                    check_block_shape, rotary_tables, shard_fused,
                                    unshard_fused)
 
-__all__ = ["LlamaBlock", "parallelize", "llama_state_dict", "load_llama_state_dict",
-           "block_config", "torch_parallelize"]
+__all__ = ["LlamaBlock", "parallelize", "parallelize_model", "llama_state_dict",
+           "load_llama_state_dict", "block_config", "torch_parallelize"]
 
 
 # ----------------------------------------------------------------------------- reference
@@ -217,6 +217,47 @@ def parallelize(module: torch.nn.Module, *, heads: int | None = None,
                                      schedule=schedule, device=w.device, dtype=w.dtype)
     load_llama_state_dict(block, state)
     return block
+
+
+def _is_block(module: torch.nn.Module) -> bool:
+    return all(_get(module, path) is not None for path in NORMS + ("self_attn", "mlp"))
+
+
+def parallelize_model(model: torch.nn.Module, **kw) -> torch.nn.Module:
+    """``model`` with each Llama-style block in it (a submodule with ``input_layernorm``,
+    ``self_attn``, ``post_attention_layernorm`` and ``mlp``) replaced, in place, by its
+    ``parallelize``d twin (``kw``: ``parallelize``'s arguments); returns ``model``.
+
+    The first block shards the sequence it is given and the last gathers it back, so
+    everything else in the model (embedding, final norm, head) and the loss run
+    unchanged over all ``T`` tokens, alike on every rank (the same input on every rank),
+    while the blocks between pass this rank's ``T/D`` tokens on. The model's forward must
+    call the blocks in the order they are registered (a ``ModuleList`` or ``Sequential``
+    looped over), one after the other, each on ``[tokens, hidden]`` (one sequence), as
+    ``h = block(h)``. ``T`` must be a multiple of ``stages * world size``. Optimizers and
+    state dicts are taken after this call (the block's parameters are new tensors).
+
+        model = parallelize_model(MyLlama(...), stages=1)    # same weights on every rank
+        opt = torch.optim.AdamW(model.parameters())
+        loss = F.cross_entropy(model(ids), targets)           # ids: all T tokens
+    """
+    found = [(name, module) for name, module in model.named_modules() if _is_block(module)]
+    if not found:
+        raise InputMismatchError(f"parallelize_model: {type(model).__name__} holds no "
+                                 f"Llama-style block ({', '.join(NORMS)}, self_attn, mlp)")
+    outer = [n for n, _ in found if any(n.startswith(f"{m}.") for m, _ in found if m)]
+    if outer or any(name == "" for name, _ in found):
+        raise InputMismatchError("parallelize_model: blocks nest, or the model is itself a "
+                                 "block (use parallelize)")
+    blocks = []
+    for name, module in found:
+        parent, _, attr = name.rpartition(".")
+        block = parallelize(module, **kw)
+        setattr(model.get_submodule(parent) if parent else model, attr, block)
+        blocks.append(block)
+    blocks[0].shard_input = True
+    blocks[-1].gather_output = True
+    return model
 
 
 def shard_state_dict(state: dict, block: ParallelTransformerBlock) -> dict:

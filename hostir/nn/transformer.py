@@ -50,7 +50,7 @@ import torch.nn.functional as F
 
 from hostir.errors import LoweringError
 from hostir.nn.linear import (COMMS, ColumnParallelLinear, RowParallelLinear, _no_autocast,
-                              _plan, _resolve, _runtime, _world)
+                              _plan, _resolve, _runtime, _world, sequence_rows)
 from runtime import fused, rotary
 
 __all__ = ["ParallelTransformerBlock", "check_block_shape", "shard_fused", "unshard_fused",
@@ -296,15 +296,64 @@ class _GroupReduce:
     def __init__(self, process_group, comm: str, schedule: str):
         self.process_group, self.comm, self.schedule = process_group, comm, schedule
 
+    def _comm(self, device):
+        kind, _ = _resolve(device, self.process_group, self.comm, self.schedule)
+        return _runtime(device, self.process_group, kind)
+
     def __call__(self, grad: torch.Tensor) -> torch.Tensor:
-        kind, _ = _resolve(grad.device, self.process_group, self.comm, self.schedule)
-        rt = _runtime(grad.device, self.process_group, kind)
+        rt = self._comm(grad.device)
         if rt.comm.world_size == 1:
             return grad
         out = grad.contiguous().clone()
         stream = rt.backend.current_stream()
         rt.comm.allreduce(out, out, "sum", stream).wait(stream)
         return out
+
+    def gather_sequence(self, t: torch.Tensor, stages: int) -> torch.Tensor:
+        """Every rank's sequence-sharded ``t [T/D, ...]`` (``stages`` stages) gathered into
+        all ``T`` tokens in order: an all-gather, then the stage-major rows put back."""
+        rt = self._comm(t.device)
+        d = rt.comm.world_size
+        if d == 1:
+            return t
+        t = t.contiguous()
+        out = torch.empty((d,) + tuple(t.shape), dtype=t.dtype, device=t.device)
+        stream = rt.backend.current_stream()
+        rt.comm.allgather(out, t.unsqueeze(0), stream).wait(stream)  # as a program posts it
+        # rank r holds stage s's rows r*T/(S*D).. : [D, S, m, ...] -> [S, D, m, ...]
+        out = out.view(d, stages, -1, *t.shape[1:]).transpose(0, 1)
+        return out.reshape(-1, *t.shape[1:])
+
+
+class _ShardSequence(torch.autograd.Function):
+    """All ``T`` tokens ``[T, ...]`` (the same on every rank) -> this rank's sequence-sharded
+    rows; the backward gathers every rank's gradient rows, so whatever ran before (an
+    embedding, on every rank alike) gets the whole gradient on every rank."""
+
+    @staticmethod
+    def forward(ctx, x, rows, group, stages):
+        ctx.group, ctx.stages = group, stages
+        return x[rows].contiguous()
+
+    @staticmethod
+    def backward(ctx, g):
+        return ctx.group.gather_sequence(g, ctx.stages), None, None, None
+
+
+class _GatherSequence(torch.autograd.Function):
+    """This rank's sequence-sharded rows -> all ``T`` tokens, gathered; what follows (a
+    final norm, a head, the loss) runs on every rank alike, so its gradient is the same on
+    every rank and this rank's rows of it are its share (no sum)."""
+
+    @staticmethod
+    def forward(ctx, y, rows, group, stages):
+        ctx.save_for_backward(rows)
+        return group.gather_sequence(y, stages)
+
+    @staticmethod
+    def backward(ctx, g):
+        (rows,) = ctx.saved_tensors
+        return g[rows].contiguous(), None, None, None
 
 
 class ReplicatedNorm(torch.nn.Module):
@@ -402,18 +451,41 @@ class ParallelTransformerBlock(torch.nn.Module):
                              ("mlp down", self.down_proj)):
             layer.label = label
         self._rotary_cache: dict = {}
+        self._rows_cache: dict = {}
+        # set by `hostir.nn.parallelize_model` on a model's first and last block
+        self.shard_input = self.gather_output = False
 
     @property
     def mlp_up(self) -> ColumnParallelLinear:
         return self.gate_up_proj if self.style == "llama" else self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's tokens ``[T/D, hidden]`` -> the same tokens. With ``shard_input``
+        the input is all ``T`` tokens (the same on every rank), sharded here; with
+        ``gather_output`` the output is all ``T`` tokens, gathered here."""
         if x.dim() != 2 or x.shape[1] != self.hidden:
-            raise LoweringError(f"ParallelTransformerBlock: expected input [tokens / ranks, "
-                                f"{self.hidden}], got {list(x.shape)}")
+            raise LoweringError(f"ParallelTransformerBlock: expected input [tokens"
+                                f"{'' if self.shard_input else ' / ranks'}, {self.hidden}], "
+                                f"got {list(x.shape)}")
+        if self.shard_input:
+            x = _ShardSequence.apply(x, self._rows(x.shape[0], x.device), self._reduce,
+                                     self.stages)
         n, x = self.input_layernorm(x, passthrough=True)  # x's two gradients meet in one kernel
         n, h = self._attention(n, x)
-        return h + self._mlp(n)
+        y = h + self._mlp(n)
+        if self.gather_output:
+            y = _GatherSequence.apply(y, self._rows(y.shape[0] * self.world_size, y.device),
+                                      self._reduce, self.stages)
+        return y
+
+    def _rows(self, tokens: int, device) -> torch.Tensor:
+        """This rank's rows of ``tokens`` (LoweringError, before any collective and alike
+        on every rank, where they do not split into stages x ranks)."""
+        key = (tokens, str(device))
+        if key not in self._rows_cache:
+            self._rows_cache[key] = sequence_rows(tokens, self.stages, self.world_size,
+                                                  self.rank).to(device)
+        return self._rows_cache[key]
 
     def _attention(self, n: torch.Tensor, residual: torch.Tensor):
         """``(post_attention_layernorm(h), h)`` with ``h = residual + attention(n)``."""

@@ -227,3 +227,65 @@ def test_flag_values_are_refused_by_the_parser():
                            (["--device=gpu"], "argument --device: expected auto, cpu")):
         with pytest.raises(UsageError, match=message):
             job.parse(flags)
+
+
+class _TinyLM(torch.nn.Module):
+    """A plain torch model: embedding, Llama blocks looped over, final norm, head."""
+
+    def __init__(self, vocab=40, layers=2):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, HIDDEN)
+        self.layers = torch.nn.ModuleList(LlamaBlock(HIDDEN, HEADS, KV_HEADS, FFN)
+                                          for _ in range(layers))
+        self.norm = torch.nn.RMSNorm(HIDDEN, eps=1e-6)
+        self.head = torch.nn.Linear(HIDDEN, vocab, bias=False)
+
+    def forward(self, ids):
+        h = self.embed(ids)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(self.norm(h))
+
+
+@pytest.mark.parametrize("stages", [1, 2])
+def test_parallelize_model_trains_like_the_unsharded_model(world, comm, stages):
+    """A whole model adopted: the same losses over AdamW steps as the unsharded model,
+    and the same gradients of what stays replicated (embedding, final norm, head), which
+    the blocks' backward, the shard's gather and the gather's split all reach."""
+    from hostir.nn import parallelize_model
+
+    rank, d = world
+    torch.manual_seed(3)
+    ref = _TinyLM()
+    model = parallelize_model(copy.deepcopy(ref), stages=stages, comm=comm)
+    assert [type(b).__name__ for b in model.layers] == ["ParallelTransformerBlock"] * 2
+    assert model.layers[0].shard_input and model.layers[1].gather_output
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (ref, model)]
+    g = torch.Generator().manual_seed(11)
+    for step in range(3):
+        ids = torch.randint(0, 40, (16 * stages,), generator=g)
+        target = torch.randint(0, 40, (16 * stages,), generator=g)
+        losses = []
+        for m, opt in zip((ref, model), opts):
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(m(ids), target)
+            loss.backward()
+            losses.append(loss)
+        assert abs(losses[0].item() - losses[1].item()) < 1e-4 * abs(losses[0].item()), step
+        for name in ("embed.weight", "norm.weight", "head.weight"):
+            assert _err(model.get_parameter(name).grad, ref.get_parameter(name).grad) < 1e-4, \
+                (step, name)
+        for opt in opts:
+            opt.step()
+
+
+def test_parallelize_model_refusals(world, comm):
+    from hostir.nn import parallelize_model
+
+    with pytest.raises(InputMismatchError, match="holds no Llama-style block"):
+        parallelize_model(torch.nn.Sequential(torch.nn.Linear(4, 4)), comm=comm)
+    with pytest.raises(InputMismatchError, match="is itself a block"):
+        parallelize_model(LlamaBlock(HIDDEN, HEADS, KV_HEADS, FFN), comm=comm)
+    model = parallelize_model(_TinyLM(), stages=2, comm=comm)
+    with pytest.raises(HostIrError, match="tokens"):  # 3 tokens: not 2 stages x D ranks
+        model(torch.zeros(3, dtype=torch.long))
