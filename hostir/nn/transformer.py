@@ -288,10 +288,12 @@ class _GELU(torch.autograd.Function):
 
 
 class _GroupReduce:
-    """Sums a replicated parameter's gradient over the group: each rank's gradient covers
-    only its T/D tokens (Megatron's sequence-parallel rule). Called in the backward of the
-    op that uses the parameter, not as a hook on it: a hook would not follow the parameter
-    into a deep copy or a ``load_state_dict(assign=True)``."""
+    """The block's collectives outside its programs. Called, it sums a replicated
+    parameter's gradient over the group: each rank's gradient covers only its T/D tokens
+    (Megatron's sequence-parallel rule); it is called in the backward of the op that uses
+    the parameter, not as a hook on it: a hook would not follow the parameter into a deep
+    copy or a ``load_state_dict(assign=True)``. ``gather_sequence`` gathers the tokens
+    (a model's last block, ``parallelize_model``)."""
 
     def __init__(self, process_group, comm: str, schedule: str):
         self.process_group, self.comm, self.schedule = process_group, comm, schedule
