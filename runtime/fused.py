@@ -41,6 +41,7 @@ from hostir.errors import LoweringError
 from hostir.options import options
 from lowering.kernels import seams
 from runtime import jit
+from runtime.device import empty
 
 NORM_KINDS = seams.NORM_KINDS
 
@@ -389,8 +390,8 @@ def add_norm_forward_fused(x, residual, weight, bias, eps: float, kind: str,
         y = torch.empty_like(x)
         h = x if residual is None else torch.empty_like(x)
         stats = x.shape[:-1]
-        rstd = _empty(stats, torch.float32, x.device)
-        mean = _empty(stats, torch.float32, x.device) if kind == "layer_norm" else None
+        rstd = empty(stats, torch.float32, x.device)
+        mean = empty(stats, torch.float32, x.device) if kind == "layer_norm" else None
     p = [0 if t is None else t.data_ptr()
          for t in (x, residual, weight, bias, None if residual is None else h, y, mean, rstd)]
     record = _record((_forward_record, kind, x.dtype, hidden, residual is not None,
@@ -429,14 +430,6 @@ def add_norm_backward_fused(dy, h, weight, mean, rstd, kind: str, dh=None,
     _launch((row_kernel, grid, (*map(np.uint64, p), ws_ptr, np.int32(rows))),
             (reduce, reduce.grid(hidden), sums))
     return dx, dweight, dbias
-
-
-def _empty(shape, dtype, device):
-    """``torch.empty(shape, ...)`` of a torch.Size, its sizes passed one by one (which
-    torch's argument parser takes about 1 us faster than the Size itself)."""
-    if not shape:
-        return torch.empty((), dtype=dtype, device=device)
-    return torch.empty(*shape, dtype=dtype, device=device)
 
 
 def _backward_spec(kind, dtype, hidden: int, dh: bool, alignment: int, index: int,
@@ -495,7 +488,7 @@ def swiglu_forward(gate, up, out=None):
     """``silu(gate) * up``; ``gate`` and ``up`` may be column blocks of one tensor (rows
     with a pitch, e.g. the halves of a fused gate-up GEMM's output). ``out``: where to
     write (a new contiguous tensor by default)."""
-    out = _empty(gate.shape, gate.dtype, gate.device) if out is None else out
+    out = empty(gate.shape, gate.dtype, gate.device) if out is None else out
     if _elementwise_path(gate, up, out):
         _elementwise("swiglu_forward", (gate, up), (out,))
     elif _rows_usable(gate, up, out):
@@ -509,7 +502,7 @@ def swiglu_backward(da, gate, up, out=None):
     """``(dgate, dup)``; ``out``: a pair of tensors to write them into (e.g. the two
     column halves of the fused gate-up output's gradient), else new ones."""
     if out is None:
-        out = _empty(gate.shape, gate.dtype, gate.device), _empty(up.shape, up.dtype, up.device)
+        out = empty(gate.shape, gate.dtype, gate.device), empty(up.shape, up.dtype, up.device)
     if _elementwise_path(da, gate, up, *out):
         _elementwise("swiglu_backward", (da, gate, up), out)
     elif _rows_usable(da, gate, up, *out):
