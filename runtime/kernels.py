@@ -16,8 +16,6 @@ and cuBLAS for shapes not measured.
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import torch
 
@@ -59,7 +57,7 @@ def _add_norm(defn: ir.KernelDef, device: torch.device):
     weight[, bias], y, h[, mean], rstd)``, ``scalars=(rows,)``. ``runtime.fused`` runs it:
     its seam kernel for CUDA fp16/bf16 tensors (the grid sized for this device's SMs: the
     persistent kernel loops over row groups, so the printed nominal grid is not needed),
-    its torch reference elsewhere (CPU ranks, float32), on the current stream."""
+    its torch reference elsewhere (CPU ranks, float32), on the statement's stream."""
     from runtime import fused
 
     kind, eps = defn.param("kind"), defn.param("eps")
@@ -79,8 +77,10 @@ def _add_norm(defn: ir.KernelDef, device: torch.device):
         b = rest.pop(0) if bias else None
         y, h, *stats = rest
         mean, rstd = (stats if layer else (None, stats[0]))
-        with torch.cuda.stream(stream) if x.is_cuda else contextlib.nullcontext():
-            fused.add_norm_forward(x, residual, weight, b, eps, kind, out=(y, h, mean, rstd))
+        # runtime.fused launches on torch's current stream, which is ``stream``: the CUDA
+        # backend's SetCurrentStream makes a stream torch's current one as it makes it the
+        # program's (a second switch here would cost host time every stage)
+        fused.add_norm_forward(x, residual, weight, b, eps, kind, out=(y, h, mean, rstd))
 
     return launch
 

@@ -109,7 +109,11 @@ def fuse_stage_norm(program: ir.Program, kind: str, eps: float, bias: bool = Fal
     if len(out.shape) != 3 or out.is_sharded:
         raise LoweringError(f"stage norm: output {out.name} {list(out.shape)}: expected a "
                             f"local [stages, rows, hidden] tensor")
-    if not any(isinstance(s, ir.Allocate) and s.out == out for s in program.body):
+    # the new outputs are allocated right after the output, on the stream it is allocated
+    # on (the user's): the caching allocator ties a block to the stream it was allocated on
+    at = next((i + 1 for i, s in enumerate(program.body)
+               if isinstance(s, ir.Allocate) and s.out == out), None)
+    if at is None:
         raise LoweringError(f"stage norm: output {out.name} is not allocated at the top level")
     stages, rows, hidden = out.shape
     pos, loop, slice_ = _stage_loop(program, out)
@@ -144,10 +148,6 @@ def fuse_stage_norm(program: ir.Program, kind: str, eps: float, bias: bool = Fal
         launch = (ir.SetCurrentStream(side), ir.Synchronize(current), *launch,
                   ir.SetCurrentStream(current))
     body = loop.body[:after + 1] + launch + loop.body[after + 1:]
-    # allocated beside the output, on the stream it is allocated on (the user's): the
-    # caching allocator ties a block to the stream it was allocated on
-    at = next(i for i, s in enumerate(program.body)
-              if isinstance(s, ir.Allocate) and s.out == out) + 1
     allocs = tuple(ir.Allocate(t) for t in (normed, h, *stats))
     body = program.body[:pos] + (dataclasses.replace(loop, body=body),) + program.body[pos + 1:]
     new_body = body[:at] + allocs + body[at:]
