@@ -564,7 +564,7 @@ class _ParallelLinear(torch.nn.Module):
     def _inputs(self, x: torch.Tensor):
         if x.dim() != 2 or x.shape[1] != self._k:
             raise LoweringError(f"{type(self).__name__}: expected input [tokens, {self._k}], "
-                             f"got {list(x.shape)}")
+                                f"got {list(x.shape)}")
         dtype = _compute_dtype(x, self.weight)
         return x.to(dtype).contiguous(), self.weight.to(dtype)
 
@@ -599,7 +599,7 @@ class ColumnParallelLinear(_ParallelLinear):
         rank, world = _world(process_group, comm)
         if out_features % world:
             raise LoweringError(f"ColumnParallelLinear: out_features={out_features} is not "
-                             f"divisible by the {world} ranks")
+                                f"divisible by the {world} ranks")
         n = out_features // world
         super().__init__(in_features, out_features, (in_features, n), rank, world,
                          stages=stages, streams=streams, process_group=process_group,
@@ -645,7 +645,7 @@ class RowParallelLinear(_ParallelLinear):
         rank, world = _world(process_group, comm)
         if in_features % world:
             raise LoweringError(f"RowParallelLinear: in_features={in_features} is not "
-                             f"divisible by the {world} ranks")
+                                f"divisible by the {world} ranks")
         k = in_features // world
         super().__init__(in_features, out_features, (k, out_features), rank, world,
                          stages=stages, streams=streams, process_group=process_group,
@@ -656,7 +656,8 @@ class RowParallelLinear(_ParallelLinear):
     def from_linear(cls, linear: torch.nn.Linear, **kw) -> "RowParallelLinear":
         """This rank's shard of a full bias-free ``torch.nn.Linear``."""
         if linear.bias is not None:
-            raise LoweringError("RowParallelLinear.from_linear: the linear has a bias; expected none")
+            raise LoweringError("RowParallelLinear.from_linear: the linear has a bias; "
+                                "expected none")
         layer = cls(linear.in_features, linear.out_features, device=linear.weight.device,
                     dtype=linear.weight.dtype, **kw)
         k, r = layer._k, layer.rank

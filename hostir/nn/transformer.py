@@ -287,7 +287,7 @@ class _GELU(torch.autograd.Function):
         return fused.gelu_backward(dy, x)
 
 
-class _GroupReduce:
+class _GroupComm:
     """The block's collectives outside its programs. Called, it sums a replicated
     parameter's gradient over the group: each rank's gradient covers only its T/D tokens
     (Megatron's sequence-parallel rule); it is called in the backward of the op that uses
@@ -335,7 +335,7 @@ class _ShardSequence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, rows, group, stages):
         ctx.group, ctx.stages = group, stages
-        return x[rows].contiguous()
+        return x[rows]  # an index gather: a new, contiguous tensor
 
     @staticmethod
     def backward(ctx, g):
@@ -355,7 +355,7 @@ class _GatherSequence(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         (rows,) = ctx.saved_tensors
-        return g[rows].contiguous(), None, None, None
+        return g[rows], None, None, None
 
 
 class ReplicatedNorm(torch.nn.Module):
@@ -363,7 +363,7 @@ class ReplicatedNorm(torch.nn.Module):
     every rank, their gradients all-reduced over the group. ``norm(x, residual)`` returns
     ``(norm(x + residual), x + residual)`` (one fused pass); ``norm(x)`` ``norm(x)``."""
 
-    def __init__(self, hidden: int, kind: str, eps: float, reduce: _GroupReduce, *,
+    def __init__(self, hidden: int, kind: str, eps: float, reduce: _GroupComm, *,
                  device=None, dtype=None):
         super().__init__()
         if kind not in fused.NORM_KINDS:
@@ -432,7 +432,7 @@ class ParallelTransformerBlock(torch.nn.Module):
         eps = (1e-6 if llama else 1e-5) if eps is None else eps
         kw = dict(stages=stages, streams=streams, process_group=process_group, comm=comm,
                   schedule=schedule, device=device, dtype=dtype)
-        self._reduce = reduce = _GroupReduce(process_group, comm, schedule)
+        self._reduce = reduce = _GroupComm(process_group, comm, schedule)
         kind = "rms_norm" if llama else "layer_norm"
         nkw = dict(device=device, dtype=dtype)
         d = self.head_dim
