@@ -87,7 +87,9 @@ def end_job(code: int = 1) -> None:
     os._exit(code)
 
 
-# How long a rank with an error waits to hear that every other rank has one too.
+# How long a rank with an error waits to hear that every other rank has one too; at most
+# half of HOSTIR_COMM_TIMEOUT, so that the rank with the error aborts the job (its line
+# names the cause) before a peer's collective times out (whose line only names a symptom).
 AGREE_S = 10.0
 # Point-to-point messages on a tag of their own: they never match a collective.
 ERROR_TAG = 29_002
@@ -95,7 +97,7 @@ ERROR_TAG = 29_002
 
 def every_rank_failed(code: int, timeout_s: float | None = None) -> bool:
     """True when every other rank of the MPI job also reports an error within
-    ``timeout_s`` (default: AGREE_S, at most HOSTIR_COMM_TIMEOUT when that is set).
+    ``timeout_s`` (default: AGREE_S, at most half of HOSTIR_COMM_TIMEOUT when that is set).
 
     Each rank on its way out sends its exit code to every other rank and waits for
     theirs. When all arrive, nobody is left waiting in a collective and the job can end
@@ -106,7 +108,7 @@ def every_rank_failed(code: int, timeout_s: float | None = None) -> bool:
         return True
     if timeout_s is None:
         limit = options().comm_timeout_s
-        timeout_s = min(AGREE_S, limit) if limit > 0 else AGREE_S
+        timeout_s = min(AGREE_S, limit / 2) if limit > 0 else AGREE_S
     rank, size = world.Get_rank(), world.Get_size()
     peers = [r for r in range(size) if r != rank]
     mine = np.array([code], dtype=np.int32)

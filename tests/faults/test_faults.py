@@ -165,7 +165,8 @@ def test_an_error_every_rank_agrees_on_ends_without_an_abort(job):
 def test_a_one_line_error_on_one_rank_only_still_ends_the_job():
     # Rank 0 alone has a malformed HOSTIR_INJECT_FAULT (two app contexts: only the first
     # gets it); rank 1 goes on into the input agreement. Rank 0 hears no error from
-    # rank 1 within 10 s, so it aborts the job instead of exiting alone.
+    # rank 1 within half of HOSTIR_COMM_TIMEOUT, so it aborts the job instead of exiting
+    # alone, before rank 1's collective times out (that race once let rank 1 abort first).
     e = dict(os.environ)
     e.pop("HOSTIR_INJECT_FAULT", None)
     e.update({"PYTHONPATH": f"{ROOT}{os.pathsep}{e.get('PYTHONPATH', '')}",
