@@ -414,6 +414,10 @@ class ColumnReduceSpec:
     def kernel_name(self) -> str:
         return f"seam_column_reduce_{self.dtype}_s{self.sets}"
 
+    def grid(self, hidden: int) -> tuple[int, int, int]:
+        """One CTA of `REDUCE_BLOCK` per 32 columns of each set."""
+        return (self.sets * -(-hidden // REDUCE_BLOCK[0]), 1, 1)
+
     def params(self) -> list[tuple[str, str]]:
         return [("const float* __restrict__", "ws"), ("unsigned short*", "out0"),
                 ("unsigned short*", "out1"), ("int", "parts"), ("int", "hidden")]

@@ -366,14 +366,32 @@ auto issue = [&](int tile, int stage) {
     const int row0 = tile * RPB;
     const int nrows = rows - row0 < RPB ? rows - row0 : RPB;
     const size_t first = (size_t)row0 * HIDDEN + c0;
-    const int count = CLUSTER > 1 ? len : nrows * HIDDEN;  // one contiguous span
+    if (VS == 8 && (CLUSTER > 1 ? len == SL : nrows == RPB)) {
+      // The common span (a whole tile, or a whole slice): 16-byte aligned (every row
+      // start is, at VS 8) and of a length known here, so the copies unroll with
+      // constant offsets; the general loop below costs ~40 instructions a stream a row,
+      // as many as a LayerNorm row's extra math.
+      constexpr int CHUNKS = (CLUSTER > 1 ? SL : RPB * HIDDEN) / 8;
 #pragma unroll
-    for (int s = 0; s < NSTREAM; ++s) {
-      const unsigned short* src = srcs[s] + first;
-      const char* lo = reinterpret_cast<const char*>((unsigned long long)src & ~15ull);
-      const int chunks = (int)((reinterpret_cast<const char*>(src + count) - lo + 15) >> 4);
-      unsigned char* dst = smem + (size_t)(stage * NSTREAM + s) * STREAM_BYTES;
-      for (int j = tid; j < chunks; j += THREADS) cp_async16(dst + 16 * j, lo + 16 * j);
+      for (int s = 0; s < NSTREAM; ++s) {
+        const char* src = reinterpret_cast<const char*>(srcs[s] + first) + 16 * tid;
+        unsigned char* dst = smem + (size_t)(stage * NSTREAM + s) * STREAM_BYTES + 16 * tid;
+#pragma unroll
+        for (int u = 0; u < (CHUNKS + THREADS - 1) / THREADS; ++u) {
+          if (CHUNKS % THREADS == 0 || tid + u * THREADS < CHUNKS)
+            cp_async16(dst + 16 * THREADS * u, src + 16 * THREADS * u);
+        }
+      }
+    } else {
+      const int count = CLUSTER > 1 ? len : nrows * HIDDEN;  // one contiguous span
+#pragma unroll
+      for (int s = 0; s < NSTREAM; ++s) {
+        const unsigned short* src = srcs[s] + first;
+        const char* lo = reinterpret_cast<const char*>((unsigned long long)src & ~15ull);
+        const int chunks = (int)((reinterpret_cast<const char*>(src + count) - lo + 15) >> 4);
+        unsigned char* dst = smem + (size_t)(stage * NSTREAM + s) * STREAM_BYTES;
+        for (int j = tid; j < chunks; j += THREADS) cp_async16(dst + 16 * j, lo + 16 * j);
+      }
     }
     if (tid < nrows) {
       cp_async4(stats + (stage * 2) * RPB + tid, rstd + row0 + tid);
@@ -568,37 +586,36 @@ if constexpr (CLUSTER > 1) cluster_sync();  // no CTA leaves while its slots may
 """
 
 # out[set][col] = sum over parts of ws[set][part][col], in the weight's dtype. A block is
-# 32 columns x 32 lanes of parts (each lane keeps four loads in flight: the sum is a few
-# MB read once, and latency, not bandwidth, bounds a loop of dependent loads); the lanes
-# meet in shared memory.
+# 32 columns x 32 lanes of parts of one set (grid: SETS x the column blocks, so that
+# LayerNorm's two sets run side by side, not one after the other); each lane keeps four
+# loads in flight (the sum is a few MB read once, and latency, not bandwidth, bounds a loop
+# of dependent loads); then warp w sums column w's 32 lane sums by shuffles.
 COLUMN_REDUCE = r"""
+static_assert(REDUCE_LANES == 32, "a warp sums a column's lanes");
 dependent_launch_entry();
 __shared__ float part_sums[REDUCE_LANES][33];
 const int tx = threadIdx.x, ty = threadIdx.y;
-const int col = blockIdx.x * 32 + tx;
-for (int set = 0; set < SETS; ++set) {
-  float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
-  if (col < hidden) {
-    const float* __restrict__ p = ws + (size_t)set * parts * hidden + col;
-    int q = ty;
-    for (; q + 3 * REDUCE_LANES < parts; q += 4 * REDUCE_LANES) {
-      s0 += p[(size_t)q * hidden];
-      s1 += p[(size_t)(q + REDUCE_LANES) * hidden];
-      s2 += p[(size_t)(q + 2 * REDUCE_LANES) * hidden];
-      s3 += p[(size_t)(q + 3 * REDUCE_LANES) * hidden];
-    }
-    for (; q < parts; q += REDUCE_LANES) s0 += p[(size_t)q * hidden];
+const int blocks = gridDim.x / SETS;  // column blocks of a set
+const int set = blockIdx.x / blocks;
+const int col0 = (blockIdx.x - set * blocks) * 32, col = col0 + tx;
+float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+if (col < hidden) {
+  const float* __restrict__ p = ws + (size_t)set * parts * hidden + col;
+  int q = ty;
+  for (; q + 3 * REDUCE_LANES < parts; q += 4 * REDUCE_LANES) {
+    s0 += p[(size_t)q * hidden];
+    s1 += p[(size_t)(q + REDUCE_LANES) * hidden];
+    s2 += p[(size_t)(q + 2 * REDUCE_LANES) * hidden];
+    s3 += p[(size_t)(q + 3 * REDUCE_LANES) * hidden];
   }
-  part_sums[ty][tx] = (s0 + s1) + (s2 + s3);
-  __syncthreads();
-  if (ty == 0 && col < hidden) {
-    float s = 0.f;
-#pragma unroll 8
-    for (int q = 0; q < REDUCE_LANES; ++q) s += part_sums[q][tx];
-    (set == 0 ? out0 : out1)[col] = from_f(s);
-  }
-  __syncthreads();
+  for (; q < parts; q += REDUCE_LANES) s0 += p[(size_t)q * hidden];
 }
+part_sums[ty][tx] = (s0 + s1) + (s2 + s3);
+__syncthreads();
+float s = part_sums[tx][ty];  // column ty, lane tx: 33 floats a row, no bank conflict
+#pragma unroll
+for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+if (tx == 0 && col0 + ty < hidden) (set == 0 ? out0 : out1)[col0 + ty] = from_f(s);
 """
 
 # Pointwise math of the elementwise ops: `in` holds the inputs' values of one element,

@@ -551,6 +551,9 @@ def test_forward_runs_on_the_host(dtype, hidden, rows, grid, kind, residual):
     ("bf16", 1024, 9, 2, "rms_norm", True, 2, 2, "in_flight"),     # 4 bytes off: pairs, shifted
     ("bf16", 16384, 3, 2, "layer_norm", True, 0, 8, "in_flight"),  # a cluster of 2
     ("fp16", 16385, 3, 1, "rms_norm", True, 0, 1, "in_flight"),    # a cluster of 4, single values
+    # a cluster of 4 whose last slice is shorter: its copies take the general loop, the
+    # others' the unrolled one
+    ("bf16", 16392, 3, 1, "rms_norm", True, 0, 8, "in_flight"),
     # a cluster with 2 stages: no defer
     ("bf16", 16384, 4, 1, "layer_norm", True, -1, 8, "in_flight"),
     # the fewest_clusters rule: one CTA, three vectors a thread, n and g read again
@@ -591,7 +594,7 @@ def test_backward_and_column_reduce_run_on_the_host(dtype, hidden, rows, teams, 
     dw = torch.full_like(w, float("nan"))
     db = torch.full_like(w, float("nan")) if kind == "layer_norm" else None
     red = S.ColumnReduceSpec(dtype, spec.sets)
-    _host_kernel(red)(-(-hidden // S.REDUCE_BLOCK[0]), *S.REDUCE_BLOCK[:2], _p(ws), _p(dw),
+    _host_kernel(red)(red.grid(hidden)[0], *S.REDUCE_BLOCK[:2], _p(ws), _p(dw),
                       _p(db), parts, hidden)
     want = fused.add_norm_backward_reference(dy.double(), h.double(), w.double(),
                                              None if mean is None else mean.double(),
