@@ -53,7 +53,7 @@ shapes_work() {
 }
 rules_work() {  # an experiment, not an official file: the norm backward's plan rules
   echo "== norm backward rules"; timeout 500 python3 benchmarks/seams_bench.py --sweep \
-    --hidden 8704,12800,16384,16896,24576,33280,65536 \
+    --hidden 2560,4608,6656,8704,12800,16384,16896,24576,33280,65536 \
     --ops add_rms_norm_bwd,add_layer_norm_bwd --reps 5 --json "$OUT/seams_rules.json" \
     > "$OUT/seams_rules.log" 2>&1; echo "rc=$?"; tail -12 "$OUT/seams_rules.log"
 }

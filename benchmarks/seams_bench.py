@@ -276,7 +276,8 @@ def main(argv=None) -> int:
             rows_out.append(row)
             print(f"{op:<20} {hidden:>6} {row['ours_us']:>9.2f} us {row['ours_gbps']:>7.1f} GB/s "
                   f"over_copy {row['over_copy']:.3f}  torch {row['torch_us']} us"
-                  + (f"  sweep {row['sweep']}" if "sweep" in row else ""), flush=True)
+                  + (f"  sweep {row['sweep']}" if "sweep" in row else "")
+                  + (f"  rules {row['rules_us']}" if row.get("rules_us") else ""), flush=True)
             del sets, src, dst, calls
             torch.cuda.empty_cache()
     device = torch.cuda.get_device_name()

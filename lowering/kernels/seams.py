@@ -218,20 +218,45 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b) * b
 
 
-def _backward_layout(hidden, vs, cluster, streams, layer, hw, held):
-    """The plan of one cluster size, or None where its stages do not fit."""
+def _fitted_threads(sl: int, vs: int, held: int, cluster: int) -> tuple[int, int] | None:
+    """``(threads a row, vectors a thread)`` whose slots the slice's vectors fill best,
+    then with the most threads a block (rows of a tile: one in a cluster), then the most
+    vectors a thread; None where no row fits `BACKWARD_THREADS` at ``held`` columns."""
+    vectors = -(-sl // vs)
+    best = None
+    for k in range(1, held // vs + 1):
+        tpr = _ceil(-(-vectors // k), 32)
+        if tpr > BACKWARD_THREADS:
+            continue
+        threads = tpr if cluster > 1 else BACKWARD_THREADS // tpr * tpr
+        key = (round(vectors / (tpr * k), 2), threads, k)
+        if best is None or key > best[0]:
+            best = (key, tpr, k)
+    return None if best is None else best[1:]
+
+
+def _backward_layout(hidden, vs, cluster, streams, layer, hw, held, fit=False):
+    """The plan of one cluster size, or None where its stages do not fit. ``fit``: threads
+    sized to the slice (`_fitted_threads`), else a power of two a row (all of the block's
+    in a cluster)."""
     sl = hidden if cluster == 1 else _ceil(-(-hidden // cluster), 8)
     if cluster > 1 and (cluster - 1) * sl >= hidden:
         return None
-    tpr = 32
-    while tpr < BACKWARD_THREADS and -(-sl // (tpr * vs)) * vs > held:
-        tpr *= 2
-    if cluster > 1:
-        tpr = BACKWARD_THREADS
-    k = -(-sl // (tpr * vs))
-    if k * vs > held:
-        return None
-    rpb = BACKWARD_THREADS // tpr
+    if fit:
+        fitted = _fitted_threads(sl, vs, held, cluster)
+        if fitted is None:
+            return None
+        tpr, k = fitted
+    else:
+        tpr = 32
+        while tpr < BACKWARD_THREADS and -(-sl // (tpr * vs)) * vs > held:
+            tpr *= 2
+        if cluster > 1:
+            tpr = BACKWARD_THREADS
+        k = -(-sl // (tpr * vs))
+        if k * vs > held:
+            return None
+    rpb = 1 if cluster > 1 else BACKWARD_THREADS // tpr  # a cluster's tile: one row
     stream_bytes = _ceil(2 * rpb * sl + 14, 16)
     tile = streams * stream_bytes
     weight_bytes = _ceil(2 * sl + 14, 16)  # the slice's 16-byte cover, as a stream's
@@ -262,7 +287,11 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held):
 # each CTA's threads are about half full (8704: two CTAs of 4352 columns on 512 threads of
 # 16), and the H100's norm_widths dips (0.51 at 8704, 0.47 at 16896, 0.46 at 33280) fall
 # where the cluster doubles; which rule is faster there is for seams_bench --sweep to say.
-BACKWARD_RULES = ("in_flight", "fewest_clusters")
+# ``fitted`` chooses clusters as ``in_flight`` does but sizes a row's threads (any
+# multiple of 32) and their vectors so that the slice fills their slots: the H100's
+# backward over widths rose with the fill of the default's slots (a cluster of 2: 0.51
+# at 53% full, 0.70 at 91%), as if each slot cost its instructions, filled or not.
+BACKWARD_RULES = ("in_flight", "fewest_clusters", "fitted")
 
 
 @functools.lru_cache(maxsize=1024)
@@ -272,7 +301,8 @@ def plan_backward(hidden: int, alignment: int, dh: bool, layer: bool,
     fits a CTA) whose CTAs hold at most `BACKWARD_HELD_FLOATS` columns a thread, whose
     stages fit shared memory and keep `Hardware.in_flight_target` bytes in flight (else
     the one that keeps the most); where none holds the row so, twice the columns a
-    thread. ``fewest_clusters``: the smallest cluster whose stages fit at either. A
+    thread. ``fewest_clusters``: the smallest cluster whose stages fit at either.
+    ``fitted``: as ``in_flight``, with each slice's threads fitted to it. A
     LoweringError where none fits (a width the GPU cannot hold: runtime.fused then takes
     the torch path)."""
     if hidden < 1:
@@ -284,6 +314,7 @@ def plan_backward(hidden: int, alignment: int, dh: bool, layer: bool,
     streams = 3 if dh else 2
     clusters = [c for c in (1, 2, 4, 8) if c == 1 or (hw.clusters and c <= MAX_CLUSTER)]
     helds = (BACKWARD_HELD_FLOATS, 2 * BACKWARD_HELD_FLOATS)
+    fit = rule == "fitted"
     if rule == "fewest_clusters":
         for c in clusters:
             for held in helds:
@@ -291,7 +322,7 @@ def plan_backward(hidden: int, alignment: int, dh: bool, layer: bool,
                 if p is not None:
                     return p
     for held in helds:
-        plans = [p for p in (_backward_layout(hidden, vs, c, streams, layer, hw, held)
+        plans = [p for p in (_backward_layout(hidden, vs, c, streams, layer, hw, held, fit)
                              for c in clusters) if p is not None]
         for p in plans:  # the smallest cluster that keeps the bandwidth's bytes in flight
             if p.lookahead * p.tile_bytes >= hw.in_flight_target:
@@ -384,7 +415,8 @@ class AddNormBackwardSpec:
     def kernel_name(self) -> str:
         p = self.plan
         return (f"seam_{self.kind}_bwd_{self.dtype}_h{self.hidden}_v{p.vector}_c{p.cluster}"
-                f"_s{p.stages}_k{p.vectors_per_thread}" + ("_dh" if self.dh else ""))
+                f"_s{p.stages}_k{p.vectors_per_thread}_t{p.threads_per_row}x{p.rows_per_block}"
+                + ("_dh" if self.dh else ""))
 
     def params(self) -> list[tuple[str, str]]:
         u, cu = "unsigned short* __restrict__", "const unsigned short* __restrict__"

@@ -184,14 +184,37 @@ def test_fewest_clusters_rule_takes_fewer_ctas_a_row_and_still_fits():
         S.AddNormBackwardSpec("rms_norm", "bf16", 4096, True, rule="most")
 
 
-@pytest.mark.parametrize("hidden", [8704, 12800, 16896, 33280, 65536])
-def test_fewest_clusters_plans_compile_without_spills(hidden):
+def test_fitted_rule_fills_the_slots_it_plans():
+    """The third backward rule: the default's clusters, threads (a multiple of 32, at most
+    `BACKWARD_THREADS` a block) sized so that the slice's vectors fill their slots; where
+    the default's slots are full it plans as the default does."""
+    for hidden in list(range(512, 131073, 512)) + [7, 100, 768, 4097, 5140, 8705, 100003]:
+        for dh in (False, True):
+            a = S.plan_backward(hidden, 16, dh, True, S.SM90)
+            b = S.plan_backward(hidden, 16, dh, True, S.SM90, "fitted")
+            assert b.cluster * b.slice >= hidden > (b.cluster - 1) * b.slice
+            assert b.threads_per_row % 32 == 0 and b.block_threads <= S.BACKWARD_THREADS
+            assert b.rows_per_block == 1 or b.cluster == 1
+            slots = b.vectors_per_thread * b.threads_per_row * b.vector
+            assert slots >= b.slice and b.smem_bytes <= S.SM90.smem_per_block
+            a_slots = a.vectors_per_thread * a.threads_per_row * a.vector
+            assert slots - b.slice <= a_slots - a.slice or b.cluster != a.cluster
+            if a.cluster == b.cluster and a_slots == a.slice:
+                assert b == a, hidden
+    fitted = S.plan_backward(8704, 16, True, False, S.SM90, "fitted")
+    assert (fitted.cluster, fitted.threads_per_row, fitted.vectors_per_thread) == (2, 288, 2)
+    assert S.plan_backward(2560, 16, True, False, S.SM90, "fitted").block == (160, 3, 1)
+
+
+@pytest.mark.parametrize("hidden", [768, 2560, 4608, 8704, 12800, 16896, 33280, 65536, 5140])
+@pytest.mark.parametrize("rule", ["fewest_clusters", "fitted"])
+def test_other_rules_plans_compile_without_spills(hidden, rule):
     for kind in S.NORM_KINDS:
         for dh in (False, True):
-            spec = S.AddNormBackwardSpec(kind, "bf16", hidden, dh, rule="fewest_clusters")
+            spec = S.AddNormBackwardSpec(kind, "bf16", hidden, dh, rule=rule)
             ck = _assert_compiles_clean(spec, "sm_90")
-            # one CTA of 512 threads an SM: at most 128 registers a thread
-            assert ck.registers[ck.lowered[spec.kernel_name]] <= 128
+            # one CTA an SM: at most 64 K registers a block
+            assert ck.registers[ck.lowered[spec.kernel_name]] * spec.plan.block_threads <= 65536
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
@@ -559,6 +582,10 @@ def test_forward_runs_on_the_host(dtype, hidden, rows, grid, kind, residual):
     # the fewest_clusters rule: one CTA, three vectors a thread, n and g read again
     ("bf16", 8704, 5, 2, "layer_norm", True, 0, 8, "fewest_clusters"),
     ("fp16", 16896, 3, 1, "rms_norm", True, 0, 8, "fewest_clusters"),  # a cluster of 2, k3
+    # the fitted rule: 96 threads x 5 rows, 160 x 3, and a cluster of 2 CTAs of 288 threads
+    ("bf16", 768, 12, 2, "layer_norm", True, 0, 8, "fitted"),
+    ("fp16", 2560, 8, 2, "rms_norm", False, 0, 8, "fitted"),
+    ("bf16", 8704, 3, 2, "layer_norm", True, 0, 8, "fitted"),
 ])
 def test_backward_and_column_reduce_run_on_the_host(dtype, hidden, rows, teams, kind, with_dh,
                                                     offset, vector, rule):
