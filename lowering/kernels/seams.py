@@ -288,9 +288,11 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held, fit=False):
 # 16), and the H100's norm_widths dips (0.51 at 8704, 0.47 at 16896, 0.46 at 33280) fall
 # where the cluster doubles; which rule is faster there is for seams_bench --sweep to say.
 # ``fitted`` chooses clusters as ``in_flight`` does but sizes a row's threads (any
-# multiple of 32) and their vectors so that the slice fills their slots: the H100's
-# backward over widths rose with the fill of the default's slots (a cluster of 2: 0.51
-# at 53% full, 0.70 at 91%), as if each slot cost its instructions, filled or not.
+# multiple of 32) and their vectors so that the slice fills their slots. The H100's
+# backward over widths rose with the share of the default's slots filled (a cluster of 2:
+# 0.51 of copy at 53%, 0.70 at 91%); fitted asks whether fewer threads, each as busy as
+# the default's busiest, pay (fewer instructions a row) or lose (fewer warps to hide a
+# row's latency).
 BACKWARD_RULES = ("in_flight", "fewest_clusters", "fitted")
 
 
