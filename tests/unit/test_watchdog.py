@@ -214,3 +214,44 @@ def test_one_rank_errors_end_by_returning_their_code():
     from runtime.watchdog import end_after_error
 
     assert end_after_error(LoweringError("bad"), 2) == 2  # no MPI here: one rank
+
+
+class _SilentPeer:
+    """A two-rank MPI world whose peer never sends: its requests never complete."""
+
+    class _Request:
+        def Test(self):
+            return False
+
+    def Get_rank(self):
+        return 0
+
+    def Get_size(self):
+        return 2
+
+    def Irecv(self, *args, **kwargs):
+        return self._Request()
+
+    Isend = Irecv
+
+
+@pytest.mark.parametrize("limit, waited", [(0.4, 0.2), (100.0, 10.0), (0.0, 10.0)])
+def test_a_rank_with_an_error_waits_at_most_half_the_collective_timeout(monkeypatch, limit,
+                                                                       waited):
+    # so that it, not a peer whose collective times out, aborts the job and names the cause
+    import dataclasses
+
+    from hostir.options import options, set_options
+    from runtime import watchdog
+
+    set_options(dataclasses.replace(options(), comm_timeout_s=limit))
+    waits = []
+    monkeypatch.setattr(watchdog, "mpi_world", lambda: _SilentPeer())
+    monkeypatch.setattr(watchdog, "poll_requests",
+                        lambda reqs, deadline: (waits.append(deadline - time.monotonic()),
+                                                [r.Test() for r in reqs])[1])
+    try:
+        assert not watchdog.every_rank_failed(3)
+    finally:
+        set_options(None)
+    assert waits and waits[0] == pytest.approx(waited, abs=0.05)
