@@ -49,8 +49,9 @@ import torch
 import torch.nn.functional as F
 
 from hostir.errors import LoweringError
-from hostir.nn.linear import (COMMS, ColumnParallelLinear, RowParallelLinear, _no_autocast,
-                              _plan, _resolve, _runtime, _world, sequence_rows)
+from hostir.nn.linear import (COMMS, ColumnParallelLinear, Memo, RowParallelLinear,
+                              _no_autocast, _plan, _resolve, _runtime, _torch_group, _world,
+                              sequence_rows)
 from runtime import fused, rotary
 
 __all__ = ["ParallelTransformerBlock", "check_block_shape", "shard_fused", "unshard_fused",
@@ -297,10 +298,15 @@ class _GroupComm:
 
     def __init__(self, process_group, comm: str, schedule: str):
         self.process_group, self.comm, self.schedule = process_group, comm, schedule
+        self._runtimes = Memo()
 
     def _comm(self, device):
-        kind, _ = _resolve(device, self.process_group, self.comm, self.schedule)
-        return _runtime(device, self.process_group, kind)
+        key = (device, _torch_group(self.process_group))  # as `_plan` remembers its plans
+        rt = self._runtimes.get(key)
+        if rt is None:
+            kind, _ = _resolve(device, self.process_group, self.comm, self.schedule)
+            rt = self._runtimes[key] = _runtime(device, self.process_group, kind)
+        return rt
 
     def __call__(self, grad: torch.Tensor) -> torch.Tensor:
         rt = self._comm(grad.device)

@@ -147,3 +147,27 @@ def test_capture_blocks_off_cuda_returns_the_blocks_and_refuses_none():
     assert isinstance(model, torch.nn.Sequential) and list(model) == blocks
     with pytest.raises(LoweringError, match="no blocks"):
         capture_blocks([], torch.randn(3, 4))
+
+
+def test_a_block_remembers_its_plans_and_a_copy_or_a_save_starts_without_them():
+    import copy
+    import io
+
+    from hostir.nn import LlamaBlock, _plan, parallelize
+
+    block = parallelize(LlamaBlock(32, heads=4, kv_heads=2, ffn=64))
+    x = torch.randn(8, 32, requires_grad=True)
+    block(x).sum().backward()
+    memo = block.qkv_proj._plan_memo
+    assert len(memo) == 1 and len(block._reduce._runtimes) == 1
+    n = block.qkv_proj._inputs(x.detach())[0]
+    assert _plan("column", block.qkv_proj, n) is next(iter(memo.values()))  # no new plan
+    twin = copy.deepcopy(block)
+    buf = io.BytesIO()
+    torch.save(block, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=False)
+    for other in (twin, loaded):
+        assert len(other.qkv_proj._plan_memo) == 0 and len(other._reduce._runtimes) == 0
+        assert torch.equal(other(x), block(x))
+        assert len(other.qkv_proj._plan_memo) == 1
