@@ -159,6 +159,26 @@ def test_add_norm_backward_at_every_width_against_float64(dtype, width, kind):
         assert torch.equal(again[0], dx) and torch.equal(again[1], dw)  # no atomics
 
 
+@pytest.mark.parametrize("rule", ("fewest_clusters", "fitted"))
+@pytest.mark.parametrize("width", (768, 2560, 4608, 8704, 16896, 33280))
+def test_each_backward_plan_rule_against_float64(width, rule):
+    """The plan rules that `seams_bench.py --sweep` times beside the default: the same
+    results, on the hardware (real cp.async stages and cluster barriers)."""
+    dtype, rows, kind = torch.bfloat16, 301, "layer_norm"
+    gen = torch.Generator(device="cuda").manual_seed(width + 11)
+    h = _randn((rows, width), gen, dtype, shift=3.0)
+    w = _randn(width, gen, dtype, 0.3, 1.0)
+    dy = _randn((rows, width), gen, dtype)
+    dh = _randn((rows, width), gen, dtype)
+    _, _, mean, rstd = fused.add_norm_forward_reference(h, None, w, None, 1e-5, kind)
+    dx, dw, db = fused.add_norm_backward_fused(dy, h, w, mean, rstd, kind, dh, rule=rule)
+    want = fused.add_norm_backward_reference(dy.double(), h.double(), w.double(),
+                                             mean.double(), rstd.double(), kind, dh.double())
+    _check("dx", dx, want[0], dtype)
+    _check("dweight", dw, want[1], dtype)
+    _check("dbias", db, want[2], dtype)
+
+
 @pytest.mark.parametrize("width", (512, 4096, 16385, 65536))
 def test_add_norm_backward_on_misaligned_rows_at_wide_widths(width):
     """Bases 2 bytes past a 16-byte boundary (a view into a larger buffer): the staged
