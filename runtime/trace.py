@@ -190,3 +190,30 @@ def overlap(events, steps: int = 1) -> dict:
     return {"span_ms": span / per, "comm_ms": total / per, "hidden_ms": hidden / per,
             "exposed_ms": (total - hidden) / per,
             "hidden_fraction": hidden / total if total else None}
+
+
+def breakdown(events, steps: int = 1, top: int = 12) -> dict:
+    """Where a step's GPU time went, from `device_events`, per step (milliseconds):
+    ``busy_ms`` (time some kernel or copy ran), ``span_ms`` (first event to last),
+    ``idle_ms`` (the rest of the span: the GPU waited on the host, or on nothing) and the
+    ``top`` kernels by total time, ``[name (cut to 96 characters), ms, calls]``.
+
+    >>> b = breakdown([(0, "GEMM", 0.0, 600.0, "g"), (0, "other", 800.0, 200.0, "n")])
+    >>> b["busy_ms"], b["idle_ms"], b["top"][0]
+    (0.8, 0.2, ['g', 0.6, 1.0])
+    """
+    per = 1e3 * max(1, steps)
+    busy = _covered(_merged((s, s + d) for _, _, s, d, _ in events))
+    span = (max(s + d for _, _, s, d, _ in events) - min(s for _, _, s, _, _ in events)
+            if events else 0.0)
+    totals: dict = {}
+    for _, _, _, d, name in events:
+        t = totals.setdefault(name[:96], [0.0, 0])
+        t[0] += d
+        t[1] += 1
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])[:top]
+    return {"span_ms": round(span / per, 4), "busy_ms": round(busy / per, 4),
+            "idle_ms": round((span - busy) / per, 4),
+            "top": [[n, round(t / per, 4), round(c / max(1, steps), 2)]
+                    for n, (t, c) in ranked]}
+

@@ -19,7 +19,8 @@ parallel``, sequence parallel) when the world size is above 1: medians after war
 interleaved, the slowest rank's; tokens/s for each; and ours' first step on the new
 model (timed after the eager model's first step has paid torch's own start-up) over a
 steady one: run ``python -m hostir.run warmup train_transformer ...`` first to measure
-it on a warm kernel cache. ``--json FILE`` writes the rows.
+it on a warm kernel cache; and, from a profiler trace, ours' and eager's GPU busy and idle
+time a step and their top kernels. ``--json FILE`` writes the rows.
 
 On one GPU the bench also times ``ours_graphed``: the same blocks with each block's
 forward and backward replayed from CUDA graphs (``hostir.nn.graphs.capture_blocks``), the
@@ -391,6 +392,23 @@ def communication_overlap(step, rank: int, iters: int = 2) -> dict:
         os.unlink(path)
 
 
+def gpu_profile(step, rank: int, iters: int = 2) -> dict:
+    """Where ``step``'s GPU time goes, from a profiler trace of ``iters`` steps on this
+    rank (`runtime.trace.breakdown`): the GPU's busy and idle time a step and its top
+    kernels, so that a bench row says whether a step waits on the host and which kernels
+    set its time."""
+    import os
+
+    from runtime import trace
+
+    path = f"{trace.default_trace_base()[:-5]}.profile.rank{rank}.json"
+    trace.record(step, iters, path, warmup=2)
+    try:
+        return trace.breakdown(trace.device_events(path), steps=iters)
+    finally:
+        os.unlink(path)
+
+
 def host_ms(steps: dict, calls: int = 3) -> dict:
     """Host milliseconds to issue one step of each (``calls`` steps queued back to back
     after a synchronize, divided; a few steps' kernels fit in the launch queue, so the
@@ -470,6 +488,7 @@ def bench(args) -> int:
     import torch.distributed as dist
 
     comm = communication_overlap(steps["ours"], rank) if world > 1 else None
+    profile = {name: gpu_profile(steps[name], rank) for name in ("ours", "eager")}
     times = {n: _sum_over_ranks(torch.tensor(ms), dist.ReduceOp.MAX) for n, ms in times.items()}
     config = {"layers": args.layers, "hidden": args.hidden, "heads": args.heads,
               "kv_heads": args.kv_heads, "ffn": ffn_width(args), "tokens": args.tokens,
@@ -478,6 +497,7 @@ def bench(args) -> int:
     row = {"config": config, **{f"{n}_ms": ms for n, ms in times.items()},
            "tokens_per_s": {n: args.tokens / (ms / 1e3) for n, ms in times.items()},
            "host_ms": host,
+           "gpu_profile": profile,
            **({"ours_comm": comm} if comm is not None else {}),
            "speedup_vs_eager": times["eager"] / times["ours"],
            "speedup_vs_compile": times["compile"] / times["ours"],

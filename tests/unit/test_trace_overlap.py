@@ -48,3 +48,30 @@ def test_the_transformer_bench_reads_its_own_trace_and_removes_it(tmp_path, monk
     assert len(calls) == 4  # two warm-up steps, two recorded
     assert got["comm_ms"] == 0 and got["hidden_fraction"] is None
     assert list(tmp_path.iterdir()) == []
+
+
+def test_breakdown_counts_overlaps_once_and_ranks_kernels_by_time():
+    from runtime.trace import breakdown
+
+    events = [(0, "GEMM", 0.0, 400.0, "gemm_a"), (1, "other", 100.0, 100.0, "norm"),
+              (0, "GEMM", 600.0, 200.0, "gemm_a"), (0, "other", 900.0, 100.0, "norm" * 40),
+              (0, "GEMM", 1400.0, 600.0, "gemm_b")]
+    got = breakdown(events, steps=2, top=2)
+    assert got["span_ms"] == pytest.approx(1.0)  # 0..2000 us over two steps
+    assert got["busy_ms"] == pytest.approx((400 + 200 + 100 + 600) / 2e3)  # 100-200 once
+    assert got["idle_ms"] == pytest.approx((2000 - 1300) / 2e3)
+    assert got["top"] == [["gemm_a", 0.3, 1.0], ["gemm_b", 0.3, 0.5]]
+    assert breakdown([]) == {"span_ms": 0.0, "busy_ms": 0.0, "idle_ms": 0.0, "top": []}
+    assert max(len(n) for n, _, _ in breakdown(events)["top"]) == 96  # long names cut
+
+
+def test_the_transformer_bench_profiles_a_step_and_removes_its_trace(tmp_path, monkeypatch):
+    import torch
+
+    from hostir.jobs.train_transformer import gpu_profile
+    from runtime import trace
+
+    monkeypatch.setattr(trace, "default_trace_base", lambda: str(tmp_path / "t.json"))
+    got = gpu_profile(lambda: torch.ones(4).sum(), 0)
+    assert got == {"span_ms": 0.0, "busy_ms": 0.0, "idle_ms": 0.0, "top": []}  # no GPU here
+    assert list(tmp_path.iterdir()) == []
