@@ -216,4 +216,3 @@ def breakdown(events, steps: int = 1, top: int = 12) -> dict:
             "idle_ms": round((span - busy) / per, 4),
             "top": [[n, round(t / per, 4), round(c / max(1, steps), 2)]
                     for n, (t, c) in ranked]}
-

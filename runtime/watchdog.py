@@ -115,16 +115,17 @@ def every_rank_failed(code: int, timeout_s: float | None = None) -> bool:
     theirs = {r: np.zeros(1, dtype=np.int32) for r in peers}
     recvs = [world.Irecv(theirs[r], source=r, tag=ERROR_TAG) for r in peers]
     sends = [world.Isend(mine, dest=r, tag=ERROR_TAG) for r in peers]
-    if not all(poll_requests(recvs, time.monotonic() + timeout_s)):
+    deadline = time.monotonic() + timeout_s  # one for both: the wait is at most timeout_s
+    if not all(poll_requests(recvs, deadline)):
         return False
     # Every peer posted its receive (it sent to this rank from the same code path).
-    return all(poll_requests(sends, time.monotonic() + timeout_s))
+    return all(poll_requests(sends, deadline))
 
 
 def end_after_error(exc: BaseException, code: int) -> int:
     """The exit code for a one-line error already printed: ``code`` when no peer can be
     left waiting (one rank, an error raised on every rank by construction, or every rank
-    reports an error within AGREE_S), so the caller returns it and MPI finalizes with no
+    reports an error in time: `every_rank_failed`), so the caller returns it and MPI finalizes with no
     abort banner. Otherwise (an error raised while executing a statement, a timed-out
     collective, or a peer that says nothing) the MPI job is aborted here."""
     if world_size() <= 1 or getattr(exc, "on_every_rank", False):

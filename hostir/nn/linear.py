@@ -464,15 +464,17 @@ class Memo(dict):
 def _plan(kind, layer, x: torch.Tensor, epilogue: str | None = None,
           rows: int | None = None) -> _Plan:
     """The plan for ``layer`` on inputs like ``x`` (``rows``: the input's rows, when
-    ``x`` only gives dtype and device). A layer remembers its plans by what changes
-    between its calls (rows, dtype, device, epilogue, whether a torch.distributed group
-    is up), so that a steady call skips resolving the communicator and the runtime:
-    host time, a few microseconds a call."""
+    ``x`` only gives dtype and device). A layer remembers its plans by the inputs (rows,
+    dtype, device), the epilogue, its settings (which a caller may change between calls)
+    and whether a torch.distributed group is up, so that a steady call skips resolving
+    the communicator and the runtime: host time, a few microseconds a call."""
     rows = x.shape[0] if rows is None else rows
     memo = layer.__dict__.get("_plan_memo")
     if memo is None:
         memo = layer.__dict__["_plan_memo"] = Memo()
-    short = (kind, rows, x.dtype, x.device, epilogue, _torch_group(layer.process_group))
+    short = (kind, rows, x.dtype, x.device, epilogue, layer.stages, layer.streams,
+             layer.overlap_weight_grad, layer.comm, layer.schedule, id(layer.process_group),
+             _torch_group(layer.process_group))
     plan = memo.get(short)
     if plan is None:
         plan = memo[short] = _new_plan(kind, layer, x, epilogue, rows)

@@ -298,14 +298,17 @@ class _GroupComm:
 
     def __init__(self, process_group, comm: str, schedule: str):
         self.process_group, self.comm, self.schedule = process_group, comm, schedule
-        self._runtimes = Memo()
 
     def _comm(self, device):
-        key = (device, _torch_group(self.process_group))  # as `_plan` remembers its plans
-        rt = self._runtimes.get(key)
+        # remembered as `_plan` remembers its plans (made here on first use, so that an
+        # instance pickled before it existed loads and runs too)
+        runtimes = self.__dict__.setdefault("_runtimes", Memo())
+        key = (device, self.comm, self.schedule, id(self.process_group),
+               _torch_group(self.process_group))
+        rt = runtimes.get(key)
         if rt is None:
             kind, _ = _resolve(device, self.process_group, self.comm, self.schedule)
-            rt = self._runtimes[key] = _runtime(device, self.process_group, kind)
+            rt = runtimes[key] = _runtime(device, self.process_group, kind)
         return rt
 
     def __call__(self, grad: torch.Tensor) -> torch.Tensor:

@@ -287,11 +287,12 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held, fit=False):
 # each CTA's threads are about half full (8704: two CTAs of 4352 columns on 512 threads of
 # 16), and the H100's norm_widths dips (0.51 at 8704, 0.47 at 16896, 0.46 at 33280) fall
 # where the cluster doubles; which rule is faster there is for seams_bench --sweep to say.
-# ``fitted`` chooses clusters as ``in_flight`` does but sizes a row's threads (any
-# multiple of 32) and their vectors so that the slice fills their slots. The H100's
-# backward over widths rose with the share of the default's slots filled (a cluster of 2:
-# 0.51 of copy at 53%, 0.70 at 91%); fitted asks whether fewer threads, each as busy as
-# the default's busiest, pay (fewer instructions a row) or lose (fewer warps to hide a
+# ``fitted`` chooses clusters by ``in_flight``'s test (the same ones at every width
+# checked, though its rows a tile can change the bytes in flight) but sizes a row's
+# threads (any multiple of 32) and their vectors so that the slice fills their slots. The
+# H100's backward over widths rose with the share of the default's slots filled (a cluster
+# of 2: 0.51 of copy at 53%, 0.70 at 91%); fitted asks whether fewer threads, each as busy
+# as the default's busiest, pay (fewer instructions a row) or lose (fewer warps to hide a
 # row's latency).
 BACKWARD_RULES = ("in_flight", "fewest_clusters", "fitted")
 

@@ -595,8 +595,9 @@ static_assert(REDUCE_LANES == 32, "a warp sums a column's lanes");
 dependent_launch_entry();
 __shared__ float part_sums[REDUCE_LANES][33];
 const int tx = threadIdx.x, ty = threadIdx.y;
-const int blocks = gridDim.x / SETS;  // column blocks of a set
+const int blocks = (hidden + 31) / 32;  // column blocks of a set
 const int set = blockIdx.x / blocks;
+if (set >= SETS) return;  // a grid past SETS x blocks (the whole block leaves)
 const int col0 = (blockIdx.x - set * blocks) * 32, col = col0 + tx;
 float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
 if (col < hidden) {

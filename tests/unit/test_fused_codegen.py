@@ -206,12 +206,14 @@ def test_fitted_rule_fills_the_slots_it_plans():
     assert S.plan_backward(2560, 16, True, False, S.SM90, "fitted").block == (160, 3, 1)
 
 
-@pytest.mark.parametrize("hidden", [768, 2560, 4608, 8704, 12800, 16896, 33280, 65536, 5140])
+@pytest.mark.parametrize("hidden, alignment", [
+    (768, 16), (2560, 16), (4608, 16), (8704, 16), (12800, 16), (16896, 16), (33280, 16),
+    (65536, 16), (5140, 16), (768, 2), (8704, 2), (2560, 4)])  # 2, 4: single values, pairs
 @pytest.mark.parametrize("rule", ["fewest_clusters", "fitted"])
-def test_other_rules_plans_compile_without_spills(hidden, rule):
+def test_other_rules_plans_compile_without_spills(hidden, alignment, rule):
     for kind in S.NORM_KINDS:
         for dh in (False, True):
-            spec = S.AddNormBackwardSpec(kind, "bf16", hidden, dh, rule=rule)
+            spec = S.AddNormBackwardSpec(kind, "bf16", hidden, dh, alignment, rule=rule)
             ck = _assert_compiles_clean(spec, "sm_90")
             # one CTA an SM: at most 64 K registers a block
             assert ck.registers[ck.lowered[spec.kernel_name]] * spec.plan.block_threads <= 65536
@@ -586,6 +588,7 @@ def test_forward_runs_on_the_host(dtype, hidden, rows, grid, kind, residual):
     ("bf16", 768, 12, 2, "layer_norm", True, 0, 8, "fitted"),
     ("fp16", 2560, 8, 2, "rms_norm", False, 0, 8, "fitted"),
     ("bf16", 8704, 3, 2, "layer_norm", True, 0, 8, "fitted"),
+    ("bf16", 768, 6, 2, "layer_norm", True, 1, 1, "fitted"),  # bases 2 bytes off: v1 k12
 ])
 def test_backward_and_column_reduce_run_on_the_host(dtype, hidden, rows, teams, kind, with_dh,
                                                     offset, vector, rule):

@@ -155,13 +155,25 @@ def test_a_block_remembers_its_plans_and_a_copy_or_a_save_starts_without_them():
 
     from hostir.nn import LlamaBlock, _plan, parallelize
 
+    from hostir.nn import linear
+
     block = parallelize(LlamaBlock(32, heads=4, kv_heads=2, ffn=64))
     x = torch.randn(8, 32, requires_grad=True)
     block(x).sum().backward()
     memo = block.qkv_proj._plan_memo
     assert len(memo) == 1 and len(block._reduce._runtimes) == 1
-    n = block.qkv_proj._inputs(x.detach())[0]
-    assert _plan("column", block.qkv_proj, n) is next(iter(memo.values()))  # no new plan
+    layer = block.qkv_proj
+    n = layer._inputs(x.detach())[0]
+    plan = next(iter(memo.values()))
+    with pytest.MonkeyPatch.context() as mp:  # a steady call makes no plan
+        mp.setattr(linear, "_new_plan", lambda *a: pytest.fail("the memo was bypassed"))
+        assert _plan("column", layer, n) is plan
+    # new rows, or a setting changed after the first call: a plan of their own
+    assert _plan("column", layer, n[:4]) is not plan and len(memo) == 2
+    layer.stages = 2
+    assert _plan("column", layer, n) is not plan and len(memo) == 3
+    assert _plan("column", layer, n).S == 2
+    layer.stages = 1
     twin = copy.deepcopy(block)
     buf = io.BytesIO()
     torch.save(block, buf)
@@ -171,3 +183,6 @@ def test_a_block_remembers_its_plans_and_a_copy_or_a_save_starts_without_them():
         assert len(other.qkv_proj._plan_memo) == 0 and len(other._reduce._runtimes) == 0
         assert torch.equal(other(x), block(x))
         assert len(other.qkv_proj._plan_memo) == 1
+    del block._reduce.__dict__["_runtimes"]  # as pickled before the runtimes were kept
+    block(x).sum().backward()  # the norms' weight gradients: summed over the group
+    assert len(block._reduce._runtimes) == 1
