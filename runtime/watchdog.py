@@ -116,10 +116,42 @@ def every_rank_failed(code: int, timeout_s: float | None = None) -> bool:
     recvs = [world.Irecv(theirs[r], source=r, tag=ERROR_TAG) for r in peers]
     sends = [world.Isend(mine, dest=r, tag=ERROR_TAG) for r in peers]
     deadline = time.monotonic() + timeout_s  # one for both: the wait is at most timeout_s
-    if not all(poll_requests(recvs, deadline)):
+    heard = poll_requests(recvs, deadline)
+    if not all(heard):
+        for req, done in zip(recvs, heard):
+            if not done:  # no receive left posted into buffers that go away here
+                req.Cancel()
+                req.Wait()
         return False
     # Every peer posted its receive (it sent to this rank from the same code path).
     return all(poll_requests(sends, deadline))
+
+
+def peers_reporting_errors() -> list[int]:
+    """The other ranks whose error message (`every_rank_failed`) waits here unreceived:
+    a rank that ran out of time in a collective names them, since their own lines say
+    why it was left waiting. Empty without MPI, or where MPI cannot say."""
+    world = mpi_world()
+    if world is None or world.Get_size() <= 1:
+        return []
+    try:
+        rank = world.Get_rank()
+        return [r for r in range(world.Get_size())
+                if r != rank and world.Iprobe(source=r, tag=ERROR_TAG)]
+    except Exception:  # noqa: BLE001 -- only a better message is lost
+        return []
+
+
+def timeout_cause() -> str:
+    """The end of a timed-out collective's message: the peers that reported an error of
+    their own (`peers_reporting_errors`), else what may have happened to one."""
+    peers = peers_reporting_errors()
+    if not peers:
+        return "a peer rank failed, died or is stuck"
+    if len(peers) == 1:
+        return f"rank {peers[0]} stopped with an error of its own, which its line names"
+    return (f"ranks {', '.join(map(str, peers))} stopped with errors of their own, which "
+            "their lines name")
 
 
 def end_after_error(exc: BaseException, code: int) -> int:
@@ -259,8 +291,8 @@ class Watchdog:
             if expired:
                 self._fire(f"rank {self.rank}: {what} did not complete within "
                            f"{self.timeout_s:g} s (HOSTIR_COMM_TIMEOUT); the watchdog aborted "
-                           f"the {self.what} communicator. Expected every rank to post it: a "
-                           "peer rank failed, died or is stuck", CommTimeoutError)
+                           f"the {self.what} communicator. Expected every rank to post it: "
+                           f"{timeout_cause()}", CommTimeoutError)
                 return
 
     def _fire(self, message: str, kind: type = CommTimeoutError) -> None:

@@ -47,10 +47,12 @@ def wait_requests(requests, what: str, rank: int | None, timeout_s: float | None
     while not MPI.Request.Testall(requests):
         waited = time.monotonic() - start
         if waited > timeout_s:
+            from runtime.watchdog import timeout_cause  # the error path only
+
             who = "" if rank is None else f"rank {rank}: "
             message = (f"{who}{what} did not complete within {timeout_s:g} s "
                        "(HOSTIR_COMM_TIMEOUT); expected every rank to post it, found it still "
-                       "pending: a peer rank failed, died or is stuck")
+                       f"pending: {timeout_cause()}")
             where = flight.dump(f"timeout: {message}")
             raise CommTimeoutError(message + flight.describe(where))
         time.sleep(delay)

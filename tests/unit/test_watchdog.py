@@ -223,6 +223,12 @@ class _SilentPeer:
         def Test(self):
             return False
 
+        def Cancel(self):
+            pass
+
+        def Wait(self):
+            pass
+
     def Get_rank(self):
         return 0
 
@@ -255,3 +261,31 @@ def test_a_rank_with_an_error_waits_at_most_half_the_collective_timeout(monkeypa
     finally:
         set_options(None)
     assert waits and waits[0] == pytest.approx(waited, abs=0.05)
+
+
+class _PeersWithErrors(_SilentPeer):
+    """A four-rank world (this is rank 1) where ranks 0 and 3 sent their error message."""
+
+    def Get_rank(self):
+        return 1
+
+    def Get_size(self):
+        return 4
+
+    def Iprobe(self, source, tag):
+        from runtime.watchdog import ERROR_TAG
+
+        return tag == ERROR_TAG and source in (0, 3)
+
+
+def test_a_timed_out_collective_names_the_peers_that_stopped_with_an_error(monkeypatch):
+    from runtime import watchdog
+
+    monkeypatch.setattr(watchdog, "mpi_world", lambda: _PeersWithErrors())
+    assert watchdog.peers_reporting_errors() == [0, 3]
+    assert watchdog.timeout_cause() == ("ranks 0, 3 stopped with errors of their own, which "
+                                        "their lines name")
+    monkeypatch.setattr(watchdog, "mpi_world", lambda: _SilentPeer())  # no Iprobe: MPI can't say
+    assert watchdog.timeout_cause() == "a peer rank failed, died or is stuck"
+    monkeypatch.setattr(watchdog, "mpi_world", lambda: None)
+    assert watchdog.peers_reporting_errors() == []
