@@ -363,8 +363,8 @@ def _backward_record(kind, dtype, hidden: int, dh: bool, alignment: int, index: 
                    plan.cluster == 1 and _dependent_launch(index), plan.rows_per_block, cap,
                    plan.cluster)
     reduce = seams.ColumnReduceSpec(_KERNEL_DTYPES[dtype], spec.sets)
-    # one CTA per REDUCE_BLOCK[0] columns of each set, every column (no cap): units are
-    # a set's columns rounded up to whole blocks (`ColumnReduceSpec.grid`)
+    # its grid is `ColumnReduceSpec.grid` (a CTA per REDUCE_BLOCK[0] columns of each set),
+    # not this record's per-unit one
     return rows, _Launch(reduce, index, _kernel(reduce, index), seams.REDUCE_BLOCK, 0,
                          _dependent_launch(index), seams.REDUCE_BLOCK[0], 2**31 - 1)
 
@@ -429,7 +429,7 @@ def add_norm_backward_fused(dy, h, weight, mean, rstd, kind: str, dh=None,
     sums = (ws_ptr, np.uint64(dweight.data_ptr()),
             np.uint64(0 if dbias is None else dbias.data_ptr()), np.int32(teams), np.int32(hidden))
     _launch((row_kernel, grid, (*map(np.uint64, p), ws_ptr, np.int32(rows))),
-            (reduce, reduce.grid(reduce.spec.sets * -(-hidden // 32) * 32), sums))
+            (reduce, reduce.spec.grid(hidden), sums))
     return dx, dweight, dbias
 
 

@@ -171,6 +171,13 @@ def _common(a, b) -> float:
     return total
 
 
+def _span(events) -> float:
+    """First event's start to last event's end (0 without events)."""
+    if not events:
+        return 0.0
+    return max(s + d for _, _, s, d, _ in events) - min(s for _, _, s, _, _ in events)
+
+
 def overlap(events, steps: int = 1) -> dict:
     """How much of the communication ran beside computation, from `device_events`, per
     step (milliseconds): ``comm_ms`` (time some NCCL kernel or copy-engine copy ran),
@@ -183,8 +190,7 @@ def overlap(events, steps: int = 1) -> dict:
     """
     comm = _merged((s, s + d) for _, kind, s, d, _ in events if kind in ("NCCL", "copy engine"))
     work = _merged((s, s + d) for _, kind, s, d, _ in events if kind in ("GEMM", "other"))
-    starts = [s for _, _, s, _, _ in events]
-    span = (max(s + d for _, _, s, d, _ in events) - min(starts)) if events else 0.0
+    span = _span(events)
     total, hidden = _covered(comm), _common(comm, work)
     per = 1e3 * max(1, steps)
     return {"span_ms": span / per, "comm_ms": total / per, "hidden_ms": hidden / per,
@@ -204,8 +210,7 @@ def breakdown(events, steps: int = 1, top: int = 12) -> dict:
     """
     per = 1e3 * max(1, steps)
     busy = _covered(_merged((s, s + d) for _, _, s, d, _ in events))
-    span = (max(s + d for _, _, s, d, _ in events) - min(s for _, _, s, _, _ in events)
-            if events else 0.0)
+    span = _span(events)
     totals: dict = {}
     for _, _, _, d, name in events:
         t = totals.setdefault(name[:96], [0.0, 0])

@@ -126,7 +126,6 @@ def estimated_bytes(args, world: int) -> int:
     return int(e * total)
 
 
-
 def validate(args, world) -> None:
     """Every refusal before any collective, alike on every rank (see hostir.jobs.preflight).
     ``world``: the launch's `preflight.World`, or a plain world size."""
@@ -376,35 +375,23 @@ def side_by_side(steps: dict, iters: int, warmup: int) -> dict:
     return {name: statistics.median(ts) for name, ts in times.items()}
 
 
-def communication_overlap(step, rank: int, iters: int = 2) -> dict:
-    """Ours' communication beside its computation, from a profiler trace of ``iters``
-    steps on this rank (`runtime.trace.overlap`): per step, the time a collective ran,
-    how much of it some kernel of computation ran beside (hidden), and the rest."""
+# Steps a bench row's profiler trace records (after two warm-up steps).
+TRACED_STEPS = 2
+
+
+def traced_events(step, rank: int, tag: str, iters: int = TRACED_STEPS) -> list:
+    """The GPU events (`runtime.trace.device_events`) of ``iters`` steps of ``step`` on
+    this rank, from a profiler trace written under ``tag`` and removed once read: one
+    trace gives both a step's communication overlap (`runtime.trace.overlap`) and where
+    its GPU time went (`runtime.trace.breakdown`)."""
     import os
 
     from runtime import trace
 
-    path = f"{trace.default_trace_base()[:-5]}.rank{rank}.json"
+    path = f"{trace.default_trace_base()[:-5]}.{tag}.rank{rank}.json"
     trace.record(step, iters, path, warmup=2)
     try:
-        return trace.overlap(trace.device_events(path), steps=iters)
-    finally:
-        os.unlink(path)
-
-
-def gpu_profile(step, rank: int, iters: int = 2) -> dict:
-    """Where ``step``'s GPU time goes, from a profiler trace of ``iters`` steps on this
-    rank (`runtime.trace.breakdown`): the GPU's busy and idle time a step and its top
-    kernels, so that a bench row says whether a step waits on the host and which kernels
-    set its time."""
-    import os
-
-    from runtime import trace
-
-    path = f"{trace.default_trace_base()[:-5]}.profile.rank{rank}.json"
-    trace.record(step, iters, path, warmup=2)
-    try:
-        return trace.breakdown(trace.device_events(path), steps=iters)
+        return trace.device_events(path)
     finally:
         os.unlink(path)
 
@@ -487,8 +474,12 @@ def bench(args) -> int:
     host = host_ms(steps)
     import torch.distributed as dist
 
-    comm = communication_overlap(steps["ours"], rank) if world > 1 else None
-    profile = {name: gpu_profile(steps[name], rank) for name in ("ours", "eager")}
+    from runtime import trace
+
+    # one trace of each: ours' communication overlap (several ranks) and both profiles
+    events = {name: traced_events(steps[name], rank, name) for name in ("ours", "eager")}
+    comm = trace.overlap(events["ours"], steps=TRACED_STEPS) if world > 1 else None
+    profile = {name: trace.breakdown(ev, steps=TRACED_STEPS) for name, ev in events.items()}
     times = {n: _sum_over_ranks(torch.tensor(ms), dist.ReduceOp.MAX) for n, ms in times.items()}
     config = {"layers": args.layers, "hidden": args.hidden, "heads": args.heads,
               "kv_heads": args.kv_heads, "ffn": ffn_width(args), "tokens": args.tokens,

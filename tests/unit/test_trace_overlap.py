@@ -35,18 +35,22 @@ def test_no_communication():
 
 
 def test_the_transformer_bench_reads_its_own_trace_and_removes_it(tmp_path, monkeypatch):
-    """`train_transformer`'s multi-GPU trace path, on the CPU: a step recorded, the
-    overlap read back (no GPU events here: nothing to hide), the trace file removed."""
+    """`train_transformer`'s trace path, on the CPU: a step recorded, its GPU events read
+    back (none here: nothing to hide, nothing busy), the trace file removed."""
     import torch
 
-    from hostir.jobs.train_transformer import communication_overlap
+    from hostir.jobs.train_transformer import traced_events
     from runtime import trace
+    from runtime.trace import breakdown
 
     monkeypatch.setattr(trace, "default_trace_base", lambda: str(tmp_path / "t.json"))
     calls = []
-    got = communication_overlap(lambda: calls.append(torch.ones(4).sum()), 0, iters=2)
+    events = traced_events(lambda: calls.append(torch.ones(4).sum()), 0, "ours", iters=2)
     assert len(calls) == 4  # two warm-up steps, two recorded
+    got = overlap(events, steps=2)
     assert got["comm_ms"] == 0 and got["hidden_fraction"] is None
+    assert breakdown(events, steps=2) == {"span_ms": 0.0, "busy_ms": 0.0, "idle_ms": 0.0,
+                                          "top": []}
     assert list(tmp_path.iterdir()) == []
 
 
@@ -64,14 +68,3 @@ def test_breakdown_counts_overlaps_once_and_ranks_kernels_by_time():
     assert breakdown([]) == {"span_ms": 0.0, "busy_ms": 0.0, "idle_ms": 0.0, "top": []}
     assert max(len(n) for n, _, _ in breakdown(events)["top"]) == 96  # long names cut
 
-
-def test_the_transformer_bench_profiles_a_step_and_removes_its_trace(tmp_path, monkeypatch):
-    import torch
-
-    from hostir.jobs.train_transformer import gpu_profile
-    from runtime import trace
-
-    monkeypatch.setattr(trace, "default_trace_base", lambda: str(tmp_path / "t.json"))
-    got = gpu_profile(lambda: torch.ones(4).sum(), 0)
-    assert got == {"span_ms": 0.0, "busy_ms": 0.0, "idle_ms": 0.0, "top": []}  # no GPU here
-    assert list(tmp_path.iterdir()) == []
