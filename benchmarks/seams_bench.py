@@ -239,8 +239,9 @@ def main(argv=None) -> int:
                                             for t in sets]
                 if op.endswith("bwd"):  # the other plan rules, where their plan differs
                     plans = _backward_plans(op, first)
+                    default = plans[fused.seams.DEFAULT_BACKWARD_RULE]
                     for rule in plans:
-                        if rule != "in_flight" and plans[rule] != plans["in_flight"]:
+                        if plans[rule] != default:
                             try:
                                 check_rule(op, first, hidden, rule)
                             except RuntimeError as e:

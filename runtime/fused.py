@@ -342,7 +342,7 @@ def _forward_record(kind, dtype, hidden: int, residual: bool, bias: bool, alignm
 
 
 def _backward_record(kind, dtype, hidden: int, dh: bool, alignment: int, index: int,
-                     threads_per_sm: int, rule: str = "in_flight") -> tuple[_Launch, _Launch]:
+                     threads_per_sm: int, rule: str = seams.DEFAULT_BACKWARD_RULE) -> tuple[_Launch, _Launch]:
     """The staged row kernel's launch and its column reduce's. The row kernel's CTAs: as
     many as the SMs hold at once (the driver's occupancy with the plan's shared memory;
     for a cluster, the clusters the GPCs hold at once, since a cluster that waits for a
@@ -405,7 +405,7 @@ def add_norm_forward_fused(x, residual, weight, bias, eps: float, kind: str,
 
 def add_norm_backward_fused(dy, h, weight, mean, rstd, kind: str, dh=None,
                             threads_per_sm: int = BACKWARD_THREADS_PER_SM,
-                            rule: str = "in_flight"):
+                            rule: str = seams.DEFAULT_BACKWARD_RULE):
     """`add_norm_backward` through the generated kernels (the staged row kernel, then the
     column reduce of its per-team weight-gradient rows), for tensors `kernel_path`
     accepts; ``threads_per_sm`` caps the persistent grid's CTAs an SM and ``rule`` picks
@@ -434,7 +434,7 @@ def add_norm_backward_fused(dy, h, weight, mean, rstd, kind: str, dh=None,
 
 
 def _backward_spec(kind, dtype, hidden: int, dh: bool, alignment: int, index: int,
-                   rule: str = "in_flight"):
+                   rule: str = seams.DEFAULT_BACKWARD_RULE):
     return seams.AddNormBackwardSpec(kind, _KERNEL_DTYPES[dtype], hidden, dh, alignment,
                                      _hardware(index), rule)
 

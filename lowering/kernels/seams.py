@@ -279,33 +279,30 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held, fit=False):
 
 
 # How `plan_backward` trades a row's cluster barriers against bytes in flight:
-# ``in_flight`` (the default) takes the smallest cluster that keeps
-# `Hardware.in_flight_target` bytes in flight at `BACKWARD_HELD_FLOATS` columns a thread;
-# ``fewest_clusters`` takes the smallest cluster that holds the row at up to twice those
-# columns, whatever it keeps in flight (fewer CTAs share a row, so each thread has more of
-# it and a row pays fewer barriers). Past 8192 columns the default splits rows so that
-# each CTA's threads are about half full (8704: two CTAs of 4352 columns on 512 threads of
-# 16), and the H100's norm_widths dips (0.51 at 8704, 0.47 at 16896, 0.46 at 33280) fall
-# where the cluster doubles; which rule is faster there is for seams_bench --sweep to say.
-# ``fitted`` chooses clusters by ``in_flight``'s test (the same ones at every width
-# checked, though its rows a tile can change the bytes in flight) but sizes a row's
-# threads (any multiple of 32) and their vectors so that the slice fills their slots. The
-# H100's backward over widths rose with the share of the default's slots filled (a cluster
-# of 2: 0.51 of copy at 53%, 0.70 at 91%); fitted asks whether fewer threads, each as busy
-# as the default's busiest, pay (fewer instructions a row) or lose (fewer warps to hide a
-# row's latency).
-BACKWARD_RULES = ("in_flight", "fewest_clusters", "fitted")
+# ``fewest_clusters`` (the default) takes the smallest cluster that holds the row at up to
+# twice `BACKWARD_HELD_FLOATS` columns a thread, whatever it keeps in flight (fewer CTAs
+# share a row, so each thread has more of it and a row pays fewer barriers).
+# ``in_flight`` takes the smallest cluster that keeps `Hardware.in_flight_target` bytes in
+# flight at `BACKWARD_HELD_FLOATS` columns a thread: past 8192 columns it splits rows so
+# that each CTA's threads are about half full (8704: two CTAs of 4352 columns on 512
+# threads of 16), and it ran 1.1-1.4x slower than ``fewest_clusters`` on the H100 at every
+# width in 12800-65536 (seams_bench --sweep; they plan alike up to 8192).
+# ``fitted`` chooses clusters by ``in_flight``'s test but sizes a row's threads (any
+# multiple of 32) and their vectors so that the slice fills their slots: 4% faster at
+# 2560 on the H100, no faster or slower past 8192.
+BACKWARD_RULES = ("fewest_clusters", "in_flight", "fitted")
+DEFAULT_BACKWARD_RULE = BACKWARD_RULES[0]
 
 
 @functools.lru_cache(maxsize=1024)
 def plan_backward(hidden: int, alignment: int, dh: bool, layer: bool,
-                  hw: Hardware = SM90, rule: str = "in_flight") -> BackwardPlan:
-    """``in_flight`` (see `BACKWARD_RULES`): the smallest cluster (1 where the whole row
-    fits a CTA) whose CTAs hold at most `BACKWARD_HELD_FLOATS` columns a thread, whose
-    stages fit shared memory and keep `Hardware.in_flight_target` bytes in flight (else
-    the one that keeps the most); where none holds the row so, twice the columns a
-    thread. ``fewest_clusters``: the smallest cluster whose stages fit at either.
-    ``fitted``: as ``in_flight``, with each slice's threads fitted to it. A
+                  hw: Hardware = SM90, rule: str = DEFAULT_BACKWARD_RULE) -> BackwardPlan:
+    """``fewest_clusters`` (the default, see `BACKWARD_RULES`): the smallest cluster (1
+    where the whole row fits a CTA) whose stages fit shared memory at up to twice
+    `BACKWARD_HELD_FLOATS` columns a thread. ``in_flight``: the smallest cluster whose
+    CTAs hold at most `BACKWARD_HELD_FLOATS` columns a thread, whose stages fit shared
+    memory and keep `Hardware.in_flight_target` bytes in flight (else the one that keeps
+    the most); where none holds the row so, twice the columns a thread. ``fitted``: as ``in_flight``, with each slice's threads fitted to it. A
     LoweringError where none fits (a width the GPU cannot hold: runtime.fused then takes
     the torch path)."""
     if hidden < 1:
@@ -394,7 +391,7 @@ class AddNormBackwardSpec:
     dh: bool
     alignment: int = 16  # of dy, h, dh, dx and weight's base addresses, in bytes
     hardware: Hardware = SM90
-    rule: str = "in_flight"  # `BACKWARD_RULES`
+    rule: str = DEFAULT_BACKWARD_RULE  # `BACKWARD_RULES`
 
     def __post_init__(self):
         _check_common(self.dtype, self.hidden)

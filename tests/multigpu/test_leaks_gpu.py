@@ -19,6 +19,7 @@ def _live_events() -> int:
 def test_a_thousand_runs_leave_gpu_memory_streams_events_and_handles_flat():
     from lowering.patterns import allgather_matmul, shard_rows
     from lowering.pipeline import lower
+    from runtime.flight import recorder
     from runtime.workspace import check_all_zeroed
     from runtime.session import Session
 
@@ -41,8 +42,14 @@ def test_a_thousand_runs_leave_gpu_memory_streams_events_and_handles_flat():
                 "events": _live_events(), "in_flight": in_flight,
                 "fds": len(os.listdir("/proc/self/fd"))}
 
-    for _ in range(50):  # `out` stays alive at both snapshots
+    # `out` stays alive at both snapshots. The flight recorder's ring holds each entry's
+    # completion check (its collective's event) until the entry is overwritten: warm up
+    # until the ring has wrapped, so that it holds as many events at both snapshots.
+    ring = recorder()
+    for i in range(50 + ring.capacity):
         (out,) = run(shard, b)
+        if i >= 50 and ring.recorded > ring.capacity + 50:
+            break
     before = state()
     for _ in range(1000):
         (out,) = run(shard, b)

@@ -3,6 +3,8 @@ reference path of runtime.fused against float64 autograd of torch's own ops."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -83,29 +85,31 @@ H200 = S.Hardware(dram_bytes_per_s=4.8e12)  # an H100 model but for the bandwidt
 @pytest.mark.parametrize("hw", [S.SM90, H200], ids=["h100", "h200"])
 def test_backward_plans_fit_and_cover_every_width(hw):
     widths = list(range(1, 1100)) + list(range(1100, 131073, 97)) + list(BACKWARD_WIDTHS)
-    for hidden in widths:
-        for dh in (False, True):
-            for alignment in (16, 2):
-                p = S.plan_backward(hidden, alignment, dh, True, hw)
-                # the cluster's slices cover the row, none empty
-                assert p.cluster * p.slice >= hidden > (p.cluster - 1) * p.slice
-                assert p.cluster == 1 or p.rows_per_block == 1
-                assert p.vectors_per_thread * p.threads_per_row * p.vector >= p.slice
-                assert p.block_threads == S.BACKWARD_THREADS
-                assert p.vector == S.vector_width(hidden, alignment)
-                assert p.smem_bytes <= hw.smem_per_block and p.stages >= 2
-                # a tile's spans fit their stage whatever their first chunk's offset
-                assert p.stream_bytes >= 2 * p.rows_per_block * p.slice + 14
-                # the row slots' sums fit the stages at the end
-                assert p.stages * p.tile_bytes >= 8 * p.rows_per_block * p.slice
-                # the model's bytes in flight, or as many stages as fit or are allowed
-                assert p.lookahead >= 1 and p.deferred == (p.cluster > 1 and p.stages >= 3)
-                if 512 <= hidden <= 65536:
-                    assert (p.lookahead * p.tile_bytes >= hw.in_flight_target
-                            or p.smem_bytes + p.tile_bytes > hw.smem_per_block
-                            or p.stages == S.BACKWARD_MAX_STAGES), (hidden, p)
-                    # at least bandwidth x latency (the target is twice that)
-                    assert p.lookahead * p.tile_bytes >= hw.in_flight_target // 2
+    for hidden, dh, alignment, rule in itertools.product(
+            widths, (False, True), (16, 2), ("fewest_clusters", "in_flight")):
+        p = S.plan_backward(hidden, alignment, dh, True, hw, rule)
+        # the cluster's slices cover the row, none empty
+        assert p.cluster * p.slice >= hidden > (p.cluster - 1) * p.slice
+        assert p.cluster == 1 or p.rows_per_block == 1
+        assert p.vectors_per_thread * p.threads_per_row * p.vector >= p.slice
+        assert p.block_threads == S.BACKWARD_THREADS
+        assert p.vector == S.vector_width(hidden, alignment)
+        assert p.smem_bytes <= hw.smem_per_block and p.stages >= 2
+        # a tile's spans fit their stage whatever their first chunk's offset
+        assert p.stream_bytes >= 2 * p.rows_per_block * p.slice + 14
+        # the row slots' sums fit the stages at the end
+        assert p.stages * p.tile_bytes >= 8 * p.rows_per_block * p.slice
+        # the model's bytes in flight, or as many stages as fit or are allowed
+        assert p.lookahead >= 1 and p.deferred == (p.cluster > 1 and p.stages >= 3)
+        if rule == "fewest_clusters":  # the default: no cluster larger than in_flight's
+            assert p.cluster <= S.plan_backward(hidden, alignment, dh, True, hw,
+                                                "in_flight").cluster
+        elif 512 <= hidden <= 65536:
+            assert (p.lookahead * p.tile_bytes >= hw.in_flight_target
+                    or p.smem_bytes + p.tile_bytes > hw.smem_per_block
+                    or p.stages == S.BACKWARD_MAX_STAGES), (hidden, p)
+            # at least bandwidth x latency (the target is twice that)
+            assert p.lookahead * p.tile_bytes >= hw.in_flight_target // 2
     with pytest.raises(LoweringError, match="no plan fits"):
         S.plan_backward(2 ** 20, 16, True, True, hw)
 
