@@ -463,9 +463,10 @@ def bench_steps(args, rank: int, world: int, device) -> dict:
 
         inductor_config._micro_pipeline_tp = True
         model = torch_parallelize(copy.deepcopy(ref), mesh)
+        for block in model:  # compiled a block at a time, as torchtitan does
+            block.compile(dynamic=False)
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
-        steps["torch_async_tp"] = _training_step(torch.compile(model), opt, local(x),
-                                                 local(target), args.tokens)
+        steps["torch_async_tp"] = _training_step(model, opt, local(x), local(target), args.tokens)
     return steps
 
 
@@ -490,7 +491,11 @@ def bench(args) -> int:
         except Exception as exc:  # torch's variants only: a comparison that cannot run
             if not name.startswith("torch_"):
                 raise
-            skipped[name] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            root = exc
+            while root.__cause__ is not None or root.__context__ is not None:
+                root = root.__cause__ or root.__context__
+            skipped[name] = "; ".join(f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+                                      for e in dict.fromkeys((exc, root)))
             del steps[name]
             if rank == 0:
                 print(f"train_transformer bench {name}: skipped ({skipped[name]})", flush=True)

@@ -60,13 +60,18 @@ def test_matches_torch_layer_norm_per_row():
     assert (got.float() - want).abs().max() < 2e-2 * want.abs().max()
 
 
-def test_misaligned_input_takes_the_shared_row_kernel():
+def test_misaligned_input_on_either_kernel():
+    """A base 2 bytes off 16-byte alignment: the default plan (a register kernel for a
+    LayerNorm this wide) and the shared-row kernel, pinned."""
     x, b0, b1, w, b2 = _inputs(33, 1025, torch.float16, seed=3)
     xs = x.reshape(-1)[1:1 + 32 * 1025].reshape(32, 1025)  # base no longer 16-byte aligned
     spec = NormalizationSpec.layer_norm(32, 1025, alignment=2)
-    assert spec.plan.shared_row
     ref = rn.reference(spec, {"x": xs, "weight": w, "bias": b2})
     assert _rel(rn.layer_norm(xs, w, b2), ref) < 1e-2
+    pinned = dataclasses.replace(spec, shared_row=True)
+    assert pinned.plan.shared_row
+    y = rn.normalize(pinned, {"x": xs, "weight": w, "bias": b2}, torch.full_like(xs, float("nan")))
+    assert _rel(y, ref) < 1e-2
 
 
 def test_stream_and_leading_dims():
@@ -368,10 +373,13 @@ def test_shared_row_fusion_matches_float64(hidden):
     """The prologue's tensors (recomputed in each pass) on the shared-row kernel."""
     rows = 301
     x, b0, b1, w, b2 = _inputs(rows, hidden, torch.bfloat16, seed=hidden)
-    spec = NormalizationSpec.reference_fusion(rows, hidden, 1e-5, "bfloat16")
+    spec = dataclasses.replace(NormalizationSpec.reference_fusion(rows, hidden, 1e-5, "bfloat16"),
+                               shared_row=True)  # pinned: LayerNorms take it only where needed
     assert spec.plan.shared_row
-    ref = rn.reference(spec, {"x": x, "b0": b0, "b1": b1, "weight": w, "bias": b2})
-    assert _rel(rn.layer_norm_fused(x, b0, b1, w, b2, 1e-5), ref) < 1e-2
+    inputs = {"x": x, "b0": b0, "b1": b1, "weight": w, "bias": b2}
+    ref = rn.reference(spec, inputs)
+    assert _rel(rn.normalize(spec, inputs, torch.full_like(x, float("nan"))), ref) < 1e-2
+    assert _rel(rn.layer_norm_fused(x, b0, b1, w, b2, 1e-5), ref) < 1e-2  # the default plan
 
 
 @pytest.mark.parametrize("hidden", [12288, 4097, 65536])
@@ -393,7 +401,8 @@ def test_every_shared_row_candidate_matches_float64(hidden):
 def test_shared_row_blocks_keep_the_plans_promise(hidden):
     """The driver fits the shared-row plan's promised blocks an SM, with its dynamic
     shared memory (up to 224 KiB a block: the opt-in attribute is set)."""
-    spec = NormalizationSpec.layer_norm(8192, hidden, dtype="bfloat16")
+    spec = dataclasses.replace(NormalizationSpec.layer_norm(8192, hidden, dtype="bfloat16"),
+                               shared_row=True)
     assert spec.plan.shared_row
     kernel = rn._kernel(spec, torch.cuda.current_device())
     assert rn.resident_blocks(kernel, spec.plan) >= spec.plan.min_blocks_per_sm
