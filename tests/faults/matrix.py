@@ -25,13 +25,19 @@ def record(fault: str, comm: str, ranks: int, injected: str, exit_code: int,
 
 def write(path: str) -> None:
     """The rows, sorted by fault and backend, with the machine they ran on."""
+    import datetime
+
     import torch
+
+    from hostir.jobs.results import commit
 
     cuda = torch.cuda.is_available()
     data = {
         "bench": "faults",
         "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.machine()})",
         "gpus": torch.cuda.device_count() if cuda else 0,
+        "date": datetime.date.today().isoformat(),
+        "commit": commit(),
         "torch": torch.__version__,
         "rows": sorted(ROWS, key=lambda r: (r["fault"], r["comm"], r["ranks"])),
     }
