@@ -489,10 +489,11 @@ auto finish = [&](int it, RowState& q) {
       q.s[j] = t;
     }
   }
-  // dx = r * (g - gmean - n * dot) = r * (g - gmean) + rn * n: g - gmean first, so that
-  // it is exactly 0 where g is the row's mean (r * g - r * gmean in fmas leaves the
-  // rounding of r * gmean)
-  const float rn = -q.r * (q.s[0] * (1.f / HIDDEN));
+  // dx = r * (g - gmean - n * dot) (+ dh): g - gmean first, so that it is exactly 0
+  // where g is the row's mean (r * g - r * gmean in fmas leaves the rounding of
+  // r * gmean), then one fma for n's term and one for r and dh: two instructions a
+  // value past g - gmean
+  const float kn = -(q.s[0] * (1.f / HIDDEN));
   const float gm = LAYER ? q.s[LAYER ? 1 : 0] * (1.f / HIDDEN) : 0.f;
   unsigned short* out_row = dx + (size_t)(q.live ? q.row : 0) * HIDDEN + c0;
 #pragma unroll
@@ -511,13 +512,12 @@ auto finish = [&](int it, RowState& q) {
 #pragma unroll
         for (int i = 0; i < VS; ++i) { n[i] = (n[i] - q.m) * q.r; g[i] *= w[i]; }
       }
+      float e[VS];
+      if constexpr (HAS_DH) load_vec<VS>(q.st[NSTREAM - 1] + col, e);
 #pragma unroll
-      for (int i = 0; i < VS; ++i) out[i] = fmaf(q.r, g[i] - gm, rn * n[i]);
-      if constexpr (HAS_DH) {
-        float e[VS];
-        load_vec<VS>(q.st[NSTREAM - 1] + col, e);
-#pragma unroll
-        for (int i = 0; i < VS; ++i) out[i] += e[i];
+      for (int i = 0; i < VS; ++i) {
+        const float t = fmaf(n[i], kn, LAYER ? g[i] - gm : g[i]);
+        out[i] = HAS_DH ? fmaf(q.r, t, e[i]) : q.r * t;
       }
       store_vec<VS>(out_row + col, out);
     }
