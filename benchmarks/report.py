@@ -198,7 +198,41 @@ def render_faults(doc: dict) -> list[str]:
                    r.get("seconds_to_exit"), r.get("comm_timeout_s", timeout)] for r in rows])
 
 
+TRANSFORMER_VARIANTS = ("ours", "ours_graphed", "eager", "compile", "torch_tp", "torch_async_tp")
+
+
+def render_transformer_layer(doc: dict) -> list[str]:
+    lines = []
+    for r in doc.get("rows", []):
+        cfg = r.get("config") or {}
+        names = [n for n in TRANSFORMER_VARIANTS if isinstance(r.get(f"{n}_ms"), (int, float))]
+        host = r.get("host_ms") or {}
+        lines += [f"{doc.get('world_size', 1)} GPU(s), {cfg.get('layers')} layers, hidden "
+                  f"{cfg.get('hidden')}, {cfg.get('heads')} heads ({cfg.get('kv_heads')} kv), "
+                  f"MLP {cfg.get('ffn')}, {cfg.get('tokens')} tokens, {cfg.get('dtype')}; ours' "
+                  f"communication {'/'.join(map(str, cfg.get('comm_schedule') or []))}. A "
+                  "training step (forward, backward, AdamW), ms; eager and compile run the "
+                  "whole model on each GPU.", ""]
+        lines += table(["variant", "ms a step", "ours faster by", "host ms a step"],
+                       [[n, r[f"{n}_ms"], ratio(r[f"{n}_ms"], r.get("ours_ms")), host.get(n)]
+                        for n in names])
+        comm = r.get("ours_comm")
+        if isinstance(comm, dict):
+            lines += ["", f"Ours' collectives a step (rank 0's trace): {fmt(comm.get('comm_ms'))} "
+                          f"ms, {fmt(comm.get('hidden_ms'))} ms of it beside computation "
+                          f"(hidden fraction {fmt(comm.get('hidden_fraction'))})."]
+        skipped = r.get("skipped")
+        if isinstance(skipped, dict) and skipped:
+            lines += ["", "Not run: " + "; ".join(f"{k} ({fmt(v)})" for k, v in skipped.items())]
+        lines += ["", f"Ours' first step on a new model: {fmt(r.get('ours_first_step_ms'))} ms "
+                      f"({fmt(r.get('first_step_over_steady'))}x a steady step); first loss "
+                      f"against eager: relative error {r.get('first_loss_rel_err_vs_eager', 0):.1e}.",
+                  ""]
+    return lines
+
+
 RENDERERS: dict[str, Callable[[dict], list[str]]] = {
+    "transformer_layer": render_transformer_layer,
     "pipelined_matmul": render_pipelined_matmul,
     "matmul": render_matmul,
     "layer_norm": render_layer_norm,
