@@ -5,8 +5,8 @@
     python -m benchmarks.report --results DIR --out FILE
 
 Each results file is named ``<bench>_<device>[_x<N>].json`` (device as
-``torch.cuda.get_device_name()`` spells it, lowercased, spaces as ``-``, its first two
-words: ``nvidia-h100``; ``_x<N>`` for a
+``torch.cuda.get_device_name()`` spells it, lowercased, words joined by ``-``, memory
+size and kind left out: ``hostir.jobs.results.device_slug``; ``_x<N>`` for a
 run on N GPUs) and the next run of that bench on that device overwrites it. Benches with a
 renderer below get a table chosen for them; any other file gets generic tables of its
 rows, so a new bench shows up here without touching this script.

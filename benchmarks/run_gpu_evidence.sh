@@ -14,7 +14,8 @@ export HOSTIR_CACHE_DIR="${HOSTIR_CACHE_DIR:-/tmp/hostir-cache}"
 export HOSTIR_COMMIT="${HOSTIR_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
 NP="${NP:-$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)}"
 [ "$NP" -ge 2 ] || { echo "run_gpu_evidence.sh: error: needs 2 or more CUDA GPUs (NP=$NP)"; exit 1; }
-DEV=$(python3 -c "import torch; print(torch.cuda.get_device_name(0).lower().replace(' ', '-'))" | cut -d- -f1,2)
+DEV=$(python3 -c "import torch; from hostir.jobs.results import device_slug
+print(device_slug(torch.cuda.get_device_name(0)))" 2>/dev/null)
 [ -n "$DEV" ] || { echo "run_gpu_evidence.sh: error: no CUDA device"; exit 1; }
 R="benchmarks/results"; SUFFIX="${DEV}_x${NP}"
 ROOT=(); [ "$(id -u)" = 0 ] && ROOT=(--allow-run-as-root)

@@ -15,7 +15,8 @@ export HOSTIR_CACHE_DIR="${HOSTIR_CACHE_DIR:-/tmp/hostir-cache}"
 export HOSTIR_COMMIT="${HOSTIR_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null)}"
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
 [ "$GPUS" -ge 1 ] || { echo "run_gpu_single.sh: error: no CUDA device"; exit 1; }
-DEV=$(python3 -c "import torch; print(torch.cuda.get_device_name(0).lower().replace(' ', '-'))" | cut -d- -f1,2)
+DEV=$(python3 -c "import torch; from hostir.jobs.results import device_slug
+print(device_slug(torch.cuda.get_device_name(0)))" 2>/dev/null)
 R="${RESULTS:-benchmarks/results}"; mkdir -p "$R"
 PARTS="${*:-kernels layer shapes}"
 matmul_work() {

@@ -491,11 +491,7 @@ def bench(args) -> int:
         except Exception as exc:  # torch's variants only: a comparison that cannot run
             if not name.startswith("torch_"):
                 raise
-            root = exc
-            while root.__cause__ is not None or root.__context__ is not None:
-                root = root.__cause__ or root.__context__
-            skipped[name] = "; ".join(f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
-                                      for e in dict.fromkeys((exc, root)))
+            skipped[name] = failure_text(exc)
             del steps[name]
             if rank == 0:
                 print(f"train_transformer bench {name}: skipped ({skipped[name]})", flush=True)
@@ -539,6 +535,16 @@ def bench(args) -> int:
             write_rows(args.json, [row], world)
             print(f"-> {args.json}", flush=True)
     return 0
+
+
+def failure_text(exc: BaseException) -> str:
+    """One line for a bench variant that failed: the exception and, where it was raised
+    from another, the first one of the chain (what torch's compile errors wrap)."""
+    root = exc
+    while root.__cause__ is not None or root.__context__ is not None:
+        root = root.__cause__ or root.__context__
+    return "; ".join(f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"
+                     for e in dict.fromkeys((exc, root)))
 
 
 def write_rows(path: str, rows: list, world: int) -> None:

@@ -111,3 +111,18 @@ def test_one_process_is_a_world_of_one(monkeypatch):
     assert (world.rank, world.size, world.comm) == (0, 1, None)
     problem = pf.UsageError("x")
     assert pf.agree(problem, world) is problem and pf.agree(None, world) is None
+
+
+def test_a_failed_bench_variant_is_one_line_naming_its_root_cause():
+    from hostir.jobs.train_transformer import failure_text
+
+    try:
+        try:
+            raise ValueError("fake tensor call failed\nat line 2")
+        except ValueError as inner:
+            raise RuntimeError("compile failed") from inner
+    except RuntimeError as e:
+        text = failure_text(e)
+    assert text == "RuntimeError: compile failed; ValueError: fake tensor call failed"
+    assert failure_text(KeyError("k")) == "KeyError: 'k'"
+    assert failure_text(RuntimeError("")) == "RuntimeError: "
