@@ -168,14 +168,15 @@ def test_every_backward_plan_compiles_without_spills(dtype, hidden):
 
 
 def test_fewest_clusters_rule_takes_fewer_ctas_a_row_and_still_fits():
-    """The other backward rule (the bench's --sweep times it): never a larger cluster than
-    the default, fewer where the default splits a row it could hold at twice the columns
-    a thread; every plan fits and covers its row."""
+    """The default backward rule: never a larger cluster than ``in_flight`` (the bench's
+    --sweep times that one beside it), fewer where ``in_flight`` splits a row it could
+    hold at twice the columns a thread; every plan fits and covers its row."""
+    assert S.DEFAULT_BACKWARD_RULE == "fewest_clusters"
     fewer = 0
     for hidden in list(range(512, 131073, 512)) + [8705, 16897, 33281, 100003]:
         for dh in (False, True):
-            a = S.plan_backward(hidden, 16, dh, True, S.SM90)
-            b = S.plan_backward(hidden, 16, dh, True, S.SM90, "fewest_clusters")
+            a = S.plan_backward(hidden, 16, dh, True, S.SM90, "in_flight")
+            b = S.plan_backward(hidden, 16, dh, True, S.SM90)
             assert b.cluster <= a.cluster
             fewer += b.cluster < a.cluster
             assert b.cluster * b.slice >= hidden > (b.cluster - 1) * b.slice
