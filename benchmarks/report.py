@@ -224,10 +224,10 @@ def render_transformer_layer(doc: dict) -> list[str]:
         skipped = r.get("skipped")
         if isinstance(skipped, dict) and skipped:
             lines += ["", "Not run: " + "; ".join(f"{k} ({fmt(v)})" for k, v in skipped.items())]
+        err = r.get("first_loss_rel_err_vs_eager", 0)
         lines += ["", f"Ours' first step on a new model: {fmt(r.get('ours_first_step_ms'))} ms "
                       f"({fmt(r.get('first_step_over_steady'))}x a steady step); first loss "
-                      f"against eager: relative error {r.get('first_loss_rel_err_vs_eager', 0):.1e}.",
-                  ""]
+                      f"against eager: relative error {err:.1e}.", ""]
     return lines
 
 

@@ -342,7 +342,8 @@ def _forward_record(kind, dtype, hidden: int, residual: bool, bias: bool, alignm
 
 
 def _backward_record(kind, dtype, hidden: int, dh: bool, alignment: int, index: int,
-                     threads_per_sm: int, rule: str = seams.DEFAULT_BACKWARD_RULE) -> tuple[_Launch, _Launch]:
+                     threads_per_sm: int,
+                     rule: str = seams.DEFAULT_BACKWARD_RULE) -> tuple[_Launch, _Launch]:
     """The staged row kernel's launch and its column reduce's. The row kernel's CTAs: as
     many as the SMs hold at once (the driver's occupancy with the plan's shared memory;
     for a cluster, the clusters the GPCs hold at once, since a cluster that waits for a

@@ -16,9 +16,9 @@ the reference's), prints PASS, or FAIL and exits 1.
 with the same model in torch eager and under ``torch.compile`` (each rank runs the whole
 model on its GPU), and with torch's own tensor parallelism (``torch.distributed.tensor.
 parallel``, sequence parallel) when the world size is above 1, eager (``torch_tp``: its
-collectives not overlapped) and compiled as async-TP (``torch_async_tp``: Inductor's
-``_micro_pipeline_tp``; a variant that fails to run is listed under ``skipped``): medians after warm-up,
-interleaved, the slowest rank's; tokens/s for each; and ours' first step on the new
+collectives not overlapped) and compiled a block at a time as async-TP
+(``torch_async_tp``: Inductor's ``_micro_pipeline_tp``; a variant that fails to run is
+listed under ``skipped``): medians after warm-up, interleaved, the slowest rank's; tokens/s for each; and ours' first step on the new
 model (timed after the eager model's first step has paid torch's own start-up) over a
 steady one: run ``python -m hostir.run warmup train_transformer ...`` first to measure
 it on a warm kernel cache; and, from a profiler trace, ours' and eager's GPU busy and idle

@@ -302,9 +302,9 @@ def plan_backward(hidden: int, alignment: int, dh: bool, layer: bool,
     `BACKWARD_HELD_FLOATS` columns a thread. ``in_flight``: the smallest cluster whose
     CTAs hold at most `BACKWARD_HELD_FLOATS` columns a thread, whose stages fit shared
     memory and keep `Hardware.in_flight_target` bytes in flight (else the one that keeps
-    the most); where none holds the row so, twice the columns a thread. ``fitted``: as ``in_flight``, with each slice's threads fitted to it. A
-    LoweringError where none fits (a width the GPU cannot hold: runtime.fused then takes
-    the torch path)."""
+    the most); where none holds the row so, twice the columns a thread. ``fitted``: as
+    ``in_flight``, with each slice's threads fitted to it. A LoweringError where none fits
+    (a width the GPU cannot hold: runtime.fused then takes the torch path)."""
     if hidden < 1:
         raise LoweringError(f"seam kernel: hidden {hidden}: expected >= 1")
     if rule not in BACKWARD_RULES:
