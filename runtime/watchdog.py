@@ -158,8 +158,9 @@ def end_after_error(exc: BaseException, code: int) -> int:
     """The exit code for a one-line error already printed: ``code`` when no peer can be
     left waiting (one rank, an error raised on every rank by construction, or every rank
     reports an error in time: `every_rank_failed`), so the caller returns it and MPI
-    finalizes with no abort banner. Otherwise (an error raised while executing a statement, a timed-out
-    collective, or a peer that says nothing) the MPI job is aborted here."""
+    finalizes with no abort banner. Otherwise (an error raised while executing a
+    statement, a timed-out collective, or a peer that says nothing) the MPI job is aborted
+    here."""
     if world_size() <= 1 or getattr(exc, "on_every_rank", False):
         return code
     if not _rank_local(exc) and every_rank_failed(code):
