@@ -198,10 +198,10 @@ class BackwardPlan(_RowBlock):
 
     @property
     def deferred(self) -> bool:
-        """A row's second phase runs after the next row's first, so that the cluster
-        barrier between the phases completes meanwhile (its stage is held one more
-        iteration: needs three stages)."""
-        return self.cluster > 1 and self.stages >= 3
+        """A row's second phase runs after the next row's first, so that the barrier
+        between the phases (the cluster's; in one CTA, the next tile's block barrier)
+        completes meanwhile (its stage is held one more iteration: needs three stages)."""
+        return self.stages >= 3
 
     @property
     def lookahead(self) -> int:

@@ -140,6 +140,36 @@ __device__ __forceinline__ void row_sum(float (&v)[N], float* red) {
     if constexpr (REUSED_NEXT) __syncthreads();
   }
 }
+// row_sum in two halves, for a caller whose own barrier lies between them: row_part
+// sums each warp's values and leaves them in `red` (with one warp a row, the totals in
+// `v`); after that barrier, row_total sums the warps' values of the slot.
+template <int N>
+__device__ __forceinline__ void row_part(float (&v)[N], float* red) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
+  }
+  if constexpr (WARPS > 1) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) {
+#pragma unroll
+      for (int i = 0; i < N; ++i) red[warp * N + i] = v[i];
+    }
+  }
+}
+template <int N>
+__device__ __forceinline__ void row_total(float (&v)[N], const float* red) {
+  if constexpr (WARPS > 1) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      float s = 0.f;
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) s += red[w * N + i];
+      v[i] = s;
+    }
+  }
+}
 """
 
 # h = x (+ residual), stored rounded; y = (h - mean) * rstd * w (+ b); mean, rstd saved.
@@ -400,9 +430,10 @@ auto issue = [&](int tile, int stage) {
   }
   cp_async_commit();
 };
-// DEFER (in a cluster): a row's second phase waits for the next row's first, so that
-// the cluster barrier completes meanwhile; its stage is still read then, so LOOKAHEAD
-// is one fewer.
+// DEFER: a row's second phase waits for the next row's first, so that the barrier
+// between its phases completes meanwhile (in a cluster, the cluster barrier; in one
+// CTA, the barrier at the next tile's top, so that a row pays one block barrier, not
+// two); its stage is still read then, so LOOKAHEAD is one fewer.
 #pragma unroll 1
 for (int s = 0; s < LOOKAHEAD; ++s) issue(team + s * teams, s);
 float wr[HOLD ? K : 1][VS];
@@ -462,7 +493,9 @@ auto begin = [&](int tile, int it, RowState& q) {
       }
     }
   }
-  row_sum<LAYER ? 2 : 1, false>(q.s, red + ((it & 1) * RPB + ty) * WARPS * 2);
+  float* slot = red + ((it & 1) * RPB + ty) * WARPS * 2;
+  if constexpr (CLUSTER == 1 && DEFER) row_part<LAYER ? 2 : 1>(q.s, slot);
+  else row_sum<LAYER ? 2 : 1, false>(q.s, slot);
   if constexpr (CLUSTER > 1) {
     // this CTA's share, in its slot of the row's parity: written again two rows on,
     // after every CTA has passed the cluster barrier of the row between (done reading)
@@ -474,6 +507,8 @@ auto begin = [&](int tile, int it, RowState& q) {
 };
 // Phase 2 (after the cluster barrier of the row, in a cluster): the row's totals, dx.
 auto finish = [&](int it, RowState& q) {
+  if constexpr (CLUSTER == 1 && DEFER)  // past the barrier at the next tile's top
+    row_total<LAYER ? 2 : 1>(q.s, red + ((it & 1) * RPB + ty) * WARPS * 2);
   if constexpr (CLUSTER > 1) {
     float part[CLUSTER][LAYER ? 2 : 1];
 #pragma unroll
@@ -531,10 +566,14 @@ for (int tile = team; tile < tiles; tile += teams, ++it) {
   __syncthreads();  // everyone's; and the stage refilled next is read out
   issue(tile + LOOKAHEAD * teams, (it + LOOKAHEAD) % STAGES);
   if constexpr (DEFER) {
-    // the previous row's cluster barrier has had this row's wait and issue to complete
-    if (it > 0) { cluster_wait(); finish(it - 1, q); }
+    // the previous row's second phase: its cluster barrier has had this row's wait and
+    // issue to complete (one CTA: the barrier above was its barrier)
+    if (it > 0) {
+      if constexpr (CLUSTER > 1) cluster_wait();
+      finish(it - 1, q);
+    }
     begin(tile, it, q);
-    cluster_arrive();
+    if constexpr (CLUSTER > 1) cluster_arrive();
   } else {
     begin(tile, it, q);
     if constexpr (CLUSTER > 1) cluster_sync();
@@ -542,7 +581,11 @@ for (int tile = team; tile < tiles; tile += teams, ++it) {
   }
 }
 if constexpr (DEFER) {
-  if (it > 0) { cluster_wait(); finish(it - 1, q); }
+  if (it > 0) {
+    if constexpr (CLUSTER > 1) cluster_wait();
+    else __syncthreads();  // the last row's warp sums
+    finish(it - 1, q);
+  }
 }
 cp_async_wait<0>();
 __syncthreads();  // the stages are free: they hold the row slots' sums now
