@@ -9,7 +9,9 @@ are not multiples of 8. 8192 rows, bf16. Kinds: ``rms_norm`` and ``layer_norm`` 
 seam kernels, `runtime.fused.add_norm_backward`: dx and the weight gradient). Each is
 checked against float64 first, then timed by CUDA-graph replay beside a ``copy_`` moving
 the same bytes (`runtime.timing.graph_side_by_side`, rotated inputs). Rows: hidden, kind,
-over_copy (copy time over ours), ours_us, copy_us, tuned false; or the error a width met.
+over_copy (copy time over ours), ours_us, copy_us (the faster of that copy,
+``copy_same_us``, and the bytes at the device's copy bandwidth: `runtime.timing.
+copy_reference_us`), tuned false; or the error a width met.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def measure(kind: str, direction: str, hidden: int, rows: int = 8192) -> dict:
 
     from runtime import fused
     from runtime import normalization as rn
-    from runtime.timing import graph_side_by_side, input_copies
+    from runtime.timing import copy_reference_us, graph_side_by_side, input_copies
 
     dev = torch.cuda.current_device()
     dt = torch.bfloat16
@@ -66,8 +68,10 @@ def measure(kind: str, direction: str, hidden: int, rows: int = 8192) -> dict:
     dst = [torch.empty_like(s) for s in src]
     t = graph_side_by_side({"ours": [lambda i=i: call(i) for i in range(sets)],
                             "copy": [lambda i=i: dst[i].copy_(src[i]) for i in range(sets)]}, reps=6)
-    return {"hidden": hidden, "kind": f"{kind} {direction}", "over_copy": t["copy"] / t["ours"],
-            "ours_us": t["ours"], "copy_us": t["copy"], "rel_err": err, "tuned": False}
+    copy = copy_reference_us(moved, t["copy"], dev)
+    return {"hidden": hidden, "kind": f"{kind} {direction}", "over_copy": copy / t["ours"],
+            "ours_us": t["ours"], "copy_us": copy, "copy_same_us": t["copy"], "rel_err": err,
+            "tuned": False}
 
 
 def main(argv=None) -> int:
@@ -79,6 +83,7 @@ def main(argv=None) -> int:
     import torch
 
     from hostir.jobs.results import commit
+    from runtime.timing import copy_bytes_per_s
 
     if not torch.cuda.is_available():
         print("norm_widths: error: needs a CUDA GPU", file=sys.stderr)
@@ -111,7 +116,10 @@ def main(argv=None) -> int:
         doc = {"bench": "norm_widths", "device": torch.cuda.get_device_name(),
                "date": datetime.date.today().isoformat(), "commit": commit(),
                "method": "8192 rows, bf16, default plans, CUDA-graph replay beside copy_ of "
-                         "the same bytes, rotated inputs", "summary": summary, "rows": rows}
+                         "the same bytes, rotated inputs; copy_us: the faster of that copy "
+                         "and the bytes at copy_tbps (runtime.timing.copy_reference_us)",
+               "copy_tbps": round(copy_bytes_per_s(torch.cuda.current_device()) / 1e12, 3),
+               "summary": summary, "rows": rows}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
     return 0

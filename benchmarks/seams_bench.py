@@ -7,8 +7,10 @@ graph_side_by_side`), each call on the next of >= 4 input sets whose total is pa
 the L2, so that every call reads from HBM. Before timing, every op's result is checked
 against float64 (the bench exits 1 on a wrong result). ``over_copy`` = copy_us / ours_us:
 the fraction of copy bandwidth the kernel reaches on the bytes it must move (1.0 = as fast
-as copy). The norm backward's time includes its column reduce of the per-CTA
-weight-gradient partials.
+as copy); copy_us is the faster of the same bytes' copy as timed (``copy_same_us``) and
+those bytes at the device's copy bandwidth (``copy_tbps``, `runtime.timing.
+copy_reference_us`: some copy sizes run at two thirds of it). The norm backward's time
+includes its column reduce of the per-CTA weight-gradient partials.
 
     python benchmarks/seams_bench.py --json benchmarks/results/seams_nvidia-h100.json
     python benchmarks/seams_bench.py --hidden 4096 --ops add_rms_norm_fwd --reps 5
@@ -206,6 +208,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 1
     from runtime.autotune import graph_side_by_side
+    from runtime.timing import copy_bytes_per_s, copy_reference_us
 
     dtype = DTYPES[args.dtype]
     torch.set_grad_enabled(False)
@@ -257,10 +260,12 @@ def main(argv=None) -> int:
             except (RuntimeError, NotImplementedError, AttributeError) as e:
                 print(f"  torch eager {op} unavailable: {e}", file=sys.stderr)
             us = graph_side_by_side(calls, args.reps)
+            us["copy_same"] = us["copy"]  # the same bytes' copy as timed
+            us["copy"] = copy_reference_us(nbytes, us["copy"], torch.cuda.current_device())
             row = {"op": op, "hidden": hidden, "dtype": args.dtype, "rows": args.rows,
                    "bytes": nbytes, "ours_us": round(us["ours"], 3),
                    "torch_us": round(us["torch"], 3) if "torch" in us else None,
-                   "copy_us": round(us["copy"], 3),
+                   "copy_us": round(us["copy"], 3), "copy_same_us": round(us["copy_same"], 3),
                    "over_copy": round(us["copy"] / us["ours"], 4),
                    "torch_over_copy": round(us["copy"] / us["torch"], 4) if "torch" in us else None,
                    "ours_gbps": round(nbytes / us["ours"] / 1e3, 1),
@@ -283,7 +288,9 @@ def main(argv=None) -> int:
             torch.cuda.empty_cache()
     device = torch.cuda.get_device_name()
     result = {"device": device, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
-        timespec="seconds"), "commit": commit(), "torch": torch.__version__, "rows": rows_out}
+        timespec="seconds"), "commit": commit(), "torch": torch.__version__,
+        "copy_tbps": round(copy_bytes_per_s(torch.cuda.current_device()) / 1e12, 3),
+        "rows": rows_out}
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")

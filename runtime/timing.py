@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import statistics
 import sys
 
@@ -155,3 +156,35 @@ def input_copies(nbytes: int, dev, limit: int = 8) -> int:
     free, _ = torch.cuda.mem_get_info(dev)
     want = -(-3 * l2 // max(1, nbytes))
     return max(1, min(limit, want, free // 4 // max(1, nbytes)))
+
+
+# Bytes a copy of the copy-bandwidth reference: a device-to-device copy of some sizes runs
+# at about two thirds of the bandwidth of others (an H200: 2.7 TB/s at 512 MiB against
+# 4.2 at 128-320 MiB; an H100: 2.4 against 3.0 TB/s), so a copy of one size is no
+# reference on its own (docs/EXPERIMENTS.md, "the copy reference").
+COPY_REFERENCE_MIB = (128, 192, 256, 320)
+
+
+@functools.lru_cache(maxsize=16)
+def copy_bytes_per_s(dev: int) -> float:
+    """The device's copy bandwidth, bytes read and written a second: the best of copies
+    of `COPY_REFERENCE_MIB`, each over rotated buffers, timed by CUDA-graph replay."""
+    best = 0.0
+    with torch.cuda.device(dev):
+        for mib in COPY_REFERENCE_MIB:
+            n = mib << 20
+            sets = input_copies(2 * n, dev, limit=4)
+            src = [torch.empty(n, dtype=torch.uint8, device=dev) for _ in range(sets)]
+            dst = [torch.empty_like(t) for t in src]
+            us = graph_side_by_side({"copy": [(lambda s=s, d=d: d.copy_(s))
+                                              for s, d in zip(src, dst)]}, 5)["copy"]
+            best = max(best, 2 * n / (us * 1e-6))
+            del src, dst
+    return best
+
+
+def copy_reference_us(nbytes: int, measured_us: float, dev: int) -> float:
+    """Microseconds a copy moving `nbytes` (read and written together) takes: the faster
+    of that copy as timed (`measured_us`) and the bytes at `copy_bytes_per_s`, so that a
+    copy size the GPU copies slowly does not flatter what is measured against it."""
+    return min(measured_us, nbytes / copy_bytes_per_s(dev) * 1e6)
