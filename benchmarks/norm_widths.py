@@ -10,7 +10,7 @@ seam kernels, `runtime.fused.add_norm_backward`: dx and the weight gradient). Ea
 checked against float64 first, then timed by CUDA-graph replay beside a ``copy_`` moving
 the same bytes (`runtime.timing.graph_side_by_side`, rotated inputs). Rows: hidden, kind,
 over_copy (copy time over ours), ours_us, copy_us (the faster of that copy,
-``copy_same_us``, and the bytes at the device's copy bandwidth: `runtime.timing.
+``copy_same_us``, and the device's copy-time model for the bytes: `runtime.timing.
 copy_reference_us`), tuned false; or the error a width met.
 """
 
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     import torch
 
     from hostir.jobs.results import commit
-    from runtime.timing import copy_bytes_per_s
+    from runtime.timing import copy_model_summary
 
     if not torch.cuda.is_available():
         print("norm_widths: error: needs a CUDA GPU", file=sys.stderr)
@@ -117,8 +117,8 @@ def main(argv=None) -> int:
                "date": datetime.date.today().isoformat(), "commit": commit(),
                "method": "8192 rows, bf16, default plans, CUDA-graph replay beside copy_ of "
                          "the same bytes, rotated inputs; copy_us: the faster of that copy "
-                         "and the bytes at copy_tbps (runtime.timing.copy_reference_us)",
-               "copy_tbps": round(copy_bytes_per_s(torch.cuda.current_device()) / 1e12, 3),
+                         "and copy_model's time (runtime.timing.copy_reference_us)",
+               "copy_model": copy_model_summary(torch.cuda.current_device()),
                "summary": summary, "rows": rows}
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)

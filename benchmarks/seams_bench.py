@@ -8,8 +8,8 @@ the L2, so that every call reads from HBM. Before timing, every op's result is c
 against float64 (the bench exits 1 on a wrong result). ``over_copy`` = copy_us / ours_us:
 the fraction of copy bandwidth the kernel reaches on the bytes it must move (1.0 = as fast
 as copy); copy_us is the faster of the same bytes' copy as timed (``copy_same_us``) and
-those bytes at the device's copy bandwidth (``copy_tbps``, `runtime.timing.
-copy_reference_us`: some copy sizes run at two thirds of it). The norm backward's time
+the device's copy-time model for those bytes (``copy_model``, `runtime.timing.
+copy_reference_us`: some byte counts are copied on a path two thirds as fast). The norm backward's time
 includes its column reduce of the per-CTA weight-gradient partials.
 
     python benchmarks/seams_bench.py --json benchmarks/results/seams_nvidia-h100.json
@@ -208,7 +208,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 1
     from runtime.autotune import graph_side_by_side
-    from runtime.timing import copy_bytes_per_s, copy_reference_us
+    from runtime.timing import copy_model_summary, copy_reference_us
 
     dtype = DTYPES[args.dtype]
     torch.set_grad_enabled(False)
@@ -289,7 +289,7 @@ def main(argv=None) -> int:
     device = torch.cuda.get_device_name()
     result = {"device": device, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(
         timespec="seconds"), "commit": commit(), "torch": torch.__version__,
-        "copy_tbps": round(copy_bytes_per_s(torch.cuda.current_device()) / 1e12, 3),
+        "copy_model": copy_model_summary(torch.cuda.current_device()),
         "rows": rows_out}
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

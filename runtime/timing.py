@@ -158,33 +158,44 @@ def input_copies(nbytes: int, dev, limit: int = 8) -> int:
     return max(1, min(limit, want, free // 4 // max(1, nbytes)))
 
 
-# Bytes a copy of the copy-bandwidth reference: a device-to-device copy of some sizes runs
-# at about two thirds of the bandwidth of others (an H200: 2.7 TB/s at 512 MiB against
-# 4.2 at 128-320 MiB; an H100: 2.4 against 3.0 TB/s), so a copy of one size is no
-# reference on its own (docs/EXPERIMENTS.md, "the copy reference").
-COPY_REFERENCE_MIB = (128, 192, 256, 320)
+# The copy-time model's two copies, MiB each: multiples of 4 KiB, at most 256 MiB. A
+# device-to-device copy of some other sizes (512 MiB; many byte counts that are not a
+# multiple of 4 KiB) takes a path about two thirds as fast on the H100 and the H200 (an
+# H200: 2.7 against 4.2 TB/s, whatever the buffers' placement), so a copy of the same
+# bytes alone is no reference (docs/EXPERIMENTS.md, "the copy reference").
+COPY_MODEL_MIB = (16, 256)
 
 
 @functools.lru_cache(maxsize=16)
-def copy_bytes_per_s(dev: int) -> float:
-    """The device's copy bandwidth, bytes read and written a second: the best of copies
-    of `COPY_REFERENCE_MIB`, each over rotated buffers, timed by CUDA-graph replay."""
-    best = 0.0
+def copy_model(dev: int) -> tuple[float, float]:
+    """``(fixed_us, bytes_per_us)`` of the device's copies: the line through the times of
+    copies of `COPY_MODEL_MIB` (bytes read and written together), each over rotated
+    buffers, timed by CUDA-graph replay."""
+    times = []
     with torch.cuda.device(dev):
-        for mib in COPY_REFERENCE_MIB:
+        for mib in COPY_MODEL_MIB:
             n = mib << 20
             sets = input_copies(2 * n, dev, limit=4)
             src = [torch.empty(n, dtype=torch.uint8, device=dev) for _ in range(sets)]
             dst = [torch.empty_like(t) for t in src]
-            us = graph_side_by_side({"copy": [(lambda s=s, d=d: d.copy_(s))
-                                              for s, d in zip(src, dst)]}, 5)["copy"]
-            best = max(best, 2 * n / (us * 1e-6))
+            times.append(graph_side_by_side({"copy": [(lambda s=s, d=d: d.copy_(s))
+                                                      for s, d in zip(src, dst)]}, 5)["copy"])
             del src, dst
-    return best
+    (n0, n1), (t0, t1) = ((2 * m << 20 for m in COPY_MODEL_MIB), times)
+    rate = (n1 - n0) / (t1 - t0)
+    return max(0.0, t0 - n0 / rate), rate
+
+
+def copy_model_summary(dev: int) -> dict:
+    """`copy_model` as a results file records it."""
+    fixed_us, rate = copy_model(dev)
+    return {"fixed_us": round(fixed_us, 3), "tbps": round(rate / 1e6, 3)}
 
 
 def copy_reference_us(nbytes: int, measured_us: float, dev: int) -> float:
     """Microseconds a copy moving `nbytes` (read and written together) takes: the faster
-    of that copy as timed (`measured_us`) and the bytes at `copy_bytes_per_s`, so that a
-    copy size the GPU copies slowly does not flatter what is measured against it."""
-    return min(measured_us, nbytes / copy_bytes_per_s(dev) * 1e6)
+    of that copy as timed (`measured_us`) and `copy_model`'s time for the bytes, so that
+    a byte count the GPU copies on a slow path does not flatter what is measured
+    against it."""
+    fixed_us, rate = copy_model(dev)
+    return min(measured_us, fixed_us + nbytes / rate)

@@ -372,8 +372,8 @@ def bench(rows: int, hidden: int, eps: float, replays: int, sweep: bool, tune: b
     times["copy_in_torch_rounds"] = torch_times["copy"]
     compiled = rn.compiled_kernel(mine, _arch())
     plan = spec.plan  # the heuristic's: the sweep marks it
-    # the faster of the same bytes' copy and those bytes at the device's copy bandwidth
-    # (some copy sizes run at two thirds of it: runtime.timing.copy_reference_us)
+    # the faster of the same bytes' copy and the device's copy-time model for them (some
+    # byte counts are copied on a slower path: runtime.timing.copy_reference_us)
     times["copy_same"] = times["copy"]
     times["copy"] = copy_reference_us(2 * rows * hidden * 2, times["copy"], dev)
     copy_gbps = 2 * rows * hidden * 2 / (times["copy"] * 1e-6) / 1e9

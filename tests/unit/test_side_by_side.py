@@ -50,3 +50,14 @@ def test_side_by_side_samples_each_candidate_a_round_in_balanced_order(monkeypat
     assert len(rounds) == 4 and all(sorted(r) == labels for r in rounds)
     follows = [(x, y) for r in rounds for x, y in zip(r, r[1:])]
     assert all(follows.count((x, y)) == 1 for x in labels for y in labels if x != y)
+
+
+def test_copy_reference_is_the_faster_of_the_copy_timed_and_the_model(monkeypatch):
+    from runtime import timing
+
+    # 2 us fixed, 4e6 bytes a microsecond (4 TB/s)
+    monkeypatch.setattr(timing, "copy_model", lambda dev: (2.0, 4e6))
+    assert timing.copy_reference_us(400_000_000, 150.0, 0) == 102.0  # a slow-path copy
+    assert timing.copy_reference_us(400_000_000, 95.0, 0) == 95.0  # faster than the model
+    assert timing.copy_reference_us(0, 5.0, 0) == 2.0
+    assert timing.copy_model_summary(0) == {"fixed_us": 2.0, "tbps": 4.0}
