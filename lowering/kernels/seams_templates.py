@@ -564,7 +564,10 @@ int it = 0;
 for (int tile = team; tile < tiles; tile += teams, ++it) {
   cp_async_wait<LOOKAHEAD - 1>();  // this thread's copies of `tile` (group it + 1) landed
   __syncthreads();  // everyone's; and the stage refilled next is read out
-  issue(tile + LOOKAHEAD * teams, (it + LOOKAHEAD) % STAGES);
+  // One CTA a row issues the next tile's copies after the row's work, not before it:
+  // issued at once after the barrier, the 16 warps' copies filled the load queue and
+  // held the row's math back (0.4-1.3% slower on the H200, docs/EXPERIMENTS.md).
+  if constexpr (!(DEFER && CLUSTER == 1)) issue(tile + LOOKAHEAD * teams, (it + LOOKAHEAD) % STAGES);
   if constexpr (DEFER) {
     // the previous row's second phase: its cluster barrier has had this row's wait and
     // issue to complete (one CTA: the barrier above was its barrier)
@@ -574,6 +577,7 @@ for (int tile = team; tile < tiles; tile += teams, ++it) {
     }
     begin(tile, it, q);
     if constexpr (CLUSTER > 1) cluster_arrive();
+    else issue(tile + LOOKAHEAD * teams, (it + LOOKAHEAD) % STAGES);
   } else {
     begin(tile, it, q);
     if constexpr (CLUSTER > 1) cluster_sync();
