@@ -169,6 +169,9 @@ BACKWARD_THREADS = 512
 BACKWARD_HELD_FLOATS = 16
 BACKWARD_MAX_STAGES = 8
 MAX_CLUSTER = 8  # portable cluster size
+# Whole aligned spans of the backward's tiles copied by one bulk copy a stream (sm_90+)
+# rather than by every thread's 16-byte cp.asyncs.
+BULK_COPIES = True
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -189,7 +192,8 @@ class BackwardPlan(_RowBlock):
     streams: int
     stream_bytes: int
     hold: bool
-    offsets: tuple[int, int, int, int]  # stats, weight, row-sum scratch, cluster slots
+    # stats, weight, row-sum scratch, cluster slots, the stages' mbarriers
+    offsets: tuple[int, int, int, int, int]
     smem_bytes: int
 
     @property
@@ -261,7 +265,7 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held, fit=False):
     tile = streams * stream_bytes
     weight_bytes = _ceil(2 * sl + 14, 16)  # the slice's 16-byte cover, as a stream's
     red_bytes = _ceil(2 * rpb * (tpr // 32) * 8, 16)  # two alternating row-sum slots
-    fixed = weight_bytes + red_bytes + 16
+    fixed = weight_bytes + red_bytes + 16 + 8 * BACKWARD_MAX_STAGES
     per_stage = tile + 8 * rpb
     fit = (hw.smem_per_block - fixed - 16) // per_stage
     # As many stages as fit: with one CTA an SM the shared memory has no other use, and
@@ -275,7 +279,7 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held, fit=False):
     cslot = red + red_bytes
     hold = k * vs * (4 if layer else 3) <= 4 * BACKWARD_HELD_FLOATS
     return BackwardPlan(vs, tpr, rpb, k, sl, cluster, stages, streams, stream_bytes, hold,
-                        (stats, weight, red, cslot), cslot + 16)
+                        (stats, weight, red, cslot, cslot + 16), cslot + 16 + 8 * stages)
 
 
 # How `plan_backward` trades a row's cluster barriers against bytes in flight:
@@ -547,7 +551,7 @@ def render(spec: Spec) -> str:
                                         plan.min_blocks(FORWARD_PROMISED_THREADS_PER_SM)))
     if isinstance(spec, AddNormBackwardSpec):
         p = spec.plan
-        stats, weight, red, cslot = p.offsets
+        stats, weight, red, cslot, bars = p.offsets
         consts = r.constants({
             "HIDDEN": spec.hidden, "LAYER": spec.kind == "layer_norm", "HAS_DH": spec.dh,
             "VS": p.vector, "TPR": p.threads_per_row, "RPB": p.rows_per_block,
@@ -556,7 +560,7 @@ def render(spec: Spec) -> str:
             "STAGES": p.stages, "NSTREAM": p.streams, "STREAM_BYTES": p.stream_bytes,
             "HOLD": p.hold, "DEFER": p.deferred, "LOOKAHEAD": p.lookahead,
             "STATS_OFF": stats, "W_OFF": weight, "RED_OFF": red,
-            "CSLOT_OFF": cslot})
+            "CSLOT_OFF": cslot, "BAR_OFF": bars, "BULK": BULK_COPIES})
         text = _bounded_kernel(spec.kernel_name, spec.params(), T.ADD_NORM_BACKWARD,
                                p.block_threads, 1)
         if p.cluster > 1:
