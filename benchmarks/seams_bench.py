@@ -9,8 +9,8 @@ against float64 (the bench exits 1 on a wrong result). ``over_copy`` = copy_us /
 the fraction of copy bandwidth the kernel reaches on the bytes it must move (1.0 = as fast
 as copy); copy_us is the faster of the same bytes' copy as timed (``copy_same_us``) and
 the device's copy-time model for those bytes (``copy_model``, `runtime.timing.
-copy_reference_us`: some byte counts are copied on a path two thirds as fast). The norm backward's time
-includes its column reduce of the per-CTA weight-gradient partials.
+copy_reference_us`: some byte counts are copied on a path two thirds as fast). The norm
+backward's time includes its column reduce of the per-CTA weight-gradient partials.
 
     python benchmarks/seams_bench.py --json benchmarks/results/seams_nvidia-h100.json
     python benchmarks/seams_bench.py --hidden 4096 --ops add_rms_norm_fwd --reps 5

@@ -323,7 +323,8 @@ __device__ __forceinline__ void mbar_expect(void* bar, unsigned bytes) {
 }
 __device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, void* bar) {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1], %2, [%3];\n"
                :: "r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
 }
 __device__ __forceinline__ void mbar_wait(void* bar, unsigned parity) {
@@ -624,7 +625,8 @@ for (int tile = team; tile < tiles; tile += teams, ++it) {
   // One CTA a row issues the next tile's copies after the row's work, not before it:
   // issued at once after the barrier, the 16 warps' copies filled the load queue and
   // held the row's math back (0.4-1.3% slower on the H200, docs/EXPERIMENTS.md).
-  if constexpr (!(DEFER && CLUSTER == 1)) issue(tile + LOOKAHEAD * teams, (it + LOOKAHEAD) % STAGES);
+  if constexpr (!(DEFER && CLUSTER == 1))
+    issue(tile + LOOKAHEAD * teams, (it + LOOKAHEAD) % STAGES);
   if constexpr (DEFER) {
     // the previous row's second phase: its cluster barrier has had this row's wait and
     // issue to complete (one CTA: the barrier above was its barrier)
