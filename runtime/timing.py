@@ -158,11 +158,11 @@ def input_copies(nbytes: int, dev, limit: int = 8) -> int:
     return max(1, min(limit, want, free // 4 // max(1, nbytes)))
 
 
-# The copy-time model's two copies, MiB each: multiples of 4 KiB, at most 256 MiB. A
-# device-to-device copy of some other sizes (512 MiB; many byte counts that are not a
-# multiple of 4 KiB) takes a path about two thirds as fast on the H100 and the H200 (an
-# H200: 2.7 against 4.2 TB/s, whatever the buffers' placement), so a copy of the same
-# bytes alone is no reference (docs/EXPERIMENTS.md, "the copy reference").
+# The copy-time model's two copies, MiB each (both ran on the fast path on the H100 and
+# the H200). A device-to-device copy of some byte counts takes a path about two thirds
+# as fast (an H200: 512 MiB and 167,798,784 bytes at 2.7 TB/s, 256 MiB and 167,825,408 at
+# 4.2, whatever the buffers' placement), so a copy of the same bytes alone is no
+# reference (docs/EXPERIMENTS.md, "the copy reference").
 COPY_MODEL_MIB = (16, 256)
 
 
