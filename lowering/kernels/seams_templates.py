@@ -110,39 +110,10 @@ __device__ __forceinline__ void dependent_launch_entry() {
 """
 
 ROW_SUM = r"""
-// Sums N floats over the TPR threads of this row; every thread gets the totals. `red`
-// is this row's shared slot of WARPS * N floats. All threads of the block call it the
-// same number of times (rows past the end contribute zeros), so the barriers match.
-// REUSED_NEXT: the next call writes the same slot, so a second barrier waits until every
-// thread has read it out; a caller alternating between two slots passes false (a slot
-// is written again only two calls on, after every thread passed the call between).
-template <int N, bool REUSED_NEXT = true>
-__device__ __forceinline__ void row_sum(float (&v)[N], float* red) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
-  }
-  if constexpr (WARPS > 1) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    if (lane == 0) {
-#pragma unroll
-      for (int i = 0; i < N; ++i) red[warp * N + i] = v[i];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      float s = 0.f;
-#pragma unroll
-      for (int w = 0; w < WARPS; ++w) s += red[w * N + i];
-      v[i] = s;
-    }
-    if constexpr (REUSED_NEXT) __syncthreads();
-  }
-}
-// row_sum in two halves, for a caller whose own barrier lies between them: row_part
-// sums each warp's values and leaves them in `red` (with one warp a row, the totals in
-// `v`); after that barrier, row_total sums the warps' values of the slot.
+// A sum of N floats over the TPR threads of one row, in two halves for a caller whose own
+// barrier lies between them: row_part sums each warp's values and leaves them in `red`
+// (this row's shared slot of WARPS * N floats; with one warp a row, the totals are in
+// `v` already); after that barrier, row_total sums the slot's warps into every thread.
 template <int N>
 __device__ __forceinline__ void row_part(float (&v)[N], float* red) {
 #pragma unroll
@@ -168,6 +139,21 @@ __device__ __forceinline__ void row_total(float (&v)[N], const float* red) {
       for (int w = 0; w < WARPS; ++w) s += red[w * N + i];
       v[i] = s;
     }
+  }
+}
+// Both halves with the barrier between: every thread gets the totals. All threads of the
+// block call it the same number of times (rows past the end contribute zeros), so the
+// barriers match. REUSED_NEXT: the next call writes the same slot, so a second barrier
+// waits until every thread has read it out; a caller alternating between two slots
+// passes false (a slot is written again only two calls on, after every thread passed
+// the call between).
+template <int N, bool REUSED_NEXT = true>
+__device__ __forceinline__ void row_sum(float (&v)[N], float* red) {
+  row_part<N>(v, red);
+  if constexpr (WARPS > 1) {
+    __syncthreads();
+    row_total<N>(v, red);
+    if constexpr (REUSED_NEXT) __syncthreads();
   }
 }
 """
@@ -405,6 +391,9 @@ const int rank = CLUSTER > 1 ? (int)cluster_rank() : 0;
 const int team = blockIdx.x / CLUSTER, teams = gridDim.x / CLUSTER;
 const int c0 = rank * SL;
 const int len = HIDDEN - c0 < SL ? HIDDEN - c0 : SL;  // columns of this CTA's slice
+// every tile of this CTA bulk-copied: one row a tile is never partial, and a cluster's
+// shorter last slice takes the cp.asyncs
+const bool bulk = BULK_SPANS && (CLUSTER == 1 || len == SL);
 const int tiles = (rows + RPB - 1) / RPB;
 // the weight's slice, copied like a stream's span
 const unsigned short* w_src = weight + c0;
@@ -433,7 +422,7 @@ auto issue = [&](int tile, int stage) {
     const int row0 = tile * RPB;
     const int nrows = rows - row0 < RPB ? rows - row0 : RPB;
     const size_t first = (size_t)row0 * HIDDEN + c0;
-    if (BULK_SPANS && (CLUSTER > 1 ? len == SL : nrows == RPB)) {
+    if (bulk) {
       constexpr unsigned SPAN = 2 * (CLUSTER > 1 ? SL : RPB * HIDDEN);
       if (tid == 0) {
         mbar_expect(bars + stage, NSTREAM * SPAN);
@@ -480,10 +469,8 @@ auto issue = [&](int tile, int stage) {
 // between its phases completes meanwhile (in a cluster, the cluster barrier; in one
 // CTA, the barrier at the next tile's top, so that a row pays one block barrier, not
 // two); its stage is still read then, so LOOKAHEAD is one fewer.
-if constexpr (BULK_SPANS) {
-  if (tid == 0) {
-    for (int s = 0; s < STAGES; ++s) mbar_init(bars + s);
-  }
+if (bulk && tid == 0) {
+  for (int s = 0; s < STAGES; ++s) mbar_init(bars + s);
 }
 #pragma unroll 1
 for (int s = 0; s < LOOKAHEAD; ++s) issue(team + s * teams, s);
@@ -615,13 +602,8 @@ int it = 0;
 for (int tile = team; tile < tiles; tile += teams, ++it) {
   cp_async_wait<LOOKAHEAD - 1>();  // this thread's copies of `tile` (group it + 1) landed
   __syncthreads();  // everyone's; and the stage refilled next is read out
-  if constexpr (BULK_SPANS) {
-    // a bulk tile: its stage's barrier completes its (it / STAGES)-th phase; only the last
-    // tile of all can be a partial one (copied by cp.async), so every earlier use of the
-    // stage was a bulk tile
-    const int nrows = rows - tile * RPB < RPB ? rows - tile * RPB : RPB;
-    if (CLUSTER > 1 ? len == SL : nrows == RPB) mbar_wait(bars + it % STAGES, (it / STAGES) & 1);
-  }
+  // a bulk tile: its stage's barrier completes its (it / STAGES)-th phase
+  if (bulk) mbar_wait(bars + it % STAGES, (it / STAGES) & 1);
   // One CTA a row issues the next tile's copies after the row's work, not before it:
   // issued at once after the barrier, the 16 warps' copies filled the load queue and
   // held the row's math back (0.4-1.3% slower on the H200, docs/EXPERIMENTS.md).
