@@ -364,7 +364,7 @@ def _backward_record(kind, dtype, hidden: int, dh: bool, alignment: int, index: 
                    plan.cluster == 1 and _dependent_launch(index), plan.rows_per_block, cap,
                    plan.cluster)
     reduce = seams.ColumnReduceSpec(_KERNEL_DTYPES[dtype], spec.sets)
-    # its grid is `ColumnReduceSpec.grid` (a CTA per REDUCE_BLOCK[0] columns of each set),
+    # its grid is `ColumnReduceSpec.grid` (a CTA per REDUCE_BLOCK[0] columns, every set),
     # not this record's per-unit one
     return rows, _Launch(reduce, index, _kernel(reduce, index), seams.REDUCE_BLOCK, 0,
                          _dependent_launch(index), seams.REDUCE_BLOCK[0], 2**31 - 1)

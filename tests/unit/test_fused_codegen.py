@@ -388,6 +388,8 @@ HOST_PRELUDE = r"""
 struct dim3h { unsigned x, y, z; };
 struct uint4 { unsigned x, y, z, w; };
 struct uint2 { unsigned x, y; };
+struct float4 { float x, y, z, w; };
+static float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 thread_local dim3h threadIdx, blockIdx;
 static dim3h blockDim, gridDim;
 thread_local int t_lane, t_warp;
