@@ -234,7 +234,7 @@ def test_backward_records_are_what_the_spec_and_plan_say(launches, rows, hidden,
         dy, h, w, mean, rstd, g, dx)] and args[8].item() == rows
     sets = 2 if kind == "layer_norm" else 1
     assert reduce.spec == S.ColumnReduceSpec("bf16", sets) and reduce.dependent
-    assert reduce.block == S.REDUCE_BLOCK and reduce_grid == (sets * -(-hidden // 32), 1, 1)
+    assert reduce.block == S.REDUCE_BLOCK and reduce_grid == (-(-hidden // 32), 1, 1)
     teams = grid[0] // plan.cluster
     assert sums[0] == args[7] and [a.item() for a in sums[1:]] == [
         dw.data_ptr(), _p(db), teams, hidden]
