@@ -604,9 +604,10 @@ for (int tile = team; tile < tiles; tile += teams, ++it) {
   __syncthreads();  // everyone's; and the stage refilled next is read out
   // a bulk tile: its stage's barrier completes its (it / STAGES)-th phase
   if (bulk) mbar_wait(bars + it % STAGES, (it / STAGES) & 1);
-  // One CTA a row issues the next tile's copies after the row's work, not before it:
+  // A deferring CTA issues the next tile's copies after the row's work, not before it:
   // issued at once after the barrier, the 16 warps' copies filled the load queue and
   // held the row's math back (0.4-1.3% slower on the H200, docs/EXPERIMENTS.md).
+  // Clusters, and one CTA of two or three stages (not deferring), issue them here.
   if constexpr (!(DEFER && CLUSTER == 1))
     issue(tile + LOOKAHEAD * teams, (it + LOOKAHEAD) % STAGES);
   if constexpr (DEFER) {

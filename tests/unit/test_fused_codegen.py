@@ -596,6 +596,9 @@ def test_forward_runs_on_the_host(dtype, hidden, rows, grid, kind, residual):
     # the fewest_clusters rule: one CTA, three vectors a thread, n and g read again
     ("bf16", 8704, 5, 2, "layer_norm", True, 0, 8, "fewest_clusters"),
     ("fp16", 16896, 3, 1, "rms_norm", True, 0, 8, "fewest_clusters"),  # a cluster of 2, k3
+    # one CTA of three stages: not deferred, two tiles in flight
+    ("bf16", 16384, 4, 2, "rms_norm", False, 0, 8, "fewest_clusters"),
+    ("bf16", 9216, 5, 2, "layer_norm", True, 0, 8, "fewest_clusters"),
     # the fitted rule: 96 threads x 5 rows, 160 x 3, and a cluster of 2 CTAs of 288 threads
     ("bf16", 768, 12, 2, "layer_norm", True, 0, 8, "fitted"),
     ("fp16", 2560, 8, 2, "rms_norm", False, 0, 8, "fitted"),
@@ -646,6 +649,26 @@ def test_backward_and_column_reduce_run_on_the_host(dtype, hidden, rows, teams, 
     _host_close("dweight", dw, want[1], tdt)
     if kind == "layer_norm":
         _host_close("dbias", db, want[2], tdt)
+
+
+@pytest.mark.parametrize("sets, parts, hidden", [
+    (1, 130, 100),  # the four-loads loop (more than 96 parts) and its tail; ragged columns
+    (2, 130, 100),
+    (2, 97, 64),
+    (2, 5, 33),     # fewer parts than lanes
+])
+def test_column_reduce_runs_on_the_host(sets, parts, hidden):
+    g = torch.Generator().manual_seed(parts * 7 + hidden)
+    ws = torch.randn(sets, parts, hidden, generator=g)
+    outs = [torch.full((hidden,), float("nan"), dtype=torch.bfloat16) for _ in range(2)]
+    red = S.ColumnReduceSpec("bf16", sets)
+    _host_kernel(red)(red.grid(hidden)[0], *S.REDUCE_BLOCK[:2], _p(ws.reshape(-1)),
+                      _p(outs[0]), _p(outs[1]), parts, hidden)
+    want = ws.double().sum(1)
+    for s in range(sets):
+        _host_close(f"set {s}", outs[s], want[s], torch.bfloat16)
+    if sets == 1:
+        assert outs[1].isnan().all()  # no second set: its output untouched
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
