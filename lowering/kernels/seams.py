@@ -206,7 +206,7 @@ class BackwardPlan(_RowBlock):
         between the phases (the cluster's; in one CTA, the next tile's block barrier)
         completes meanwhile; its stage is held one more iteration, so a tile fewer is in
         flight. A cluster defers from three stages (its barrier is dear: not deferring at
-        three cost 4-8% at 18944 and 51712-64000 columns on the H200); one CTA from four,
+        three cost 4-12% at 18944 and 51712-64000 columns on the H200); one CTA from four,
         as its block barrier is cheap and a second tile in flight is not (at three
         stages, not deferring ran 15-32% faster at 9216-16384 columns on the H200).
         Measured on the H200 and H100 only; the A100 model (`SM80`) follows the rule."""
