@@ -7,10 +7,13 @@
 For the pipelined program of ``--pattern`` (``allgather``: pipelined_matmul's
 AllGather+GEMM, ``reduce_scatter``: GEMM+ReduceScatter, at this process's world size) on
 each ``--shapes`` M=N=K, eager (``mode: eager_walk``: the interpreter walking the
-statements each call, ``Interpreter(flat=False)``; ``mode: eager``: the default, the
-program run as a flat list of pre-bound steps) and through ``Session(auto_graph=True)``
-(``mode: auto_graph``: repeated calls replay a CUDA graph, the outputs copied out;
-``mode: auto_graph_alias``: the graph's own output buffers returned,
+statements each call, ``Interpreter(flat=False)``; ``mode: eager``: the program run as a
+flat list of pre-bound steps, what ``HOSTIR_DISABLE=auto_graph`` gives) and through
+`runtime.graph.AutoGraphed`, what a CUDA `Session` returns by default (``mode:
+auto_graph``: repeated calls replay a CUDA graph, each call made while the caller still
+holds the previous call's result, as ``y = run(x)`` in a loop does, so that calls
+alternate between two graphs' outputs; ``eager_calls``: calls that ran eagerly because
+the caller held both; ``mode: auto_graph_alias``: the first graph's own output buffers every call,
 ``AutoGraphed(copy_outputs=False)``); and for a ``hostir.nn`` ColumnParallelLinear and
 RowParallelLinear forward+backward (eager; autograd owns their outputs). On the CPU a tiny
 shape leaves mostly the host's own time (the interpreter, the communicator).
@@ -112,9 +115,16 @@ def pipelined_rows(args, dtype, cuda: bool) -> list[dict]:
             if mode.startswith("auto_graph"):
                 run = AutoGraphed(run, copy_outputs=mode == "auto_graph")
             run.prepare(*inputs)
-            host, gpu = measure(lambda: run(*inputs), cuda, args.rounds)
+            held = [None]
+
+            def call():
+                held[0] = run(*inputs)  # the previous result is held during the call
+
+            host, gpu = measure(call, cuda, args.rounds)
             rows.append(row(f"{what} S{args.stages} D{d}", f"{m}x{n}x{k}", mode, host, gpu))
-            del run
+            if mode == "auto_graph":
+                rows[-1]["eager_calls"] = run.eager_calls
+            del run, held
     return rows
 
 

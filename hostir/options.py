@@ -2,7 +2,7 @@
 
     HOSTIR_DUMP=host_ir,lowering,cuda_kernel,launch_params,ptxas,autotune
     HOSTIR_ENABLE=autotune,check_zeroed
-    HOSTIR_DISABLE=input_agreement,kernel_cache,direct_sendrecv,wgmma,stream_memops,dependent_launch
+    HOSTIR_DISABLE=input_agreement,kernel_cache,direct_sendrecv,wgmma,stream_memops,dependent_launch,auto_graph
     HOSTIR_CACHE_DIR=~/.cache/hostir
     HOSTIR_COMM_TIMEOUT=300   (seconds)
 
@@ -26,7 +26,7 @@ DUMP_OPTIONS = frozenset(
 )
 ENABLE_OPTIONS = frozenset({"check_zeroed", "autotune"})
 DISABLE_OPTIONS = frozenset({"input_agreement", "kernel_cache", "direct_sendrecv", "wgmma",
-                              "stream_memops", "dependent_launch"})
+                              "stream_memops", "dependent_launch", "auto_graph"})
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "hostir"
 
 

@@ -66,9 +66,11 @@ def graph_watchdog(comm) -> Watchdog | None:
     return dog if dog is not None else Watchdog(comm.rank, f"{comm.name} (CUDA graph)")
 
 
-def capture(interpreter, *args, warmup: int = 1) -> GraphedProgram:
+def capture(interpreter, *args, warmup: int = 1, pool=None) -> GraphedProgram:
     """Run the program ``warmup`` times (lazy set-up: communicators, cuBLAS handles,
-    workspaces) on a side stream, then capture one run into a CUDA graph."""
+    workspaces) on a side stream, then capture one run into a CUDA graph; ``pool``: the
+    memory pool of an earlier graph to share (`torch.cuda.graph`'s), for graphs that
+    never run at the same time."""
     if interpreter.backend.name != "cuda":
         raise ExecutionError("graph capture needs the CUDA backend")
     side = torch.cuda.Stream()
@@ -80,36 +82,75 @@ def capture(interpreter, *args, warmup: int = 1) -> GraphedProgram:
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     # thread_local: a watchdog thread may query events while this thread captures.
-    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
         outputs = interpreter(*args)
     return GraphedProgram(graph, list(args), outputs, graph_watchdog(interpreter.comm))
 
 
+def _use_count():
+    """torch's count of the references to a storage (its tensors and views), or None
+    where this torch lacks it (then `AutoGraphed` copies its outputs out)."""
+    return getattr(torch._C, "_storage_Use_Count", None)
+
+
+class _OutputSet:
+    """One graph of an input set and the outputs it writes. ``hand_out`` returns fresh
+    aliases of them (`Tensor.detach`: new tensors on the same storage), so that the
+    storage's use count tells whether the caller still holds any of them, or a view of
+    one: ``held`` is true until every alias and view is gone."""
+
+    def __init__(self, graphed: GraphedProgram, count):
+        self.graphed = graphed
+        self._count = count
+        self._storages = list({o.untyped_storage().data_ptr(): o for o in graphed.outputs}.values())
+        self._idle = self._counts() if count else None  # what the graph's own outputs hold
+
+    def _counts(self) -> list[int]:
+        return [self._count(o.untyped_storage()._cdata) for o in self._storages]
+
+    def held(self) -> bool:
+        return self._counts() != self._idle
+
+    def hand_out(self) -> list[torch.Tensor]:
+        return [o.detach() for o in self.graphed()]
+
+
 class AutoGraphed:
-    """An interpreter whose repeated calls replay a CUDA graph (``Session(auto_graph=True)``).
+    """An interpreter whose repeated calls replay a CUDA graph (what `Session` returns on
+    CUDA unless ``HOSTIR_DISABLE=auto_graph``, see `Session`).
 
     The first call with a given set of inputs (their addresses, shapes, strides and dtypes)
     runs eagerly, which also does the lazy set-up and the ranks' input agreement; the
     second captures the program on those inputs; later ones replay it, one launch in place
     of the tens of host dispatches an eager call costs. A replay reads the inputs where the
-    caller's tensors live now (same addresses), and writes the same output buffers each
-    time, so by default each call returns copies of them (a device copy on the current
-    stream, cheap next to the GEMMs) and a returned tensor is never overwritten by a later
-    call. ``copy_outputs=False`` returns the graph's own buffers: for callers that consume
-    the outputs before the next call.
+    caller's tensors live now (same addresses) and writes the graph's own output buffers,
+    so a returned tensor must never be overwritten by a later call while the caller holds
+    it. Each call therefore replays a graph none of whose outputs the caller still holds
+    (torch's storage use count: the returned tensors, and any views of them); when the
+    caller holds them all, another graph for the input set is captured, up to
+    ``OUTPUT_SETS`` sharing one memory pool (only their outputs take memory twice), and
+    past that the call runs eagerly (fresh outputs). Where torch has no use counts, each
+    replay's outputs are copied out instead. A loop that keeps the previous call's result
+    while making the next (``y = run(x)``) alternates between two graphs and copies
+    nothing. ``copy_outputs=False`` always returns the first graph's own buffers, for
+    callers that consume the outputs before the next call.
 
-    At most ``MAX_GRAPHS`` input sets keep a graph (each holds its inputs alive and its
-    own memory pool); the oldest goes first. Other attributes are the interpreter's."""
+    At most ``MAX_GRAPHS`` input sets keep graphs (each holds its inputs alive and its own
+    memory pool); the oldest goes first. Other attributes are the interpreter's."""
 
     MAX_GRAPHS = 4
+    OUTPUT_SETS = 2
 
     def __init__(self, interpreter, copy_outputs: bool = True):
         if interpreter.backend.name != "cuda":
             raise ExecutionError("auto_graph needs the CUDA backend")
         self.interpreter = interpreter
         self.copy_outputs = copy_outputs
-        self._graphs: dict[tuple, GraphedProgram] = {}
+        self._graphs: dict[tuple, list[_OutputSet]] = {}
         self._seen: set[tuple] = set()
+        self._count = _use_count()
+        self.copies = 0  # replays whose outputs were copied out (no use counts)
+        self.eager_calls = 0  # calls run eagerly because the caller held every set
 
     def __getattr__(self, name):
         return getattr(self.interpreter, name)
@@ -127,23 +168,42 @@ class AutoGraphed:
         key = self._key(args)
         if key is None or torch.cuda.is_current_stream_capturing():
             return self.interpreter(*args)  # the interpreter refuses bad inputs by name
-        graphed = self._graphs.get(key)
-        if graphed is None:
+        sets = self._graphs.get(key)
+        if sets is None:
             if key not in self._seen:
                 self._seen.add(key)
                 return self.interpreter(*args)
             self._seen.discard(key)
-            graphed = self._capture(args)
-            while len(self._graphs) >= self.MAX_GRAPHS:
-                self._graphs.pop(next(iter(self._graphs)))
-            self._graphs[key] = graphed
-        outputs = graphed()
-        return [o.clone() for o in outputs] if self.copy_outputs else list(outputs)
+            sets = self._new_input_set(key, args)
+        if not self.copy_outputs:
+            return list(sets[0].graphed())
+        if self._count is None:  # no use counts: copies, never an overwritten result
+            self.copies += 1
+            return [o.clone() for o in sets[0].graphed()]
+        for s in sets:
+            if not s.held():
+                return s.hand_out()
+        if len(sets) < self.OUTPUT_SETS:
+            sets.append(_OutputSet(self._capture(args, pool=sets[0].graphed.graph.pool()),
+                                   self._count))
+            return sets[-1].hand_out()
+        self.eager_calls += 1  # a replay would overwrite a result the caller holds
+        return self.interpreter(*args)
 
-    def _capture(self, args) -> GraphedProgram:
+    def _new_input_set(self, key, args) -> list[_OutputSet]:
+        while len(self._graphs) >= self.MAX_GRAPHS:
+            self._graphs.pop(next(iter(self._graphs)))
+        sets = self._graphs[key] = [_OutputSet(self._capture(args), self._count)]
+        return sets
+
+    def _capture(self, args, pool=None) -> GraphedProgram:
         """Capture on the caller's inputs; the caller's stream waits for nothing extra
         (``capture`` synchronizes once, at capture time only)."""
-        return capture(self.interpreter, *args, warmup=0)
+        return capture(self.interpreter, *args, warmup=0, pool=pool)
+
+    def graphs(self, *args) -> list[GraphedProgram]:
+        """The graphs captured for these inputs (one per output set), oldest first."""
+        return [s.graphed for s in self._graphs.get(self._key(args), [])]
 
     def prepare(self, *args) -> None:
         """The interpreter's set-up, then the graph of ``args`` captured, so that no timed
@@ -151,5 +211,5 @@ class AutoGraphed:
         self.interpreter.prepare(*args)
         key = self._key(args)
         if key is not None and key not in self._graphs:
-            self._graphs[key] = self._capture(args)
+            self._new_input_set(key, args)
             self.interpreter.backend.synchronize()

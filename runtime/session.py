@@ -12,13 +12,22 @@ import collections
 import torch
 
 from hostir import ir
+from hostir.options import options
 from runtime.comm.base import make_communicator
 from runtime.bootstrap import init_torch_distributed_from_mpi, local_rank
 from runtime.device import make_backend, require_cuda
 from runtime.interpreter import Interpreter
 from runtime.watchdog import install_excepthook
 
-__all__ = ["Session", "init_torch_distributed_from_mpi", "local_rank"]
+__all__ = ["Session", "auto_graph_default", "init_torch_distributed_from_mpi", "local_rank"]
+
+
+def auto_graph_default(comm) -> bool:
+    """Whether a CUDA session replays repeated programs from CUDA graphs by default: where
+    a rank replaying and a rank running the same program eagerly still meet in every
+    collective (one rank, or NCCL, whose captured kernels are its eager ones), unless
+    ``HOSTIR_DISABLE=auto_graph``."""
+    return (comm.world_size == 1 or comm.name == "nccl") and not options().disable("auto_graph")
 
 
 class Session:
@@ -26,10 +35,14 @@ class Session:
     nccl, mpi, or torch (a torch.distributed group: the caller's, or one made from MPI)."""
 
     def __init__(self, device: str = "auto", comm: str = "auto", process_group=None,
-                 auto_graph: bool = False):
+                 auto_graph: bool | None = None):
         """``auto_graph``: on CUDA, ``interpreter`` returns programs that replay a CUDA
         graph when called again on the same input tensors (``runtime.graph.AutoGraphed``:
-        outputs are fresh copies, as eager calls return fresh tensors)."""
+        a returned tensor is never overwritten by a later call, as with eager calls).
+        None (the default): on where every rank's replays and eager calls interoperate,
+        that is on one rank or over NCCL (the copy engine's barriers differ under capture,
+        so a rank replaying beside one running eagerly could wait forever), unless
+        ``HOSTIR_DISABLE=auto_graph``; True: on with any communicator."""
         install_excepthook()  # an uncaught error on one rank ends every rank
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -48,6 +61,8 @@ class Session:
         self.world_size = self.comm.world_size
         self.device = self.backend.device
         self._interpreters: collections.OrderedDict = collections.OrderedDict()
+        if auto_graph is None:
+            auto_graph = auto_graph_default(self.comm)
         self.auto_graph = auto_graph and self.backend.name == "cuda"
 
     # Interpreters kept for reuse: each holds its program's kernels and choices; older

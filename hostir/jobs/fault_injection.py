@@ -54,7 +54,7 @@ def main(args) -> int:
     from runtime.device import DTYPES
     from runtime.session import Session
 
-    session = Session(args.device, args.comm)
+    session = Session(args.device, args.comm, auto_graph=False)  # faults act on statements
     rank, world = session.rank, session.world_size
     culprit = rank == args.fault_rank
     m = args.m * 2 if args.fault == "divergent_shape" and culprit else args.m

@@ -36,21 +36,47 @@ def test_repeated_calls_replay_a_graph_and_return_fresh_outputs(session):
     assert isinstance(run, AutoGraphed)
     a, b = _inputs(m, k, n, 0)
     shard = shard_rows(a, stages, 1, 0)
-    outs = [run(shard, b)[0] for _ in range(3)]  # eager, capture + replay, replay
-    assert len(run._graphs) == 1 and next(iter(run._graphs.values())).replays == 2
+    # eager; capture + replay; the first graph's output held: a second graph
+    outs = [run(shard, b)[0] for _ in range(3)]
+    assert [g.replays for g in run.graphs(shard, b)] == [1, 1] and run.eager_calls == 0
     for out in outs:
         torch.testing.assert_close(out.reshape(m, n), a @ b, rtol=1e-4, atol=1e-4)
-    assert len({o.data_ptr() for o in outs}) == 3  # copies: a later call overwrites none
+    assert len({o.data_ptr() for o in outs}) == 3  # a later call overwrites none
     # New data in the same input tensors: the replay reads it (the shard is a view of
     # ``a`` at one rank, so ``a`` changes too: the first result is checked against a fresh
     # copy of the first inputs).
     a2, b2 = _inputs(m, k, n, 1)
     shard.copy_(shard_rows(a2, stages, 1, 0))
     b.copy_(b2)
-    (out,) = run(shard, b)
+    (out,) = run(shard, b)  # both graphs' outputs held: an eager call
+    assert run.eager_calls == 1
     torch.testing.assert_close(out.reshape(m, n), a2 @ b2, rtol=1e-4, atol=1e-4)
     a0, b0 = _inputs(m, k, n, 0)
-    torch.testing.assert_close(outs[0].reshape(m, n), a0 @ b0, rtol=1e-4, atol=1e-4)
+    for old in outs:
+        torch.testing.assert_close(old.reshape(m, n), a0 @ b0, rtol=1e-4, atol=1e-4)
+    first = outs[1].data_ptr()
+    del outs, old
+    (again,) = run(shard, b)  # the first graph's output is free: replayed in place
+    assert again.data_ptr() == first and run.eager_calls == 1
+    torch.testing.assert_close(again.reshape(m, n), a2 @ b2, rtol=1e-4, atol=1e-4)
+
+
+def test_a_loop_holding_the_last_result_alternates_two_graphs_in_one_pool(session):
+    m, k, n, stages = 512, 256, 256, 2
+    run = session.interpreter(lower(allgather_matmul(m, k, n, stages, 1, "bfloat16"), 1, 2))
+    a, b = _inputs(m, k, n, 7)
+    a, b = a.bfloat16(), b.bfloat16()
+    shard = shard_rows(a, stages, 1, 0)
+    want = (a.double() @ b.double()).reshape(stages, 1, m // stages, n)
+    results = []
+    for i in range(8):
+        (y,) = run(shard, b)  # the previous y is held while the call runs
+        results.append(y.data_ptr())
+        assert float((y.double() - want).norm() / want.norm()) < 1e-2
+    graphs = run.graphs(shard, b)
+    assert len(graphs) == 2 and run.eager_calls == 0
+    assert graphs[0].graph.pool() == graphs[1].graph.pool()
+    assert results[2:] == results[2:4] * 3  # two buffers in turn
 
 
 def test_other_input_tensors_get_their_own_graph_and_bad_inputs_are_refused(session):

@@ -17,7 +17,7 @@ def session():
     pytest.importorskip("cupy")
     from runtime.session import Session
 
-    return Session("cuda", "nccl")
+    return Session("cuda", "nccl", auto_graph=False)  # the eager interpreter
 
 
 @pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("bfloat16", 1e-2)])

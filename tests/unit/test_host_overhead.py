@@ -172,3 +172,125 @@ def test_the_cpu_backend_allocates_every_rank_of_shape(shape):
 
     x = CpuBackend().allocate(shape, "bfloat16")
     assert tuple(x.shape) == shape and x.dtype == torch.bfloat16 and x.is_contiguous()
+
+
+class _FakeGraph:
+    """A captured program as `runtime.graph.GraphedProgram` is to `AutoGraphed`: output
+    buffers of its own, rewritten by each replay from the inputs it was captured on."""
+
+    def __init__(self, fn, args, pool):
+        import types
+
+        self.fn, self.args, self.pool, self.replays = fn, args, pool, 0
+        self.outputs = [o.clone() for o in fn(*args)]
+        self.graph = types.SimpleNamespace(pool=lambda: ("pool of", id(self)))
+
+    def __call__(self):
+        self.replays += 1
+        for o, v in zip(self.outputs, self.fn(*self.args)):
+            o.copy_(v)
+        return self.outputs
+
+
+def _fake_auto_graphed(monkeypatch, copy_outputs=True):
+    import types
+
+    import torch
+
+    from runtime.graph import AutoGraphed
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+
+    def program(x):
+        return [x * 2, (x + 1)[:2]]
+
+    interpreter = types.SimpleNamespace(backend=types.SimpleNamespace(name="cuda"))
+    run = AutoGraphed(interpreter, copy_outputs=copy_outputs)
+    run.interpreter = program  # eager calls
+    captured = []
+
+    def capture(args, pool=None):
+        captured.append(pool)
+        return _FakeGraph(program, args, pool)
+    monkeypatch.setattr(run, "_capture", capture)
+    return run, captured
+
+
+def test_auto_graph_never_overwrites_a_result_the_caller_holds(monkeypatch):
+    """Calls replay a graph none of whose outputs the caller holds (a view counts); while
+    the caller holds the first graph's, a second is captured in its memory pool; while
+    it holds both, the outputs are copied out. Each result keeps its own call's values."""
+    import torch
+
+    run, captured = _fake_auto_graphed(monkeypatch)
+    x = torch.arange(4.0)
+    first = run(x)  # eager
+    assert captured == [] and run.copies == 0
+    x.fill_(1)
+    a = run(x)  # captures the input set's first graph
+    assert captured == [None]
+    x.fill_(2)
+    b = run(x)  # `a` is held: a second graph, sharing the first one's pool
+    assert len(captured) == 2 and captured[1][0] == "pool of"
+    assert a[0].data_ptr() != b[0].data_ptr()
+    torch.testing.assert_close(first[0], torch.arange(4.0) * 2)
+    torch.testing.assert_close(a[0], torch.full((4,), 2.0))
+    torch.testing.assert_close(b[0], torch.full((4,), 4.0))
+    ptr_a = a[0].data_ptr()
+    del a
+    x.fill_(3)
+    c = run(x)  # the first graph's outputs are free again: replayed, nothing copied
+    assert c[0].data_ptr() == ptr_a and run.copies == 0 and len(captured) == 2
+    view = c[1][1:]  # a view of an output holds its graph's outputs
+    del c
+    x.fill_(4)
+    d = run(x)  # `b` and the view hold both graphs: an eager call
+    assert run.eager_calls == 1 and run.copies == 0 and len(captured) == 2
+    assert d[0].data_ptr() not in (ptr_a, b[0].data_ptr())
+    torch.testing.assert_close(view, torch.full((1,), 4.0))  # still call c's value
+    torch.testing.assert_close(b[0], torch.full((4,), 4.0))  # still call b's
+    torch.testing.assert_close(d[0], torch.full((4,), 8.0))
+    del view, b, d
+    e = run(x)
+    assert run.eager_calls == 1 and e[0].data_ptr() == ptr_a
+    assert [g.replays for g in run.graphs(x)] == [3, 1]  # a, c, e; b (d ran eagerly)
+
+
+def test_auto_graph_alias_mode_and_a_torch_without_use_counts_copy_nothing_or_all(monkeypatch):
+    import torch
+
+    from runtime import graph
+
+    run, captured = _fake_auto_graphed(monkeypatch, copy_outputs=False)
+    x = torch.ones(4)
+    run(x)
+    a, b = run(x), run(x)
+    assert a[0].data_ptr() == b[0].data_ptr() and len(captured) == 1  # the graph's own
+    assert a[0].data_ptr() == run.graphs(x)[0].outputs[0].data_ptr()
+    monkeypatch.setattr(graph, "_use_count", lambda: None)
+    run, captured = _fake_auto_graphed(monkeypatch)
+    run(x)
+    a, b = run(x), run(x)
+    del a
+    c = run(x)
+    assert len(captured) == 1 and run.copies == 3 and run.eager_calls == 0
+    assert len({t[0].data_ptr() for t in (b, c)} | {run.graphs(x)[0].outputs[0].data_ptr()}) == 3
+
+
+def test_sessions_replay_by_default_only_where_ranks_can_mix_replays_and_eager_calls():
+    import types
+
+    from hostir.options import Options, set_options
+    from runtime.session import auto_graph_default
+
+    def comm(name, world):
+        return types.SimpleNamespace(name=name, world_size=world)
+    try:
+        set_options(Options())
+        assert auto_graph_default(comm("nccl", 8)) and auto_graph_default(comm("copy_engine", 1))
+        assert not auto_graph_default(comm("copy_engine", 2))
+        assert not auto_graph_default(comm("torch", 2))
+        set_options(Options.from_environ({"HOSTIR_DISABLE": "auto_graph"}))
+        assert not auto_graph_default(comm("nccl", 8))
+    finally:
+        set_options(None)
