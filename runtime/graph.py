@@ -102,14 +102,20 @@ class _OutputSet:
     def __init__(self, graphed: GraphedProgram, count):
         self.graphed = graphed
         self._count = count
-        self._storages = list({o.untyped_storage().data_ptr(): o for o in graphed.outputs}.values())
+        # the outputs' storages (each once), kept: their handles are asked every call
+        self._storages = list({o.untyped_storage().data_ptr(): o.untyped_storage()
+                               for o in graphed.outputs}.values())
         self._idle = self._counts() if count else None  # what the graph's own outputs hold
 
     def _counts(self) -> list[int]:
-        return [self._count(o.untyped_storage()._cdata) for o in self._storages]
+        return [self._count(st._cdata) for st in self._storages]
 
     def held(self) -> bool:
-        return self._counts() != self._idle
+        count = self._count
+        for st, idle in zip(self._storages, self._idle):
+            if count(st._cdata) != idle:
+                return True
+        return False
 
     def hand_out(self) -> list[torch.Tensor]:
         return [o.detach() for o in self.graphed()]
@@ -148,6 +154,7 @@ class AutoGraphed:
         self.copy_outputs = copy_outputs
         self._graphs: dict[tuple, list[_OutputSet]] = {}
         self._seen: set[tuple] = set()
+        self._last: dict[tuple, int] = {}  # the output set an input set handed out last
         self._count = _use_count()
         self.copies = 0  # replays whose outputs were copied out (no use counts)
         self.eager_calls = 0  # calls run eagerly because the caller held every set
@@ -161,7 +168,7 @@ class AutoGraphed:
         for x in args:
             if not isinstance(x, torch.Tensor):
                 return None
-            key.append((x.data_ptr(), tuple(x.shape), x.stride(), x.dtype, x.device))
+            key.append((x.data_ptr(), x.shape, x.stride(), x.dtype, x.get_device()))
         return tuple(key)
 
     def __call__(self, *args):
@@ -180,10 +187,15 @@ class AutoGraphed:
         if self._count is None:  # no use counts: copies, never an overwritten result
             self.copies += 1
             return [o.clone() for o in sets[0].graphed()]
-        for s in sets:
-            if not s.held():
-                return s.hand_out()
-        if len(sets) < self.OUTPUT_SETS:
+        n = len(sets)
+        last = self._last.get(key, 0)
+        for j in range(1, n + 1):  # the set after the one handed out last first
+            i = (last + j) % n
+            if not sets[i].held():
+                self._last[key] = i
+                return sets[i].hand_out()
+        if n < self.OUTPUT_SETS:
+            self._last[key] = n
             sets.append(_OutputSet(self._capture(args, pool=sets[0].graphed.graph.pool()),
                                    self._count))
             return sets[-1].hand_out()
@@ -192,7 +204,9 @@ class AutoGraphed:
 
     def _new_input_set(self, key, args) -> list[_OutputSet]:
         while len(self._graphs) >= self.MAX_GRAPHS:
-            self._graphs.pop(next(iter(self._graphs)))
+            oldest = next(iter(self._graphs))
+            del self._graphs[oldest]
+            self._last.pop(oldest, None)
         sets = self._graphs[key] = [_OutputSet(self._capture(args), self._count)]
         return sets
 
