@@ -162,7 +162,7 @@ def main(argv=None) -> int:
     ap.add_argument("--schedule", default="pipelined")
     ap.add_argument("--pattern", choices=["allgather", "reduce_scatter"], default="allgather",
                     help="AllGather+GEMM (the default) or GEMM+ReduceScatter")
-    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--no-layers", action="store_true", help="pipelined_matmul rows only")
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args(argv)
