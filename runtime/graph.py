@@ -149,10 +149,14 @@ class AutoGraphed:
     nothing. ``copy_outputs=False`` always returns the first graph's own buffers, for
     callers that consume the outputs before the next call.
 
-    At most ``MAX_GRAPHS`` input sets keep graphs (each holds its inputs alive and its own
-    memory pool); the oldest goes first. Other attributes are the interpreter's."""
+    At most ``MAX_GRAPHS`` input sets keep graphs (each its own memory pool), and
+    ``MAX_SEEN`` input sets met once are remembered; the oldest go first. A graph does not
+    keep its inputs alive: it is replayed only on a call whose inputs are at its addresses,
+    with its shapes, strides and dtypes, and reads them there. Other attributes are the
+    interpreter's."""
 
     MAX_GRAPHS = 4
+    MAX_SEEN = 64
     OUTPUT_SETS = 2
 
     def __init__(self, interpreter, copy_outputs: bool = True):
@@ -161,7 +165,7 @@ class AutoGraphed:
         self.interpreter = interpreter
         self.copy_outputs = copy_outputs
         self._graphs: dict[tuple, _InputSet] = {}
-        self._seen: set[tuple] = set()
+        self._seen: dict[tuple, None] = {}  # input sets met once, oldest first
         self._recent = None  # (args, their metadata, input set) of the last replay
         self._count = _use_count()
         self.copies = 0  # replays whose outputs were copied out (no use counts)
@@ -190,12 +194,15 @@ class AutoGraphed:
             entry = self._graphs.get(key)
             if entry is None:
                 if key not in self._seen:
-                    self._seen.add(key)
+                    if len(self._seen) >= self.MAX_SEEN:  # calls on ever new tensors
+                        self._seen.pop(next(iter(self._seen)))
+                    self._seen[key] = None
                     return self.interpreter(*args)
-                self._seen.discard(key)
+                del self._seen[key]
                 entry = self._new_input_set(key, args)
-            self._recent = (args, [(x.data_ptr(), x.shape, x.stride(), x.dtype, x.get_device())
-                                   for x in args], entry)
+            self._recent = ([id(x) for x in args],
+                            [(x.data_ptr(), x.shape, x.stride(), x.dtype, x.get_device())
+                             for x in args], entry)
         sets = entry.sets
         if not self.copy_outputs:
             return list(sets[0].graphed())
@@ -217,14 +224,15 @@ class AutoGraphed:
         return self.interpreter(*args)
 
     def _same_as_last(self, args):
-        """The input set of the last call that replayed, when ``args`` are the very tensors
-        of that call, unchanged (address, shape, strides, dtype, device): a few attribute
-        reads instead of building and hashing a key."""
+        """The input set of the last call that replayed, when ``args`` are the tensors of
+        that call (their ids: none is kept alive), unchanged (address, shape, strides,
+        dtype, device, which make the key): a few attribute reads instead of building and
+        hashing a key."""
         recent = self._recent
         if recent is None or len(args) != len(recent[0]):
             return None
-        for x, y, (ptr, shape, stride, dtype, device) in zip(args, recent[0], recent[1]):
-            if (x is not y or x.data_ptr() != ptr or x.shape != shape or x.stride() != stride
+        for x, i, (ptr, shape, stride, dtype, device) in zip(args, recent[0], recent[1]):
+            if (id(x) != i or x.data_ptr() != ptr or x.shape != shape or x.stride() != stride
                     or x.dtype != dtype or x.get_device() != device):
                 return None
         return recent[2]
@@ -239,7 +247,9 @@ class AutoGraphed:
     def _capture(self, args, pool=None) -> GraphedProgram:
         """Capture on the caller's inputs; the caller's stream waits for nothing extra
         (``capture`` synchronizes once, at capture time only)."""
-        return capture(self.interpreter, *args, warmup=0, pool=pool)
+        graphed = capture(self.interpreter, *args, warmup=0, pool=pool)
+        graphed.inputs = []  # not kept alive: their memory may serve the caller's next ones
+        return graphed
 
     def graphs(self, *args) -> list[GraphedProgram]:
         """The graphs captured for these inputs (one per output set), oldest first."""

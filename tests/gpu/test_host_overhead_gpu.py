@@ -75,6 +75,7 @@ def test_a_loop_holding_the_last_result_alternates_two_graphs_in_one_pool(sessio
         assert float((y.double() - want).norm() / want.norm()) < 1e-2
     graphs = run.graphs(shard, b)
     assert len(graphs) == 2 and run.eager_calls == 0
+    assert all(g.inputs == [] for g in graphs)  # the inputs are read, not kept alive
     assert graphs[0].graph.pool() == graphs[1].graph.pool()
     assert results[2:] == results[2:4] * 3  # two buffers in turn
 

@@ -294,3 +294,27 @@ def test_sessions_replay_by_default_only_where_ranks_can_mix_replays_and_eager_c
         assert not auto_graph_default(comm("nccl", 8))
     finally:
         set_options(None)
+
+
+def test_auto_graph_forgets_input_sets_met_once_and_its_fast_path_keeps_no_tensor(monkeypatch):
+    import weakref
+
+    import torch
+
+    from runtime.graph import AutoGraphed
+
+    run, _ = _fake_auto_graphed(monkeypatch)
+    keep = [torch.ones(4) for _ in range(3 * AutoGraphed.MAX_SEEN)]
+    for t in keep:
+        run(t)  # other tensors every call: eager, never captured
+    assert len(run._seen) == AutoGraphed.MAX_SEEN and run.graphs(keep[0]) == []
+    x = torch.ones(4)
+    for _ in range(3):
+        run(x)  # eager, captured, replayed (its result dropped each time)
+    assert len(run.graphs(x)) == 1 and run._recent is not None
+    y = torch.ones(4)  # another tensor: not the last call's, whatever its id
+    assert run._same_as_last((y,)) is None
+    x_ref = weakref.ref(x)
+    run.graphs(x)[0].args = ()  # the fake graph's own reference (a real one keeps none)
+    del x
+    assert x_ref() is None
