@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from hostir.errors import ExecutionError
+from runtime.jit import current_stream_handle
 
 # cublas_api.h / library_types.h
 CUBLAS_STATUS_SUCCESS = 0
@@ -305,7 +306,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, epilogue: str | 
     ws = torch.empty(ws_size, dtype=torch.uint8, device=a.device) if ws_size else None
     alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
     a_l, b_l, d_l = plan.layouts
-    stream = torch.cuda.current_stream(a.device).cuda_stream
+    stream = current_stream_handle(a.get_device())
     _check(library().cublasLtMatmul(
         plan.handle, plan.desc, ctypes.byref(alpha), b.data_ptr(), a_l, a.data_ptr(), b_l,
         ctypes.byref(beta), out.data_ptr(), d_l, out.data_ptr(), d_l,

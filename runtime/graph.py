@@ -16,10 +16,13 @@ repeatedly on the same input tensors, and copies the outputs out.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from hostir.errors import ExecutionError
 from runtime import flight
+from runtime.device import current_stream
 from runtime.watchdog import Watchdog
 
 
@@ -31,13 +34,15 @@ class GraphedProgram:
     exist only in the graph), so the replay is watched as a whole."""
 
     def __init__(self, graph: torch.cuda.CUDAGraph, inputs, outputs, watchdog=None,
-                 event=torch.cuda.Event):
+                 event=torch.cuda.Event, stream=None):
         self.graph = graph
         self.inputs = inputs
         self.outputs = outputs
         self.watchdog = watchdog
         self._event = event
         self.replays = 0
+        # what a replay's event is recorded on: the current stream of the device
+        self._stream = stream
         self._meta = flight.statement_meta(0, -1, "CUDA-graph replay of a host program",
                                            kind="GraphReplay")
 
@@ -45,8 +50,10 @@ class GraphedProgram:
         self.graph.replay()
         self.replays += 1
         if self.watchdog is not None:
+            if self._stream is None:
+                self._stream = functools.partial(current_stream, torch.cuda.current_device())
             done = self._event()
-            done.record()
+            done.record(self._stream())
             what = f"CUDA-graph replay {self.replays} of a host program"
             rec = flight.recorder()
             if rec.enabled:

@@ -357,7 +357,7 @@ class _Plan:
         if not self.overlap:
             out = run_program()
             return out, a.t() @ b
-        cur = torch.cuda.current_stream(self.rt.backend.device)
+        cur = self.rt.backend.current_stream()
         side = self.rt.side_stream()
         side.wait_stream(cur)
         out = run_program()

@@ -20,6 +20,7 @@ import torch
 
 from hostir.errors import CommunicationError
 from runtime.bootstrap import exchange_over_mpi, with_deadline
+from runtime.device import current_stream
 from runtime.comm.mpi import agree_over_mpi, wait_requests
 from runtime.watchdog import Watchdog
 
@@ -145,7 +146,7 @@ class NcclCommunicator:
         stream keeps them in the order they were posted, whichever worker stream posted
         them: NCCL matches collectives by order on every rank, and two collectives of one
         communicator must not run concurrently. ``Wait`` orders the consumer after it."""
-        caller = stream if stream is not None else torch.cuda.current_stream()
+        caller = stream if stream is not None else current_stream(self.device)
         if caller != self.stream:
             self._ready.record(caller)
             self.stream.wait_event(self._ready)

@@ -175,15 +175,16 @@ def test_a_graph_replay_that_never_finishes_is_bounded_by_the_watchdog(monkeypat
             Graph.replays += 1
 
     class StuckEvent:  # the graph's last work never completes (a peer left)
-        def record(self):
-            pass
+        def record(self, stream):
+            assert stream == "the current stream"
 
         def query(self):
             return False
 
     ended = []
     dog = Watchdog(1, "NCCL", timeout_s=0.3, grace_s=0.3, end=ended.append)
-    graphed = GraphedProgram(Graph(), [], ["out"], dog, event=StuckEvent)
+    graphed = GraphedProgram(Graph(), [], ["out"], dog, event=StuckEvent,
+                             stream=lambda: "the current stream")
     assert graphed() == ["out"] and Graph.replays == 1
     _raised_within(5, CommTimeoutError, r"rank 1: CUDA-graph replay 1 of a host program did "
                                         r"not complete within 0.3 s")
