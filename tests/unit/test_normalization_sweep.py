@@ -122,15 +122,49 @@ def test_the_reference_fusion_keeps_its_register_plan_where_l2_would_bound_it():
 
 
 def test_one_block_register_plans_give_way_to_two_shared_row_blocks():
-    """The model: a register plan with one block an SM (12288 plain RMS norm) loses to a
-    shared-row plan with two or more; rows one warp covers keep the row-wise kernel; a
-    layer norm keeps its register plan (measured slower in the shared-row kernel)."""
-    plan = NormalizationSpec.rms_norm(ROWS, 12288, dtype="bfloat16").plan
+    """The model: a register plan with one block an SM (16896 plain RMS norm, past the
+    plain row-wise plans) loses to a shared-row plan with two or more; rows one warp
+    covers keep the row-wise kernel; a layer norm keeps its register plan (measured
+    slower in the shared-row kernel)."""
+    plan = NormalizationSpec.rms_norm(ROWS, 16896, dtype="bfloat16").plan
     assert plan.shared_row and plan.min_blocks_per_sm >= 2
-    register = NormalizationSpec.rms_norm(ROWS, 12288, dtype="bfloat16", shared_row=False).plan
+    register = NormalizationSpec.rms_norm(ROWS, 16896, dtype="bfloat16", shared_row=False).plan
     assert not register.shared_row and register.min_blocks_per_sm == 1
     assert not NormalizationSpec.rms_norm(ROWS, 1024, dtype="bfloat16").plan.shared_row
-    assert not NormalizationSpec.layer_norm(ROWS, 12288, dtype="bfloat16").plan.shared_row
+    assert not NormalizationSpec.layer_norm(ROWS, 16896, dtype="bfloat16").plan.shared_row
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_plain_norms_take_the_row_wise_kernel_with_a_promise_of_two_blocks_and_1024_threads(dtype):
+    """`planner._plain_rowwise`: plain norms' aligned rows between one warp's and the
+    widths where two blocks of 1024+ threads no longer fit take the row-wise kernel at
+    about 24 values a thread; fusions with prologue tensors, unaligned rows and rows one
+    warp covers keep their rules."""
+    from lowering.kernels.normalization import planner
+
+    picks = {}
+    for kind in ("layer_norm", "rms_norm"):
+        for hidden in range(1536, 24577, 512):
+            plan = KINDS[kind](ROWS, hidden, dtype=dtype).plan
+            if not plan.persistent and not plan.shared_row and plan.blocks_per_sm:
+                values = plan.batch * plan.vector_width
+                assert 16 <= values <= (24 if kind == "layer_norm" else 32), plan.describe()
+                assert plan.blocks_per_sm >= 2, plan.describe()
+                assert plan.blocks_per_sm * plan.block_threads >= planner.PLAIN_ROWWISE_THREADS
+                picks[kind, hidden] = plan.describe()
+    assert picks["layer_norm", 4608] == picks["rms_norm", 4608] == "rowwise t192 b3 v8 r1 x6"
+    assert ("layer_norm", 2560) in picks and ("rms_norm", 13824) in picks
+    assert not any(h > 16384 for _, h in picks)  # two blocks of the widest rows no longer fit
+    assert NormalizationSpec.reference_fusion(ROWS, 4608, dtype=dtype).plan.persistent
+    assert NormalizationSpec.rms_norm(ROWS, 4604, dtype=dtype).plan.shared_row  # 8-byte rows
+    assert NormalizationSpec.rms_norm(ROWS, 4608, dtype=dtype, alignment=8).plan.shared_row
+    assert NormalizationSpec.rms_norm(ROWS, 1024, dtype=dtype).plan.describe() == "rowwise t32 b4 v8 r4"
+    try:
+        planner.PLAIN_ROWWISE = False
+        off = NormalizationSpec.layer_norm(ROWS, 4608, dtype=dtype, eps=1e-4)._make_plan()
+    finally:
+        planner.PLAIN_ROWWISE = True
+    assert off.persistent
 
 
 def test_the_model_reads_the_hardware():

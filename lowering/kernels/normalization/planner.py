@@ -612,8 +612,10 @@ def _plain_rowwise(hidden: int, vector_width: int, value_bytes: int, wide: dict)
     # a layer norm's 32 values a
     # thread spilled at the promise (t480 b4 x2: 16 bytes)
     most = PLAIN_ROWWISE_VALUES if wide["layer_norm"] else 32
-    plans = [p for p in candidate_plans(hidden, vector_width, value_bytes)
-             if p.threads_per_row > WARP and 16 <= p.batch * vector_width <= most
+    candidates = candidate_plans(hidden, vector_width, value_bytes)
+    if any(p.threads_per_row == WARP for p in candidates):
+        return None
+    plans = [p for p in candidates if 16 <= p.batch * vector_width <= most
              and blocks(p) >= 2 and blocks(p) * p.block_threads >= PLAIN_ROWWISE_THREADS]
     if not plans:
         return None
