@@ -20,8 +20,10 @@ registers (or its block stages them in shared memory: where they do not fit, and
 the registers they free are worth more, see `choose_persistent`), so the
 row loop reads only x and writes only y; the next row's x is prefetched while the
 current one is reduced. `LaunchPlan` says which variant; ``param_cache="none"`` is
-the earlier row-wise kernel (a block per group of rows, tensors re-read every row), which
-the heuristic keeps for rows one warp covers (768 and 1024 at fp16: measured as fast).
+the row-wise kernel (a block per group of rows, tensors re-read every row), which the
+heuristic gives rows one warp covers (768 and 1024 at fp16: measured as fast) and plain
+norms' aligned 16-bit rows while an SM holds two blocks of 1024+ threads of it
+(`planner._plain_rowwise`: their weight and bias cost L1/L2 little).
 
 Example (the fusion of the nvFuser report):
     >>> spec = NormalizationSpec.reference_fusion(rows=8192, hidden=5140)

@@ -361,8 +361,9 @@ def plan_launch(
     """Pick the kernel (row-wise or persistent), threads per row, the persistent batch
     and rows per block for ``hidden``.
 
-    Default: the row-wise kernel for rows one warp covers (rule 0, below), else the
-    persistent kernel (`choose_persistent`). Its grid is the SMs x resident
+    Default: the row-wise kernel for rows one warp covers (rule 0, below) and for plain
+    norms' rows `_plain_rowwise` takes, the shared-row kernel where `_route` says, else
+    the persistent kernel (`choose_persistent`). Its grid is the SMs x resident
     blocks, so no block pays a launch or a tail of its own and the 1-D tensors are read
     once a block rather than once a row: at fp16 the four tensors of the reference
     fusion are twice a row's own traffic, which at 12288+ fell out of L1 and made L2
