@@ -46,6 +46,23 @@ from runtime.watchdog import Watchdog
 
 
 _CU = None
+
+
+def rendezvous(tensor, group_name: str):
+    """torch's symmetric-memory rendezvous of ``tensor`` over the group, with the error of
+    ranks that share a GPU said in one line: what ``device="cuda"`` gives every rank of a
+    node whose script did not call ``torch.cuda.set_device`` first."""
+    import torch.distributed._symmetric_memory as symm_mem
+
+    try:
+        return symm_mem.rendezvous(tensor, group_name)
+    except RuntimeError as e:
+        if "overlapping devices" not in str(e):
+            raise
+        raise CommunicationError(
+            f"the copy engine's ranks share a GPU (this rank is on cuda:{tensor.get_device()}): "
+            "give each rank of a node its own, with torch.cuda.set_device(local_rank) before "
+            "making its tensors and layers, or a device='cuda:N' of its own") from None
 CU_STREAM_WAIT_VALUE_GEQ = 0x0
 CU_STREAM_WRITE_VALUE_DEFAULT = 0x0  # a memory fence before the write
 
@@ -165,7 +182,7 @@ class CopyEngineCommunicator:
         if self._buffer is not None:
             self._retired.append((self._buffer, self._handle))
         self._buffer = symm_mem.empty(size, dtype=torch.uint8, device=torch.cuda.current_device())
-        self._handle = symm_mem.rendezvous(self._buffer, self.group_name)
+        self._handle = rendezvous(self._buffer, self.group_name)
         self._views.clear()
 
     def _view(self, rank: int, shape: tuple, dtype) -> torch.Tensor:
@@ -183,7 +200,7 @@ class CopyEngineCommunicator:
         import torch.distributed._symmetric_memory as symm_mem
 
         tensor = symm_mem.empty(tuple(shape), dtype=dtype, device=torch.cuda.current_device())
-        return tensor, symm_mem.rendezvous(tensor, self.group_name)
+        return tensor, rendezvous(tensor, self.group_name)
 
     @staticmethod
     def remote_view(handle, peer: int, shape: tuple, dtype: torch.dtype, offset: int):
