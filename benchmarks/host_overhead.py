@@ -13,8 +13,8 @@ flat list of pre-bound steps, what ``HOSTIR_DISABLE=auto_graph`` gives) and thro
 auto_graph``: repeated calls replay a CUDA graph, each call made while the caller still
 holds the previous call's result, as ``y = run(x)`` in a loop does, so that calls
 alternate between two graphs' outputs; ``eager_calls``: calls that ran eagerly because
-the caller held both; ``mode: auto_graph_alias``: the first graph's own output buffers every call,
-``AutoGraphed(copy_outputs=False)``); and for a ``hostir.nn`` ColumnParallelLinear and
+the caller held both; ``mode: auto_graph_alias``: the first graph's own output buffers
+every call, ``AutoGraphed(copy_outputs=False)``); and for a ``hostir.nn`` ColumnParallelLinear and
 RowParallelLinear forward+backward (eager; autograd owns their outputs). On the CPU a tiny
 shape leaves mostly the host's own time (the interpreter, the communicator).
 

@@ -109,9 +109,10 @@ class _OutputSet:
     def __init__(self, graphed: GraphedProgram, count):
         self.graphed = graphed
         self._count = count
-        # the outputs' storages (each once), kept: their handles are asked every call
-        self._storages = list({o.untyped_storage().data_ptr(): o.untyped_storage()
-                               for o in graphed.outputs}.values())
+        # the outputs' storages (each once), kept: their handles are asked every call, and
+        # these wrappers' own references are part of the idle counts below
+        storages = {st.data_ptr(): st for st in (o.untyped_storage() for o in graphed.outputs)}
+        self._storages = list(storages.values())
         # (handle, count with none handed out): what the graph's own outputs hold
         self._idle = [(st._cdata, count(st._cdata)) for st in self._storages] if count else None
 
@@ -173,7 +174,7 @@ class AutoGraphed:
         self.copy_outputs = copy_outputs
         self._graphs: dict[tuple, _InputSet] = {}
         self._seen: dict[tuple, None] = {}  # input sets met once, oldest first
-        self._recent = None  # (args, their metadata, input set) of the last replay
+        self._recent = None  # (ids of the args, key, input set) of the last replay
         self._count = _use_count()
         self.copies = 0  # replays whose outputs were copied out (no use counts)
         self.eager_calls = 0  # calls run eagerly because the caller held every set
@@ -207,9 +208,7 @@ class AutoGraphed:
                     return self.interpreter(*args)
                 del self._seen[key]
                 entry = self._new_input_set(key, args)
-            self._recent = ([id(x) for x in args],
-                            [(x.data_ptr(), x.shape, x.stride(), x.dtype, x.get_device())
-                             for x in args], entry)
+            self._recent = ([id(x) for x in args], key, entry)
         sets = entry.sets
         if not self.copy_outputs:
             return list(sets[0].graphed())
@@ -238,7 +237,7 @@ class AutoGraphed:
         recent = self._recent
         if recent is None or len(args) != len(recent[0]):
             return None
-        for x, i, (ptr, shape, stride, dtype, device) in zip(args, recent[0], recent[1]):
+        for x, i, (ptr, shape, stride, dtype, device) in zip(args, *recent[:2]):
             if (id(x) != i or x.data_ptr() != ptr or x.shape != shape or x.stride() != stride
                     or x.dtype != dtype or x.get_device() != device):
                 return None

@@ -46,6 +46,8 @@ from runtime.watchdog import Watchdog
 
 
 _CU = None
+CU_STREAM_WAIT_VALUE_GEQ = 0x0
+CU_STREAM_WRITE_VALUE_DEFAULT = 0x0  # a memory fence before the write
 
 
 def rendezvous(tensor, group_name: str):
@@ -63,8 +65,6 @@ def rendezvous(tensor, group_name: str):
             f"the copy engine's ranks share a GPU (this rank is on cuda:{tensor.get_device()}): "
             "give each rank of a node its own, with torch.cuda.set_device(local_rank) before "
             "making its tensors and layers, or a device='cuda:N' of its own") from None
-CU_STREAM_WAIT_VALUE_GEQ = 0x0
-CU_STREAM_WRITE_VALUE_DEFAULT = 0x0  # a memory fence before the write
 
 
 def _driver():

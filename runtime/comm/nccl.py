@@ -20,8 +20,8 @@ import torch
 
 from hostir.errors import CommunicationError
 from runtime.bootstrap import exchange_over_mpi, with_deadline
-from runtime.device import current_stream
 from runtime.comm.mpi import agree_over_mpi, wait_requests
+from runtime.device import current_stream
 from runtime.watchdog import Watchdog
 
 INSTALL_HINT = "pip install 'hostir[cuda13]' (CUDA 13; 'hostir[cuda12]' for CUDA 12)"

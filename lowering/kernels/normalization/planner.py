@@ -23,7 +23,8 @@ from lowering.kernels.normalization.candidates import (
 )
 from lowering.kernels.normalization.plan import (
     L2_HINTS, MAX_BLOCKS_PER_SM, MAX_STAGES, MAX_THREADS_PER_BLOCK, MAX_THREADS_PER_SM,
-    MAX_VALUES_PER_THREAD, MIN_THREADS_PER_BLOCK, PARAM_CACHES, SHARED_PER_BLOCK, SHARED_PER_SM,
+    MAX_VALUES_PER_THREAD, MIN_THREADS_PER_BLOCK, PARAM_CACHES, REGISTERS_PER_SM,
+    SHARED_PER_BLOCK, SHARED_PER_SM,
     SM90, WARP, Hardware, LaunchPlan, register_budget, round_up,
 )
 
@@ -605,13 +606,12 @@ def _plain_rowwise(hidden: int, vector_width: int, value_bytes: int, wide: dict)
 
     def blocks(p: LaunchPlan) -> int:
         need = round_up(p.batch * vector_width + PLAIN_ROWWISE_REGISTERS, 8)
-        return min(MAX_THREADS_PER_SM // p.block_threads, 65536 // (p.block_threads * need),
-                   MAX_BLOCKS_PER_SM)
+        return min(MAX_THREADS_PER_SM // p.block_threads,
+                   REGISTERS_PER_SM // (p.block_threads * need), MAX_BLOCKS_PER_SM)
 
     # rows one warp covers keep rule 0; one block an SM, or fewer than
     # `PLAIN_ROWWISE_THREADS` threads, leave each block's reduction and stores uncovered;
-    # a layer norm's 32 values a
-    # thread spilled at the promise (t480 b4 x2: 16 bytes)
+    # a layer norm's 32 values a thread spilled at the promise (t480 b4 x2: 16 bytes)
     most = PLAIN_ROWWISE_VALUES if wide["layer_norm"] else 32
     candidates = candidate_plans(hidden, vector_width, value_bytes)
     if any(p.threads_per_row == WARP for p in candidates):
