@@ -406,3 +406,59 @@ def test_shared_row_blocks_keep_the_plans_promise(hidden):
     assert spec.plan.shared_row
     kernel = rn._kernel(spec, torch.cuda.current_device())
     assert rn.resident_blocks(kernel, spec.plan) >= spec.plan.min_blocks_per_sm
+
+
+# ------------------------------------------------------------ the envelope row-wise kernel
+
+
+@pytest.mark.parametrize("hidden", [7, 513, 1001, 4097, 8191, 12345, 16384])
+@pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
+def test_every_envelope_candidate_matches_float64(hidden, norm):
+    """Every other chunk count the envelope kernel may take for a row, pinned (layer
+    norms with two passes and with the shifted one-pass statistics, on rows with a large
+    mean); rows not a multiple of a block's rows (the last block's spare rows load and
+    store nothing)."""
+    from lowering.kernels.normalization.planner import envelope_candidates
+
+    rows = 1031
+    x, _, _, w, b = _inputs(rows, hidden, torch.bfloat16, seed=hidden)
+    base = getattr(NormalizationSpec, norm)(rows, hidden, 1e-5, "bfloat16")
+    inputs = {"x": x, "weight": w} if norm == "rms_norm" else {"x": x, "weight": w, "bias": b}
+    ref = rn.reference(base, inputs)
+    plans = envelope_candidates(hidden, norm == "layer_norm")
+    assert plans
+    for plan in plans[::2]:
+        for one_pass in ((None, True) if norm == "layer_norm" else (None,)):
+            spec = dataclasses.replace(base, envelope=True, threads_per_row=plan.threads_per_row,
+                                       batch=plan.batch, one_pass=one_pass)
+            assert spec.plan.envelope
+            y = rn.normalize(spec, inputs, torch.full_like(x, float("nan")))
+            assert _rel(y, ref) < 1e-2, spec.plan.describe()
+
+
+@pytest.mark.parametrize("hidden", [513, 4097, 9999, 16385])
+@pytest.mark.parametrize("offsets", [(1, 1), (3, 5), (8, 2)])
+@pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
+def test_envelope_plans_on_unaligned_slices(hidden, offsets, norm):
+    """x and out at their own offsets of 2-16 bytes (y's chunks then straddle other
+    granules than x's: stored element by element), w and b unaligned: the default plan
+    (the envelope kernel) writes only the rows' elements."""
+    xo, yo = offsets
+    rows = 300
+    x, _, _, w, b = _inputs(rows + 1, hidden + 1, torch.bfloat16, seed=xo)
+    xs = x.reshape(-1)[xo:xo + rows * hidden].reshape(rows, hidden)
+    ws, bs = w[1:], b[:-1]
+    big = torch.full((rows * hidden + 32,), 7.0, device="cuda", dtype=torch.bfloat16)
+    out = big[16 - yo:16 - yo + rows * hidden].reshape(rows, hidden)
+    spec = getattr(NormalizationSpec, norm)(rows, hidden, 1e-5, "bfloat16", alignment=2)
+    if norm == "rms_norm" or hidden >= 6144:
+        assert spec.plan.envelope, spec.plan.describe()
+    if norm == "layer_norm":
+        ref = rn.reference(spec, {"x": xs, "weight": ws, "bias": bs})
+        y = rn.layer_norm(xs, ws, bs, 1e-5, out=out)
+    else:
+        ref = rn.reference(spec, {"x": xs, "weight": ws})
+        y = rn.rms_norm(xs, ws, 1e-5, out=out)
+    assert _rel(y, ref) < 1e-2
+    start = 16 - yo
+    assert (big[:start] == 7.0).all() and (big[start + rows * hidden:] == 7.0).all()

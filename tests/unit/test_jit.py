@@ -40,6 +40,19 @@ def test_parse_ptxas():
     assert regs == {"k": 42} and spills == {"k": 20} and stack == {"k": 16}
 
 
+def test_parse_ptxas_keeps_a_called_functions_frame_apart():
+    """A non-inlined device function's frame follows its caller's: it is not the entry's
+    (it once hid an entry's 32-byte stack frame behind the callee's 0)."""
+    log = ("ptxas info    : Compiling entry function 'k' for 'sm_90'\n"
+           "ptxas info    : Function properties for k\n"
+           "ptxas         .     32 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+           "ptxas info    : Used 54 registers, used 1 barriers, 56 bytes smem\n"
+           "ptxas info    : Function properties for _Z14partial_output5uint4\n"
+           "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n")
+    regs, spills, stack = jit.parse_ptxas(log)
+    assert regs == {"k": 54} and stack == {"k": 32} and spills == {"k": 0}
+
+
 def test_cache_key_changes_with_source_options_arch():
     base = jit.cache_key(SRC, ["scale"], "sm_90")
     assert base == jit.cache_key(SRC, ["scale"], "sm_90")

@@ -14,6 +14,7 @@ from lowering.kernels.normalization import (
     NormalizationSpec,
     RmsNorm,
     DEFAULT_SM_COUNT,
+    MAX_ENVELOPE_CHUNKS,
     LaunchPlan,
     candidate_plans,
     persistent_candidates,
@@ -94,6 +95,12 @@ def test_plan_is_warp_multiple_and_covers_row(hidden, variant):
         slots = -(-plan.row_chunks // plan.threads_per_row)
         assert (slots - 1) * plan.threads_per_row < plan.row_chunks
         return
+    if plan.envelope:  # the row's 16-byte chunks, `batch` of them a thread
+        assert plan.threads_per_row % 32 == 0 and plan.block_threads <= 1024
+        assert plan.threads_per_row * plan.batch >= plan.row_chunks
+        assert (plan.batch - 1) * plan.threads_per_row < plan.row_chunks
+        assert plan.batch <= MAX_ENVELOPE_CHUNKS
+        return
     assert plan.threads_per_row % 32 == 0
     assert plan.block_threads % 32 == 0 and plan.block_threads <= 1024
     vectors = -(-hidden // plan.vector_width)
@@ -106,19 +113,20 @@ def test_plan_is_warp_multiple_and_covers_row(hidden, variant):
     (768, 8), (1600, 8), (20480, 8), (5140, 4), (1601, 1), (77, 1), (3000, 8), (1026, 2),
 ])
 def test_vector_width_is_16_bytes_where_rows_stay_aligned(hidden, width):
-    """The register families' vectors; RMS rows of 512+ that allow them under 8 bytes
-    take the shared-row family by default (16-byte chunks at any alignment); layer norms
-    keep the register kernels where those plan the row."""
+    """The register families' vectors; RMS rows that allow them under 8 bytes take the
+    envelope kernel by default (16-byte chunks at any alignment); layer norms keep the
+    register kernels on rows shorter than `ENVELOPE_LAYER_MIN`."""
     plan = NormalizationSpec.layer_norm(16, hidden, shared_row=False).plan
     assert plan.vector_width == width
     if width * 2 < 8 and hidden >= 512:
-        assert NormalizationSpec.rms_norm(16, hidden).plan.shared_row
-        assert not NormalizationSpec.layer_norm(16, hidden).plan.shared_row
+        assert NormalizationSpec.rms_norm(16, hidden).plan.envelope
+        layer = NormalizationSpec.layer_norm(16, hidden).plan
+        assert not layer.shared_row and not layer.envelope
 
 
 def test_vector_width_follows_pointer_alignment():
     assert NormalizationSpec.layer_norm(16, 4096, alignment=4, shared_row=False).plan.vector_width == 2
-    assert NormalizationSpec.rms_norm(16, 4096, alignment=4).plan.shared_row
+    assert NormalizationSpec.rms_norm(16, 4096, alignment=4).plan.envelope
     assert NormalizationSpec.layer_norm(16, 4096, alignment=4).plan.vector_width == 2
     # an fp32 tensor in the fusion halves the elements a 16-byte access holds
     assert vector_width_for(4096, (2, 4, 2), 16) == 4
@@ -587,8 +595,8 @@ def test_tune_plans_start_with_the_heuristic_and_stay_valid(hidden, make):
     plans = tune_plans(spec)
     assert plans[0] == spec.plan
     assert len(plans) == len(set(plans)) <= 80
-    assert not any(p.one_pass for p in plans)
-    registers = dataclasses.replace(spec, shared_row=False).plan
+    assert not any(p.one_pass and not p.envelope for p in plans)
+    registers = dataclasses.replace(spec, shared_row=False, envelope=False).plan
     rowwise = {dataclasses.replace(p, param_cache="none")
                for p in candidate_plans(hidden, registers.vector_width, 2)}
     assert rowwise and rowwise <= set(plans)

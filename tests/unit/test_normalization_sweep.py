@@ -82,21 +82,26 @@ def test_the_planner_never_raises_from_1_to_131072():
     assert not failed, failed[:10]
 
 
-@pytest.mark.parametrize("hidden", [513, 1601, 4097, 16385, 40001, 65535])
-def test_rows_that_are_not_16_byte_aligned_take_the_shared_row_family(hidden):
-    """Odd widths (the register kernels would use 2-byte vectors) get 16-byte chunks: RMS
-    norms always, layer norms where the register kernels cannot plan the row."""
+@pytest.mark.parametrize("hidden", [513, 1601, 4097, 7001, 16385, 20001, 40001, 65535])
+def test_rows_that_are_not_16_byte_aligned_take_16_byte_chunks(hidden):
+    """Odd widths (the register kernels would use 2-byte vectors) get 16-byte chunks:
+    RMS norms always (the envelope kernel while two blocks of it fit an SM, else the
+    shared-row family), layer norms from `ENVELOPE_LAYER_MIN` (shorter ones keep the
+    register kernels' narrow vectors), the shared-row family where the register
+    kernels cannot plan the row."""
+    from lowering.kernels.normalization import planner
+
     for name, make in KINDS.items():
         plan = make(ROWS, hidden, dtype="bfloat16").plan
-        if name == "layer_norm":
-            try:
-                make(ROWS, hidden, dtype="bfloat16", shared_row=False).plan
-            except LoweringError:
-                pass
-            else:
-                assert not plan.shared_row, (hidden, plan.describe())
-                plan = make(ROWS, hidden, dtype="bfloat16", shared_row=True).plan
-        assert plan.shared_row, (hidden, plan.describe())
+        if name == "layer_norm" and hidden < planner.ENVELOPE_LAYER_MIN:
+            assert not plan.shared_row and not plan.envelope, (hidden, plan.describe())
+            continue
+        if hidden > 24576:
+            assert plan.shared_row, (hidden, plan.describe())
+        elif name == "rms_norm" or hidden < 16896:
+            assert plan.envelope and plan.blocks_per_sm >= 2, (hidden, plan.describe())
+            assert plan.one_pass == (name == "layer_norm")
+        assert plan.shared_row or plan.envelope, (hidden, plan.describe())
         assert plan.row_chunks == row_chunks(hidden, 2, rows_aligned=False)
 
 
@@ -123,11 +128,12 @@ def test_the_reference_fusion_keeps_its_register_plan_where_l2_would_bound_it():
 
 def test_one_block_register_plans_give_way_to_two_shared_row_blocks():
     """The model: a register plan with one block an SM (16896 plain RMS norm, past the
-    plain row-wise plans) loses to a shared-row plan with two or more; rows one warp
-    covers keep the row-wise kernel; a layer norm keeps its register plan (measured
-    slower in the shared-row kernel)."""
-    plan = NormalizationSpec.rms_norm(ROWS, 16896, dtype="bfloat16").plan
+    plain row-wise plans, with the envelope kernel off) loses to a shared-row plan with
+    two or more; rows one warp covers keep the row-wise kernel; a layer norm keeps its
+    register plan (measured slower in the shared-row kernel)."""
+    plan = NormalizationSpec.rms_norm(ROWS, 16896, dtype="bfloat16", envelope=False).plan
     assert plan.shared_row and plan.min_blocks_per_sm >= 2
+    assert NormalizationSpec.rms_norm(ROWS, 16896, dtype="bfloat16").plan.envelope
     register = NormalizationSpec.rms_norm(ROWS, 16896, dtype="bfloat16", shared_row=False).plan
     assert not register.shared_row and register.min_blocks_per_sm == 1
     assert not NormalizationSpec.rms_norm(ROWS, 1024, dtype="bfloat16").plan.shared_row
@@ -146,7 +152,8 @@ def test_plain_norms_take_the_row_wise_kernel_with_a_promise_of_two_blocks_and_1
     for kind in ("layer_norm", "rms_norm"):
         for hidden in range(1536, 24577, 512):
             plan = KINDS[kind](ROWS, hidden, dtype=dtype).plan
-            if not plan.persistent and not plan.shared_row and plan.blocks_per_sm:
+            if (not plan.persistent and not plan.shared_row and not plan.envelope
+                    and plan.blocks_per_sm):
                 values = plan.batch * plan.vector_width
                 assert 16 <= values <= (24 if kind == "layer_norm" else 32), plan.describe()
                 assert plan.blocks_per_sm >= 2, plan.describe()
@@ -158,6 +165,7 @@ def test_plain_norms_take_the_row_wise_kernel_with_a_promise_of_two_blocks_and_1
     assert NormalizationSpec.reference_fusion(ROWS, 4608, dtype=dtype).plan.persistent
     assert NormalizationSpec.rms_norm(ROWS, 4604, dtype=dtype).plan.shared_row  # 8-byte rows
     assert NormalizationSpec.rms_norm(ROWS, 4608, dtype=dtype, alignment=8).plan.shared_row
+    assert NormalizationSpec.rms_norm(ROWS, 4608, dtype=dtype, alignment=4).plan.envelope
     assert NormalizationSpec.rms_norm(ROWS, 1024, dtype=dtype).plan.describe() == "rowwise t32 b4 v8 r4"
     try:
         planner.PLAIN_ROWWISE = False
@@ -347,3 +355,74 @@ def test_one_pass_merge_matches_float64_on_rows_with_a_large_mean():
     assert n == hidden
     assert abs(m - x.astype(np.float64).mean()) < 1e-4
     assert abs(q / hidden - x.astype(np.float64).var()) < 1e-4 * x.astype(np.float64).var()
+
+
+# --------------------------------------------------------------- the envelope row-wise kernel
+
+ENVELOPE_WIDTHS = (513, 1001, 2050, 4097, 7001, 9999, 12345, 14848, 16385, 16896, 20001, 23040)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("hidden", ENVELOPE_WIDTHS)
+def test_envelope_default_plans_compile_within_their_promise(hidden, dtype):
+    """Every default envelope plan: no spills, no stack frame (an array passed to the
+    out-of-line partial chunk once put every chunk's values in local memory, halving the
+    bandwidth), and the promised blocks' registers within the SM's."""
+    for kind, make in KINDS.items():
+        spec = make(ROWS, hidden, dtype=dtype)
+        plan = spec.plan
+        if not plan.envelope:
+            continue
+        ck = _compile(spec)
+        name = spec.kernel_name
+        assert ck.spill_bytes.get(name, 0) == 0, (plan.describe(), ck.log)
+        assert ck.local_bytes.get(name, 0) == 0, (plan.describe(), ck.log)
+        assert ck.registers[name] * plan.block_threads * plan.min_blocks_per_sm <= 65536
+
+
+def test_envelope_kernel_shape_by_alignment():
+    """Unaligned rows: the masked ends, the output pass instantiated for each word shift
+    of the 1-D tensors and the out-of-line partial chunks; aligned rows: none of those.
+    Layer norms' default: the shifted one-pass statistics."""
+    odd = NormalizationSpec.layer_norm(ROWS, 7001, dtype="bfloat16")
+    even = NormalizationSpec.rms_norm(ROWS, 16896, dtype="bfloat16")
+    assert odd.plan.envelope and odd.plan.one_pass and even.plan.envelope
+    src, src_even = render_normalization(odd), render_normalization(even)
+    assert "constexpr bool kRowsAligned = false;" in src
+    assert all(f"output_pass<{k}>(" in src for k in (0, 1, 2, 3, -1))
+    assert "mask_chunk(xr[i]" in src and "const float shift" in src
+    assert "constexpr bool kRowsAligned = true;" in src_even
+    assert "switch" not in src_even.split("extern \"C\"")[1]
+    assert "const float shift" not in src_even
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"param_cache": "registers"}, "envelope is its own kernel"),
+    ({"shared_row": True}, "envelope is its own kernel"),
+    ({"batch": 40}, "no envelope plan covers"),
+    ({"threads_per_row": 48}, "no envelope plan covers"),
+])
+def test_envelope_pins_are_checked(kw, message):
+    with pytest.raises(LoweringError, match=message):
+        NormalizationSpec.rms_norm(ROWS, 4097, dtype="bfloat16", envelope=True, **kw)
+
+
+def test_envelope_takes_plain_norms_only():
+    with pytest.raises(LoweringError, match="plain norms"):
+        NormalizationSpec.reference_fusion(ROWS, 4097, dtype="bfloat16", envelope=True)
+
+
+@pytest.mark.parametrize("hidden", [513, 4097, 16896])
+def test_envelope_plans_round_trip_and_cover_the_row(hidden):
+    """spec_with_plan pins an envelope plan field by field; every candidate covers the
+    envelope with no slot empty for every thread."""
+    from lowering.kernels.normalization import envelope_candidates, spec_params, spec_from_params
+    from lowering.kernels.normalization import spec_with_plan
+
+    spec = NormalizationSpec.layer_norm(ROWS, hidden, dtype="bfloat16")
+    for plan in envelope_candidates(hidden, True):
+        assert plan.threads_per_row * plan.batch >= plan.row_chunks
+        assert (plan.batch - 1) * plan.threads_per_row < plan.row_chunks
+        pinned = spec_with_plan(spec, dataclasses.replace(plan, one_pass=True))
+        assert pinned.plan == dataclasses.replace(plan, one_pass=True)
+        assert spec_from_params(spec_params(pinned)).plan == pinned.plan

@@ -34,8 +34,12 @@ Example (the fusion of the nvFuser report):
     >>> "#pragma unroll 1" in source
     True
 
-Rows the registers cannot hold (wider than 1024 threads x 32 values, up to 131072 and
-beyond) and rows that are not 16-byte aligned run the *shared-row* kernel
+Plain 16-bit norms whose rows are not 16-byte aligned, and aligned ones past 8K that
+the row-wise rule declines, run the *envelope* kernel (``LaunchPlan.envelope``): the
+row-wise kernel over the row's aligned 16-byte granules held as raw 16-bit values
+(`planner._envelope_rowwise`). Rows the registers cannot hold (wider than 1024 threads x
+32 values, up to 131072 and beyond) and other rows that are not 16-byte aligned run the
+*shared-row* kernel
 (``LaunchPlan.shared_row``): one row a block at a time, the row of x in shared memory as
 16-byte chunks (registers past 227 KiB), refilled with the block's next row as each chunk
 is read; the planner's model (`plan.Hardware`, `planner.choose_shared_row`,
@@ -63,13 +67,14 @@ from lowering.kernels.normalization.plan import (
     LaunchPlan,
 )
 from lowering.kernels.normalization.planner import (
-    CACHE_ORDER, FLIGHT_STEP, IN_FLIGHT_TARGET, MAX_EXTRA_PADDING, RULE_GRID, RULES,
-    SHARED_ROW_MIN_HIDDEN, SHARED_ROW_THREADS_PER_SM, STAGED_MIN_VALUES, PlannerRules,
-    choose_persistent, choose_shared_row, hint_variants, plan_launch, prefers_shared_row,
+    CACHE_ORDER, FLIGHT_STEP, IN_FLIGHT_TARGET, MAX_ENVELOPE_CHUNKS, MAX_EXTRA_PADDING,
+    RULE_GRID, RULES, SHARED_ROW_MIN_HIDDEN, SHARED_ROW_THREADS_PER_SM, STAGED_MIN_VALUES,
+    PlannerRules, choose_persistent, choose_shared_row, envelope_candidates, hint_variants,
+    plan_launch, prefers_shared_row, rank_envelope,
 )
 from lowering.kernels.normalization.renderer import (
-    SWITCH_FIELDS, NormalizationRenderer, PersistentRenderer, SharedRowRenderer, nvrtc_options,
-    render_normalization,
+    SWITCH_FIELDS, EnvelopeRenderer, NormalizationRenderer, PersistentRenderer,
+    SharedRowRenderer, nvrtc_options, render_normalization,
 )
 from lowering.kernels.normalization.spec import (
     DTYPE_BYTES, HALF_DTYPES, PLAN_FIELDS, AddBroadcast, Cast, LayerNorm, NormalizationSpec,

@@ -164,6 +164,15 @@ class LaunchPlan:
     masked; their y stores go element by element) and read the 1-D tensors as two
     aligned vectors funnel-shifted into place. See docs/KERNELS.md.
 
+    ``envelope`` (``param_cache="none"``): the row-wise kernel over the row's aligned
+    envelope, for plain 16-bit norms (no prologue) whatever their alignment: each thread
+    holds ``batch`` 16-byte chunks of the envelope (``row_chunks`` at most) as raw 16-bit
+    values, converting a chunk again in each pass, and masks the envelope's ends as the
+    shared-row kernel does (its 1-D tensors funnel-shifted into place, partial chunks
+    stored element by element). Rows that are not 16-byte aligned keep 16-byte loads and
+    stores, and the packed row takes half the registers of the fp32 one. See
+    `planner._envelope_rowwise`.
+
     ``balanced_grid``: the persistent kernel's grid is the fewest blocks that need no
     more rounds of the row loop than the resident ones (`grid`). Off: timed slower at
     most sizes; every block busy in the last round does not make up for fewer blocks
@@ -191,7 +200,8 @@ class LaunchPlan:
     lean_addresses: bool = True  # x and y by one pointer a row (not with "global")
     balanced_grid: bool = False  # `grid`'s default: the fewest blocks for as many rounds
     shared_row: bool = False  # the shared-row family (see below): the row of x in shared memory
-    row_chunks: int = 0  # shared_row: 16-byte chunks a row may span (its bound, any alignment)
+    row_chunks: int = 0  # shared_row, envelope: 16-byte chunks a row may span (its bound)
+    envelope: bool = False  # the envelope row-wise kernel (see below): batch is chunks a thread
 
     @property
     def persistent(self) -> bool:
@@ -307,6 +317,10 @@ class LaunchPlan:
             return (f"shared-row t{self.threads_per_row} b{self.batch}"
                     + (f"+r{self.register_slots}" if self.register_slots else "")
                     + f" c{self.row_chunks}" + (" 1pass" if self.one_pass else "")
+                    + (f" x{self.blocks_per_sm}" if self.blocks_per_sm else ""))
+        if self.envelope:
+            return (f"envelope t{self.threads_per_row} k{self.batch} r{self.rows_per_block} "
+                    f"c{self.row_chunks}" + (" 1pass" if self.one_pass else "")
                     + (f" x{self.blocks_per_sm}" if self.blocks_per_sm else ""))
         kind = "rowwise" if not self.persistent else f"persistent/{self.param_cache}"
         if self.shared_param_bytes:

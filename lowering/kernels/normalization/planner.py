@@ -19,7 +19,8 @@ import itertools
 from hostir.errors import LoweringError
 from lowering.kernels.normalization.candidates import (
     bulk_ok, bytes_in_flight, candidate_plans, padding, persistent_candidates,
-    persistent_register_estimate, register_estimate, shared_row_blocks, shared_row_candidates,
+    persistent_register_estimate, register_estimate, row_chunks, shared_row_blocks,
+    shared_row_candidates,
 )
 from lowering.kernels.normalization.plan import (
     L2_HINTS, MAX_BLOCKS_PER_SM, MAX_STAGES, MAX_THREADS_PER_BLOCK, MAX_THREADS_PER_SM,
@@ -39,6 +40,8 @@ STAGED_MIN_VALUES = 16
 CACHE_ORDER = ("registers", "shared", "global")
 # Rule 7: bytes in flight compared in steps of this (the block counts are estimates).
 FLIGHT_STEP = 4 * 1024
+# The envelope kernel's chunks a thread at most (its passes are unrolled over them).
+MAX_ENVELOPE_CHUNKS = 6
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -358,6 +361,7 @@ def plan_launch(
     passes: int = 3,
     layer_norm: bool = True,
     hardware: Hardware = SM90,
+    envelope: bool | None = None,
 ) -> LaunchPlan:
     """Pick the kernel (row-wise or persistent), threads per row, the persistent batch
     and rows per block for ``hidden``.
@@ -391,7 +395,7 @@ def plan_launch(
         best = plan_launch(hidden, vector_width, value_bytes, threads_per_row, batch,
                            rows_per_block, param_cache, prefetch, param_bytes, x_staged, bf16,
                            stages, one_pass, l2_hint, packed, x_bulk, shared_param_bytes,
-                           param_sizes, **wide)
+                           param_sizes, envelope=envelope, **wide)
         if (not isinstance(blocks_per_sm, int) or isinstance(blocks_per_sm, bool)
                 or not best.sm_holds(blocks_per_sm)):
             smem = best.dynamic_shared_bytes + best.shared_bytes
@@ -402,6 +406,29 @@ def plan_launch(
         return dataclasses.replace(best, blocks_per_sm=blocks_per_sm)
     register_pins = (param_cache, prefetch, x_staged, stages, one_pass, l2_hint, packed, x_bulk,
                      shared_param_bytes)
+    if envelope:
+        if shared_row or any(v is not None for v in register_pins if v is not one_pass):
+            raise LoweringError("normalization plan: envelope is its own kernel: pin only "
+                                "threads_per_row, batch (chunks a thread), rows_per_block, "
+                                "one_pass (and blocks_per_sm) with it")
+        if value_bytes != 2 or prologue_bytes:
+            raise LoweringError("normalization plan: envelope takes plain norms of 16-bit x "
+                                "(no prologue tensors)")
+        plans = envelope_candidates(hidden, layer_norm)
+        pinned = [p for p in plans
+                  if threads_per_row in (None, p.threads_per_row) and batch in (None, p.batch)]
+        if not pinned:
+            raise LoweringError(
+                f"normalization plan: no envelope plan covers hidden={hidden}"
+                + (f" with threads_per_row={threads_per_row}" if threads_per_row else "")
+                + (f" and batch={batch}" if batch else "")
+                + f" (warp-multiple rows of up to {MAX_THREADS_PER_BLOCK} threads, at most "
+                  f"{MAX_ENVELOPE_CHUNKS} chunks of 16 bytes each)")
+        best = _choose_envelope(pinned, layer_norm) or pinned[0]
+        if one_pass and layer_norm:
+            best = dataclasses.replace(best, one_pass=True)
+        return best if rows_per_block is None else dataclasses.replace(
+            best, rows_per_block=rows_per_block)
     if shared_row:
         if any(v is not None for v in register_pins):
             raise LoweringError("normalization plan: shared_row is its own kernel: pin only "
@@ -423,6 +450,8 @@ def plan_launch(
     if (shared_row is None and threads_per_row is None and batch is None
             and rows_per_block is None and all(v is None for v in register_pins)):
         plain = _plain_rowwise(hidden, vector_width, value_bytes, wide)
+        if plain is None and envelope is None:
+            plain = _envelope_rowwise(hidden, vector_width, value_bytes, wide)
         if plain is not None:
             return plain
         routed = _route(hidden, vector_width, value_bytes, param_bytes, bf16, param_sizes, wide)
@@ -625,6 +654,109 @@ def _plain_rowwise(hidden: int, vector_width: int, value_bytes: int, wide: dict)
     pick = fit[0] if fit else min(plans, key=lambda p: (
         round(padding(p, hidden), 2), abs(p.batch * vector_width - PLAIN_ROWWISE_VALUES)))
     return dataclasses.replace(pick, param_cache="none", blocks_per_sm=blocks(pick))
+
+
+# `_envelope_rowwise`: on (the default), plain 16-bit norms' rows that are not 16-byte
+# aligned, and aligned rows longer than `_plain_rowwise` takes, get the envelope row-wise
+# kernel wherever an SM holds two blocks of it at `ENVELOPE_CHUNKS` or more chunks a
+# thread (`_choose_envelope`).
+ENVELOPE_ROWWISE = True
+ENVELOPE_CHUNKS = 3
+ENVELOPE_PADDING_STEP = 0.1
+ENVELOPE_ROW_THREADS = 160
+ENVELOPE_ALIGNED_MIN = 8192
+ENVELOPE_LAYER_MIN = 6144
+# Registers of the envelope kernel besides 4 a chunk (a layer norm 8 more), fitted to
+# ptxas (sm_90, no promise: rms_norm 32-62 at 1-6 chunks, layer_norm 38-70). The block
+# promise leaves ptxas at least the estimate rounded up to 8, counting its allotment by
+# sub-partition (a block's warps rounded up to four); held 4-8 registers lower it
+# spilled 8-42 bytes. The unit tests compile the default plans of a sweep and check.
+ENVELOPE_REGISTERS = 40
+
+
+def envelope_candidates(hidden: int, layer_norm: bool) -> list[LaunchPlan]:
+    """Every envelope plan of a row: T threads a row (a warp multiple, several rows a
+    block below `MIN_THREADS_PER_BLOCK`) and K chunks a thread, no slot empty for every
+    thread, up to `MAX_ENVELOPE_CHUNKS`; the block promise the most blocks an SM holds
+    at the register estimate."""
+    chunks = row_chunks(hidden, 2, False)
+    plans = []
+    for t in range(WARP, MAX_THREADS_PER_BLOCK + 1, WARP):
+        k = -(-chunks // t)
+        if k > MAX_ENVELOPE_CHUNKS or (k - 1) * t >= chunks:
+            continue
+        r = max(1, MIN_THREADS_PER_BLOCK // t)
+        est = ENVELOPE_REGISTERS + 4 * k + 8 * layer_norm
+        allotted = round_up(t * r // WARP, 4) * WARP  # threads, by sub-partition
+        blocks = min(MAX_THREADS_PER_SM // (t * r),
+                     REGISTERS_PER_SM // (allotted * round_up(est, 8)), MAX_BLOCKS_PER_SM)
+        if blocks < 1:
+            continue
+        plans.append(LaunchPlan(8, t, k, r, est, "none", row_chunks=chunks, envelope=True,
+                                blocks_per_sm=blocks))
+    return plans
+
+
+def _choose_envelope(plans: list[LaunchPlan], layer_norm: bool) -> LaunchPlan | None:
+    """The default among envelope plans: two or more blocks an SM (each block's
+    reductions and stores covered by the others' loads) and at least `ENVELOPE_CHUNKS`
+    chunks a thread; then rows on `ENVELOPE_ROW_THREADS` threads or more where the row
+    allows (else on 96), 4 or 5 chunks a thread, the least padding (in steps of
+    `ENVELOPE_PADDING_STEP`), more chunks. None: no plan keeps the SM fed.
+
+    Side by side on an H200 (bf16, 8192 rows, rms_norm at 4097-20001): 4-5 chunks a
+    thread on rows of 160-512 threads, two to four an SM, ran 0.88-0.94 of copy
+    bandwidth; as many chunks on rows of 64-128 threads, eight an SM, 0.65-0.79; one or
+    two chunks a thread 0.55-0.76 on as many threads; one block an SM 0.47-0.79 (its
+    row's reduction and stores uncovered). Short rows (1537, 2050) ran best on 96
+    threads at 3 chunks (0.76, 0.85)."""
+    ranked = rank_envelope(plans)
+    return ranked[0] if ranked else None
+
+
+def rank_envelope(plans: list[LaunchPlan]) -> list[LaunchPlan]:
+    """The envelope plans `_choose_envelope` allows, best first by its order."""
+    def pad(p: LaunchPlan) -> float:
+        return 1 - p.row_chunks / (p.threads_per_row * p.batch)
+
+    def tier(p: LaunchPlan) -> int:
+        t = p.threads_per_row
+        return 0 if t >= ENVELOPE_ROW_THREADS else 1 if t >= 96 else 2
+
+    ok = [p for p in plans if p.blocks_per_sm >= 2 and p.batch >= ENVELOPE_CHUNKS]
+    return sorted(ok, key=lambda p: (tier(p), p.batch not in (4, 5),
+                                     round(pad(p) / ENVELOPE_PADDING_STEP), -p.batch))
+
+
+def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int, wide: dict):
+    """The envelope plan of a plain 16-bit norm (no prologue), or None where the other
+    rules decide. Side by side on an H200 (bf16, 8192 rows), against the plans these
+    rows had:
+
+    - Rows that are not 16-byte aligned and leave the register kernels vectors under 8
+      bytes: rms_norm 0.69-0.94 of copy bandwidth at 513-20001 (0.55-0.78 on the
+      shared-row kernel). A layer norm from `ENVELOPE_LAYER_MIN` values: 0.78-0.79 at
+      7001-16385 (0.55-0.69 on the register kernels' narrow vectors, the shared-row
+      kernel past 16K); shorter ones lost to those (513-4097: 0.46-0.72 against
+      0.65-0.78). 8-byte vectors (5140) run as fast either way (0.90 rms_norm): they keep
+      their plans.
+    - Aligned rows from `ENVELOPE_ALIGNED_MIN` values that `_plain_rowwise` declined: the
+      raw 16-bit chunks take half the registers of its fp32 values, so two blocks an SM
+      still fit past 16K values (14848-20992: rms_norm 0.95-0.97 against 0.88-0.91 on
+      the shared-row kernel, layer_norm 0.92-0.94 against 0.88-0.90).
+
+    Layer norms take the one-pass statistics (``one_pass``: 2-14% faster than two passes
+    over the registers at every width measured)."""
+    layer = wide["layer_norm"]
+    if not ENVELOPE_ROWWISE or wide["prologue_bytes"] or value_bytes != 2:
+        return None
+    if wide["rows_aligned"]:
+        if hidden < ENVELOPE_ALIGNED_MIN:
+            return None
+    elif vector_width * value_bytes >= 8 or (layer and hidden < ENVELOPE_LAYER_MIN):
+        return None
+    plan = _choose_envelope(envelope_candidates(hidden, layer), layer)
+    return dataclasses.replace(plan, one_pass=True) if plan and layer else plan
 
 
 def _route(hidden, vector_width, value_bytes, param_bytes, bf16, param_sizes, wide):

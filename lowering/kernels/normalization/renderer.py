@@ -16,8 +16,8 @@ from lowering.kernels.normalization.spec import (
     DTYPE_BYTES, AddBroadcast, Cast, LayerNorm, NormalizationSpec, PointwiseOp,
 )
 from lowering.kernels.normalization.templates import (
-    CUDA_TYPES, FROM_FLOAT, L2_HINT_LEVELS, ROW_COPY_BODIES, SHARED_ROW_SNIPPETS, SHORT_NAMES,
-    SNIPPETS, TO_FLOAT,
+    CUDA_TYPES, ENVELOPE_SNIPPETS, FROM_FLOAT, L2_HINT_LEVELS, ROW_COPY_BODIES, SHARED_ROW_SNIPPETS,
+    SHORT_NAMES, SNIPPETS, TO_FLOAT,
 )
 
 # The fields of a LaunchPlan that switch how its kernel is written or launched, not
@@ -464,18 +464,16 @@ class SharedRowRenderer:
                 out.append(SHARED_ROW_SNIPPETS["cast"].format(value=value))
         return "".join(out)
 
-    def render(self) -> str:
-        s, p = self.spec, self.plan
+    def _chunk_functions(self) -> tuple[str, str, list, list]:
+        """``chunk_values`` and ``chunk_output`` of this spec (the prologue up to the
+        values, the norm's tensors, the epilogue and the store of one chunk); the
+        prologue's and the output's 1-D tensors, (name, dtype)."""
+        s = self.spec
         S = SHARED_ROW_SNIPPETS
-        names, dtypes = s.parameter_names(), s.parameter_dtypes()
-        params = [SNIPPETS["param_in"].format(t=CUDA_TYPES[d], name=n)
-                  for n, d in zip(names[:-1], dtypes[:-1])]
-        params.append(SNIPPETS["param_out"].format(t=CUDA_TYPES[dtypes[-1]]))
         pro = self._tensors(s.prologue)
         outs = tail_tensors(self.spec)
         tparams = lambda ts: "".join(S["tensor_param"].format(t=CUDA_TYPES[d], name=n)  # noqa: E731
                                      for n, d in ts)
-        targs = lambda ts: "".join(f", in_{n}" for n, _ in ts)  # noqa: E731
         values = S["values"].format(
             tensor_params=tparams(pro), loads="".join(self._load(n, d) for n, d in pro),
             first=TO_FLOAT[s.input_dtype].format("xv.e[e]"), ops=self._ops(s.prologue, dict(pro)))
@@ -497,6 +495,21 @@ class SharedRowRenderer:
             loads="".join(self._load(n, d) for n, d in outs), out_decl=decl,
             ops="".join(norm_ops) + self._ops(s.epilogue, dict(outs)), out_assign=assign,
             store=store)
+        return values, output, pro, outs
+
+    def _params(self) -> list[str]:
+        names, dtypes = self.spec.parameter_names(), self.spec.parameter_dtypes()
+        params = [SNIPPETS["param_in"].format(t=CUDA_TYPES[d], name=n)
+                  for n, d in zip(names[:-1], dtypes[:-1])]
+        params.append(SNIPPETS["param_out"].format(t=CUDA_TYPES[dtypes[-1]]))
+        return params
+
+    def render(self) -> str:
+        s, p = self.spec, self.plan
+        S = SHARED_ROW_SNIPPETS
+        values, output, pro, outs = self._chunk_functions()
+        targs = lambda ts: "".join(f", in_{n}" for n, _ in ts)  # noqa: E731
+        out_t = CUDA_TYPES[s.output_dtype]
         eps = repr(float(s.norm.eps))
         layer = isinstance(s.norm, LayerNorm)
         one_pass = layer and p.one_pass
@@ -509,9 +522,9 @@ class SharedRowRenderer:
         slots = -(-p.row_chunks // p.threads_per_row)
         kernel = S["kernel"].format(
             block_threads=p.block_threads, min_blocks=p.min_blocks_per_sm, name=s.kernel_name,
-            params=", ".join(params), threads=p.threads_per_row, hidden=s.hidden, slots=slots,
-            shared=p.batch, out_t=out_t, tensor_args=targs(pro), out_args=targs(outs),
-            stats=stats,
+            params=", ".join(self._params()), threads=p.threads_per_row, hidden=s.hidden,
+            slots=slots, shared=p.batch, out_t=out_t, tensor_args=targs(pro),
+            out_args=targs(outs), stats=stats,
             partials_decl=S["partials_triples" if one_pass else "partials_sums"],
             accumulate_init=S["triple_init" if one_pass else "sum_init"],
             accumulate=(S["triple_accumulate"].format() if one_pass else
@@ -526,6 +539,93 @@ class SharedRowRenderer:
                 warps=p.threads_per_row // 32)
         return render.Renderer().source(["convert"], SNIPPETS["preamble"].format(), aligned,
                                         helpers, values, output, kernel)
+
+
+class EnvelopeRenderer(SharedRowRenderer):
+    """The envelope row-wise kernel (``plan.envelope``): one row on a block's threads (or
+    several rows a block, each on its own warps), the row's aligned envelope in
+    registers as raw 16-bit chunks, the 1-D tensors through L1/L2; fills
+    `ENVELOPE_SNIPPETS` (and the shared-row kernel's chunk helpers)."""
+
+    def render(self) -> str:
+        s, p = self.spec, self.plan
+        E, S = ENVELOPE_SNIPPETS, SHARED_ROW_SNIPPETS
+        if s.prologue:
+            raise LoweringError("normalization kernel: the envelope kernel takes plain norms "
+                                "(no prologue)")
+        values, output, _, outs = self._chunk_functions()
+        out_t = CUDA_TYPES[s.output_dtype]
+        tparams = "".join(S["tensor_param"].format(t=CUDA_TYPES[d], name=n) for n, d in outs)
+        out_args = "".join(f", in_{n}" for n, _ in outs)
+        layer = isinstance(s.norm, LayerNorm)
+        one_pass = layer and p.one_pass
+        eps = repr(float(s.norm.eps))
+        several = p.warps_per_row > 1
+        if one_pass:
+            row_sum = E["row_sum2_block" if several else "row_sum2_warp"].format()
+            partials = (f"__shared__ float partials[{p.rows_per_block}][{p.warps_per_row}][2];"
+                        if several else "")
+            first = TO_FLOAT[s.input_dtype].format("in_x[(size_t)row * kHidden]")
+            passes = (E["shift_init"].format(first=first)
+                      + E["pass"].format(whole=E["shifted_whole"]))
+            stats = E["one_pass_stats"].format(
+                eps=eps, partials="partials[row_in_block]" if several else "nullptr")
+        else:
+            if several:
+                row_sum = SNIPPETS["row_sum_block"].format(threads_per_row=p.threads_per_row,
+                                                           warps_per_row=p.warps_per_row)
+                partials = SNIPPETS["partials_shared"].format(rows_per_block=p.rows_per_block,
+                                                              warps_per_row=p.warps_per_row)
+                part = ["partials[0][row_in_block]", "partials[1][row_in_block]"]
+            else:
+                row_sum, partials, part = SNIPPETS["row_sum_warp"].format(), "", ["nullptr"] * 2
+            whole = E["sum_whole" if layer else "rms_whole"]
+            passes = E["sum_init"] + E["pass"].format(whole=whole)
+            if layer:
+                passes += E["mean"].format(partials0=part[0]) + E["pass"].format(
+                    whole=E["centered_whole"])
+                stats = E["layer_norm_stats"].format(eps=eps, partials1=part[1])
+            else:
+                stats = E["rms_norm_stats"].format(eps=eps, partials0=part[0])
+        # the whole-chunk output, each 16-bit tensor by cols16k; fp32 ones as ever
+        norm_ops = []
+        if s.norm.weight:
+            norm_ops.append(S["mul"].format(value=TO_FLOAT[s.norm.weight_dtype].format("t_weight[e]")))
+        if layer and s.norm.bias:
+            norm_ops.append(S["add"].format(value=TO_FLOAT[s.norm.bias_dtype].format("t_bias[e]")))
+        if DTYPE_BYTES[s.output_dtype] == 4:
+            decl, assign = "float o[8];", "o[e] = a;"
+            store = "store32<kFull, kRowsAligned>(y, o, col0, lo, hi);"
+        else:
+            decl = "Vec<unsigned short, 8> o;"
+            assign = f"o.e[e] = {FROM_FLOAT[s.output_dtype].format('a')};"
+            store = "store16<kFull, kRowsAligned>(y, o, col0, lo, hi);"
+        loads = "".join(E["load16"].format(name=n) if DTYPE_BYTES[d] == 2 else self._load(n, d)
+                        for n, d in outs)
+        helpers = E["helpers"].format(
+            out_t=out_t, tensor_params=tparams, out_args=out_args, loads=loads, out_decl=decl,
+            ops="".join(norm_ops) + self._ops(s.epilogue, dict(outs)), out_assign=assign,
+            store=store)
+        # the row's shift is the first 16-bit tensor's; the switch needs all of theirs alike
+        halves = [n for n, d in outs if DTYPE_BYTES[d] == 2]
+        if s.rows_aligned:  # every base pointer on 16 bytes: no shift
+            dispatch = E["dispatch_aligned"].format(out_args=out_args)
+        else:
+            phase = f"((int)((size_t)in_{halves[0]} & 15) >> 1)" if halves else "hx"
+            same = " && ".join(f"(((size_t)in_{n} ^ (size_t)in_{halves[0]}) & 15) == 0"
+                               for n in halves[1:]) or "true"
+            dispatch = E["dispatch"].format(phase=phase, same=same, out_args=out_args)
+        kernel = E["kernel"].format(
+            block_threads=p.block_threads, min_blocks=p.min_blocks_per_sm, name=s.kernel_name,
+            params=", ".join(self._params()), partials_decl=partials, out_t=out_t,
+            out_args=out_args, first_pass=passes, stats=stats, dispatch=dispatch)
+        constants = E["constants"].format(threads=p.threads_per_row, hidden=s.hidden,
+                                          slots=p.batch, rows_per_block=p.rows_per_block)
+        aligned = S["aligned_flag"].format(aligned="true" if s.rows_aligned else "false")
+        shared_helpers = S["helpers"].format(warps=p.threads_per_row // 32, wait_cases="")
+        return render.Renderer().source(["convert"], SNIPPETS["preamble"].format(), aligned,
+                                        constants, shared_helpers, row_sum, values, output,
+                                        helpers, kernel)
 
 
 def render_normalization(spec: NormalizationSpec, plan: LaunchPlan | None = None) -> str:
@@ -544,6 +644,8 @@ def render_normalization(spec: NormalizationSpec, plan: LaunchPlan | None = None
             "plan on the spec (spec_with_plan)")
     if plan.shared_row:
         return SharedRowRenderer(spec, plan).render()
+    if plan.envelope:
+        return EnvelopeRenderer(spec, plan).render()
     if plan.persistent:
         return PersistentRenderer(spec, plan).render()
     return NormalizationRenderer(spec, plan).render()

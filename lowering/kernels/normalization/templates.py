@@ -865,3 +865,215 @@ __device__ __forceinline__ void block_stats(float& n, float& m, float& q, float 
 """,
     "aligned_flag": "constexpr bool kRowsAligned = {aligned};\n",
 }
+
+
+# ---- the envelope row-wise kernel (`renderer.EnvelopeRenderer`, `LaunchPlan.envelope`)
+# One row on kT threads, kRowsPerBlock rows a block, no loop: the row's aligned envelope
+# (its 16-byte granules, `row_chunks`) in registers as raw 16-bit values, chunk c in slot
+# c / kT of thread c % kT; each pass converts a chunk's values again (chunk_values of
+# SHARED_ROW_SNIPPETS). The unrolled passes take whole chunks only; the row's partial
+# first and last chunks (at most two a row) are taken once each after them (`edge`), so
+# the masking and the element-wise stores are not repeated for every slot. The output
+# pass is instantiated for each word shift of the 1-D tensors' chunks against x's (the
+# same for every chunk of a row), so a chunk of a tensor is two loads and four funnel
+# shifts; tensors with 16-byte phases of their own take the general helper.
+ENVELOPE_SNIPPETS = {
+    "constants": """\
+constexpr int kT = {threads}, kHidden = {hidden}, kSlots = {slots};
+constexpr int kRowsPerBlock = {rows_per_block};
+""",
+    "helpers": """\
+// Columns col0 .. col0+7 of a 16-bit 1-D tensor for a whole chunk, with the chunk kK
+// words and f bits (0 or 16) past the aligned vector at p + col0 (a granule past it
+// only where the chunk straddles two).
+template <int kK>
+__device__ __forceinline__ void cols16k(unsigned short (&r)[8], const unsigned short* __restrict__ p,
+                                        int col0, unsigned f) {{
+  const uint4* q = reinterpret_cast<const uint4*>((size_t)(p + col0) & ~(size_t)15);
+  const uint4 u = __ldg(q);
+  const uint4 n = (kK != 0 || f != 0) ? __ldg(q + 1) : u;
+  const unsigned w[8] = {{u.x, u.y, u.z, u.w, n.x, n.y, n.z, n.w}};
+  Vec<unsigned short, 8> v;
+  v.raw.x = __funnelshift_r(w[kK], w[kK + 1], f);
+  v.raw.y = __funnelshift_r(w[kK + 1], w[kK + 2], f);
+  v.raw.z = __funnelshift_r(w[kK + 2], w[kK + 3], f);
+  v.raw.w = __funnelshift_r(w[kK + 3], w[kK + 4], f);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) r[e] = v.e[e];
+}}
+// normalize one whole chunk, the norm's weight and bias, the epilogue, store
+template <int kK>
+__device__ __forceinline__ void chunk_output_k(const float (&v)[8], const float center, const float rstd,
+                                               {out_t}* __restrict__ y, const int col0,
+                                               const unsigned f{tensor_params}) {{
+  constexpr bool kFull = true;
+  const int lo = 0, hi = 8;
+{loads}  {out_decl}
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {{
+    float a = (v[e] - center) * rstd;
+{ops}    {out_assign}
+  }}
+  {store}
+}}
+// A chunk with the elements outside lanes [lo, hi) set to 0 (the envelope's ends: x's
+// neighbouring rows, or bytes past x), so that the passes need no mask.
+__device__ __forceinline__ uint4 mask_chunk(const uint4 r, const int lo, const int hi) {{
+  unsigned w[4] = {{r.x, r.y, r.z, r.w}};
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    w[k] &= ((2 * k >= lo && 2 * k < hi) ? 0xffffu : 0u)
+          | ((2 * k + 1 >= lo && 2 * k + 1 < hi) ? 0xffff0000u : 0u);
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}}
+// the output of a partial chunk (at most two a row), out of line; its arguments all
+// scalars (an array's address would put the caller's values in local memory)
+__device__ __noinline__ void partial_output(const uint4 raw, const float center, const float rstd,
+                                            {out_t}* __restrict__ y, const int col0, const int lo,
+                                            const int hi{tensor_params}) {{
+  float v[8];
+  chunk_values<false>(v, raw, col0, lo, hi);
+  chunk_output<false>(v, center, rstd, y, col0, lo, hi{out_args});
+}}
+// the output pass over this thread's whole chunks, the tensors kK words (and f bits)
+// shifted; kK < 0: each chunk's shift from its own address (chunk_output)
+template <int kK>
+__device__ __forceinline__ void output_pass(const uint4 (&xr)[kSlots], const int tid, const int nch,
+                                            const int hx, const float center, const float rstd,
+                                            {out_t}* __restrict__ y, const unsigned f{tensor_params}) {{
+#pragma unroll
+  for (int i = 0; i < kSlots; ++i) {{
+    const int c = i * kT + tid;
+    if (c < nch) {{
+      const int col0 = 8 * c - hx;
+      if (kRowsAligned || ((c != 0 || hx == 0) && col0 + 8 <= kHidden)) {{
+        float v[8];
+        chunk_values<true>(v, xr[i], col0, 0, 8);
+        if constexpr (kK >= 0) chunk_output_k<kK>(v, center, rstd, y, col0, f{out_args});
+        else chunk_output<true>(v, center, rstd, y, col0, 0, 8{out_args});
+      }} else {{
+        partial_output(xr[i], center, rstd, y, col0, c == 0 ? hx : 0, min(8, kHidden - col0){out_args});
+      }}
+    }}
+  }}
+}}
+""",
+    "row_sum2_warp": """\
+__device__ __forceinline__ void row_sum2(float& a, float& b, float (*)[2]) {{
+  a = warp_sum(a);
+  b = warp_sum(b);
+}}
+""",
+    "row_sum2_block": """\
+// two sums over the threads of one row: each warp's lane 0 writes its partials, one
+// barrier, every warp adds them all
+__device__ __forceinline__ void row_sum2(float& a, float& b, float (*partials)[2]) {{
+  const int lane = threadIdx.x & 31;
+  const int warp = (threadIdx.x % kT) >> 5;
+  a = warp_sum(a);
+  b = warp_sum(b);
+  if (lane == 0) {{ partials[warp][0] = a; partials[warp][1] = b; }}
+  __syncthreads();
+  a = warp_sum(lane < kT / 32 ? partials[lane][0] : 0.f);
+  b = warp_sum(lane < kT / 32 ? partials[lane][1] : 0.f);
+}}
+""",
+    "load16": "  unsigned short t_{name}[8];\n  cols16k<kK>(t_{name}, in_{name}, col0, f);\n",
+    # a pass over the row's chunks: the whole ones in the unrolled loop, then the edges
+    # a pass over the row's chunks (the envelope's ends hold 0: see mask_chunk)
+    "pass": """\
+#pragma unroll
+  for (int i = 0; i < kSlots; ++i) {{
+    const int c = i * kT + tid;
+    if (c < nch) {{
+      float v[8];
+      chunk_values<true>(v, xr[i], 8 * c - hx, 0, 8);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {{
+{whole}      }}
+    }}
+  }}
+""",
+    "kernel": """\
+extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
+{name}({params}, const int rows) {{
+  dependent_launch_entry();
+  {partials_decl}
+  const int tid = threadIdx.x % kT;
+  const int row_in_block = threadIdx.x / kT;
+  const int row = blockIdx.x * kRowsPerBlock + row_in_block;
+  const bool row_ok = row < rows;
+  // the row in its aligned envelope: hx elements of the granule before it, nch chunks
+  const size_t xa = (size_t)(in_x + (size_t)(row_ok ? row : 0) * kHidden);
+  const int hx = kRowsAligned ? 0 : (int)(xa & 15) >> 1;
+  const int nch = row_ok ? (hx + kHidden + 7) >> 3 : 0;
+  const uint4* const src = reinterpret_cast<const uint4*>(xa - (xa & 15));
+  {out_t}* const y = out_y + (size_t)(row_ok ? row : 0) * kHidden;
+  uint4 xr[kSlots];
+  int masked = 0;  // elements of this thread's chunks outside the row (held as 0)
+#pragma unroll
+  for (int i = 0; i < kSlots; ++i) {{
+    const int c = i * kT + tid;
+    xr[i] = make_uint4(0u, 0u, 0u, 0u);
+    if (c < nch) xr[i] = __ldcs(src + c);
+  }}
+  if (!kRowsAligned) {{
+#pragma unroll
+    for (int i = 0; i < kSlots; ++i) {{
+      const int c = i * kT + tid;
+      const int lo = c == 0 ? hx : 0, hi = min(8, kHidden - (8 * c - hx));
+      if (c < nch && (lo != 0 || hi != 8)) {{
+        xr[i] = mask_chunk(xr[i], lo, hi);
+        masked += 8 - (hi - lo);
+      }}
+    }}
+  }}
+{first_pass}{stats}{dispatch}}}
+""",
+    "dispatch": """\
+  // the 1-D tensors' chunks sit sh elements into their aligned vectors, for every whole
+  // chunk of the row alike where the tensors share their 16-byte phase
+  const int sh = ({phase} - hx) & 7;
+  const unsigned f = (sh & 1) * 16;
+  switch ({same} ? sh >> 1 : -1) {{
+    case 0: output_pass<0>(xr, tid, nch, hx, center, rstd, y, f{out_args}); break;
+    case 1: output_pass<1>(xr, tid, nch, hx, center, rstd, y, f{out_args}); break;
+    case 2: output_pass<2>(xr, tid, nch, hx, center, rstd, y, f{out_args}); break;
+    case 3: output_pass<3>(xr, tid, nch, hx, center, rstd, y, f{out_args}); break;
+    default: output_pass<-1>(xr, tid, nch, hx, center, rstd, y, f{out_args});
+  }}
+""",
+    "dispatch_aligned": "  output_pass<0>(xr, tid, nch, hx, center, rstd, y, 0u{out_args});\n",
+    "sum_init": "  float s = 0.f;\n",
+    "rms_whole": "        s += v[e] * v[e];\n",
+    "sum_whole": "        s += v[e];\n",
+    "centered_whole": "        const float d = v[e] - mean;\n        s += d * d;\n",
+    "rms_norm_stats": """\
+  const float rstd = rsqrtf(row_sum(s, {partials0}) * (1.f / kHidden) + {eps}f);
+  const float center = 0.f;
+""",
+    # layer norm, two passes: the mean, then the squares about it
+    "mean": """\
+  const float mean = row_sum(s, {partials0}) * (1.f / kHidden);
+  s = 0.f;
+""",
+    # (the masked elements' (0 - mean)^2 taken back out)
+    "layer_norm_stats": """\
+  s -= (float)masked * mean * mean;
+  const float rstd = rsqrtf(row_sum(s, {partials1}) * (1.f / kHidden) + {eps}f);
+  const float center = mean;
+""",
+    # layer norm, one pass (``LaunchPlan.one_pass``): the sums of d and d^2 for d the
+    # values less the row's first one (shifted data: no cancellation of a large mean)
+    "shift_init": "  const float shift = row_ok ? {first} : 0.f;\n  float s = 0.f, q = 0.f;\n",
+    "shifted_whole": "        const float d = v[e] - shift;\n        s += d;\n        q += d * d;\n",
+    "one_pass_stats": """\
+  s += (float)masked * shift;  // the masked elements' d = -shift taken back out
+  q -= (float)masked * shift * shift;
+  row_sum2(s, q, {partials});
+  const float m1 = s * (1.f / kHidden);
+  const float mean = shift + m1;
+  const float rstd = rsqrtf(fmaxf(q * (1.f / kHidden) - m1 * m1, 0.f) + {eps}f);
+  const float center = mean;
+""",
+}

@@ -14,7 +14,9 @@ from lowering.kernels.normalization.candidates import (
     candidate_plans, persistent_candidates, shared_row_candidates,
 )
 from lowering.kernels.normalization.plan import SM90, LaunchPlan
-from lowering.kernels.normalization.planner import CACHE_ORDER, choose_persistent, choose_shared_row
+from lowering.kernels.normalization.planner import (
+    CACHE_ORDER, choose_persistent, choose_shared_row, envelope_candidates, rank_envelope,
+)
 from lowering.kernels.normalization.spec import (
     DTYPE_BYTES, PLAN_FIELDS, AddBroadcast, LayerNorm, NormalizationSpec,
 )
@@ -55,13 +57,25 @@ def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]
       pick is a shared-row plan, those, then the register families' candidates as above
       (where they cover the row).
 
-    Never the one-pass reduction (1.16-2.7x its twin, `PlannerRules`). Nor, with the
+    Never the one-pass reduction of the register kernels (1.16-2.7x its twin,
+    `PlannerRules`; the envelope kernel's layer norms take theirs). Nor, with the
     tensors in registers, the leading ones staged in shared memory instead to hold one
     more block an SM (tuned side by side at 1280-5140, every such twin was slower than
     its all-registers plan; 5140, t192 b7 with two or three of the four tensors staged,
     three blocks an SM: 52.3-53.0 us against 46.2 us with two blocks).
     """
     chosen = spec.plan
+    if chosen.envelope:
+        # the envelope kernel's next geometries by its order, then the plans the row
+        # has without it
+        layer = isinstance(spec.norm, LayerNorm)
+        others = [dataclasses.replace(p, one_pass=chosen.one_pass) for p in
+                  rank_envelope(envelope_candidates(spec.hidden, layer))[:ENVELOPE_TUNE]]
+        try:
+            rest = tune_plans(dataclasses.replace(spec, envelope=False), geometries)
+        except LoweringError:
+            rest = []
+        return _unique([chosen, *others, *rest])
     wide = _shared_row_plans(spec)
     if chosen.shared_row:
         # and the register families' candidates where they cover the row
@@ -147,6 +161,8 @@ def _unique(plans: list[LaunchPlan]) -> list[LaunchPlan]:
 
 # Shared-row plans `tune_plans` adds: the model's pick and the next ones in its order.
 SHARED_ROW_TUNE = 4
+# Envelope plans `tune_plans` adds where the pick is one: the first in its order.
+ENVELOPE_TUNE = 4
 
 
 def _shared_row_plans(spec: NormalizationSpec) -> list[LaunchPlan]:
