@@ -36,9 +36,11 @@ pytestmark = pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs mp
 
 
 def mpirun(np_: int, *args: str, env: dict | None = None, program=None,
-           device: str = "cpu", comm: str = "auto", fault: str = "") -> tuple[int, str, float]:
+           device: str = "cpu", comm: str = "auto", fault: str = "",
+           rank_env: dict | None = None) -> tuple[int, str, float]:
     """Run a job of ``np_`` ranks; its exit code, its output, and the seconds it took.
-    ``fault`` names the row of the fault matrix the job is recorded under."""
+    ``fault`` names the row of the fault matrix the job is recorded under; ``rank_env``
+    (rank -> variables) sets variables on single ranks (one MPMD app context a rank)."""
     e = dict(os.environ)
     e.pop("HOSTIR_INJECT_FAULT", None)
     e.update({
@@ -49,9 +51,15 @@ def mpirun(np_: int, *args: str, env: dict | None = None, program=None,
         "OMPI_MCA_rmaps_base_oversubscribe": "1",                  # Open MPI 4
     })
     e.update(env or {})
-    cmd = ["mpirun", "-np", str(np_), sys.executable]
-    cmd += ["-c", program] if program else ["-m", "hostir.run", "fault_injection",
-                                            "--device", device, "--comm", comm, *args]
+    job = [sys.executable] + (["-c", program] if program else [
+        "-m", "hostir.run", "fault_injection", "--device", device, "--comm", comm, *args])
+    if rank_env:
+        cmd = ["mpirun"]
+        for r in range(np_):
+            own = [f"{k}={v}" for k, v in rank_env.get(r, {}).items()]
+            cmd += ([":"] if r else []) + ["-np", "1"] + (["env", *own] if own else []) + job
+    else:
+        cmd = ["mpirun", "-np", str(np_), *job]
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, env=e, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, timeout=TIMEOUT_S + 90)
@@ -206,11 +214,14 @@ def test_a_malformed_fault_spec_is_a_one_line_error_on_every_rank(value):
 def test_the_flight_report_names_the_stuck_rank(comm, tmp_path):
     # 3 ranks, rank 1 stuck before stage 1's Allgather: the peers time out, each rank
     # writes its flight record (rank 1 when the abort's SIGTERM reaches it), and the
-    # report names rank 1 and what the others wait in.
+    # report names rank 1 and what the others wait in. Rank 2 waits longer than rank 0,
+    # so that one rank aborts the job: with both timing out in the same instant, two
+    # MPI_Aborts once ended rank 1 before its SIGTERM handler wrote its record.
     flight = tmp_path / "flight"
     rc, out, took = mpirun(3, "--m", "72", comm=comm, fault="rank stuck (flight report)",
                            env={"HOSTIR_INJECT_FAULT": f"1:{SELECT_OF_STAGE_1}:hang",
-                                "HOSTIR_FLIGHT_DIR": str(flight)})
+                                "HOSTIR_FLIGHT_DIR": str(flight)},
+                           rank_env={2: {"HOSTIR_COMM_TIMEOUT": str(TIMEOUT_S + 8)}})
     ended_quickly(rc, out, took)
     # The first waiting rank to time out names the flight directory and aborts the job; the
     # other may time out too, or be ended by the abort first (then it says so): a race.

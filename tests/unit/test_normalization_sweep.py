@@ -426,3 +426,88 @@ def test_envelope_plans_round_trip_and_cover_the_row(hidden):
         pinned = spec_with_plan(spec, dataclasses.replace(plan, one_pass=True))
         assert pinned.plan == dataclasses.replace(plan, one_pass=True)
         assert spec_from_params(spec_params(pinned)).plan == pinned.plan
+
+
+# ------------------------------------------- the envelope kernel's index math, in Python
+
+
+def _mask(raw, lo, hi):
+    """mask_chunk: the 8 raw elements of a chunk with those outside lanes [lo, hi) 0."""
+    return [v if lo <= e < hi else 0 for e, v in enumerate(raw)]
+
+
+@pytest.mark.parametrize("hidden", [1, 7, 9, 100, 513, 1601, 4097])
+def test_envelope_chunks_masks_and_shifts_at_every_phase(hidden):
+    """The envelope kernel's arithmetic for every phase of a row in its granule (hx) and
+    of the weight in its own (wp): the chunks a plan's threads hold cover the row once;
+    a chunk is whole exactly when the kernel takes its fast path; masking the ends at
+    load leaves the row's own sum and, with the masked count taken back out, its
+    shifted one-pass statistics equal to the two-pass ones; and every whole chunk's
+    weight columns sit (wp - hx) & 7 elements into their granule, the one shift the
+    row's output pass is instantiated for, read without a granule past the tensor."""
+    import random
+
+    rng = random.Random(hidden)
+    plan = NormalizationSpec.rms_norm(ROWS, max(hidden, 513), dtype="bfloat16",
+                                      envelope=True).plan
+    threads = plan.threads_per_row
+    chunks = row_chunks(hidden, 2, rows_aligned=False)
+    slots = -(-chunks // threads)
+    for hx in range(8):
+        # the flat buffer around the row: neighbours' elements in the granules it shares
+        flat = [rng.uniform(-3, 3) + 50.0 for _ in range(8 * (chunks + 2))]
+        row = flat[hx:hx + hidden]
+        nch = (hx + hidden + 7) >> 3
+        seen, total, masked, s, q = [], 0.0, 0, 0.0, 0.0
+        shift = row[0]
+        for _, _, c, col0, lo, hi in _chunks_of_row(hidden, hx, threads, slots):
+            whole = (c != 0 or hx == 0) and col0 + 8 <= hidden
+            assert whole == (lo == 0 and hi == 8), (hidden, hx, c)
+            raw = _mask(flat[8 * c:8 * c + 8], lo, hi)
+            masked += 8 - (hi - lo)
+            total += sum(raw)
+            s += sum(v - shift for v in raw)
+            q += sum((v - shift) ** 2 for v in raw)
+            seen += [col0 + e for e in range(lo, hi)]
+            for wp in range(8):
+                sh = (wp - hx) & 7
+                if whole:
+                    assert (wp + col0) % 8 == sh  # the row's one shift fits every chunk
+                    if sh:  # the granule after holds the chunk's last column
+                        assert (wp + col0 + 7) // 8 == (wp + col0) // 8 + 1
+                        assert col0 + 7 < hidden
+        assert sorted(seen) == list(range(hidden)) and nch <= chunks
+        assert total == pytest.approx(sum(row), rel=1e-12)
+        s += masked * shift
+        q -= masked * shift * shift
+        mean = sum(row) / hidden
+        var = sum((v - mean) ** 2 for v in row) / hidden
+        assert shift + s / hidden == pytest.approx(mean, rel=1e-9)
+        assert q / hidden - (s / hidden) ** 2 == pytest.approx(var, rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("sh", range(8))
+def test_envelope_static_funnel_shift_of_1d_tensor_chunks(sh):
+    """cols16k<k = sh >> 1> with f = (sh & 1) * 16: words k..k+4 of the two aligned
+    vectors funnel-shifted by f give the eight elements from sh on (k and f known for
+    the row; no select chain)."""
+    elements = list(range(0x100, 0x100 + 16))
+    w = [elements[2 * j] | (elements[2 * j + 1] << 16) for j in range(8)]
+    k, f = sh >> 1, (sh & 1) * 16
+    out = [(((w[k + j + 1] << 32) | w[k + j]) >> f) & 0xFFFFFFFF for j in range(4)]
+    assert [h for word in out for h in (word & 0xFFFF, word >> 16)] == elements[sh:sh + 8]
+
+
+def test_envelope_with_fp32_tensors_and_an_epilogue_compiles():
+    """fp32 weight and bias (read whole, as the shared-row kernel reads them), an fp32
+    output and an epilogue tensor on the envelope kernel, unaligned and aligned."""
+    from lowering.kernels.normalization import AddBroadcast, LayerNorm
+
+    for hidden in (7001, 16896):
+        spec = NormalizationSpec(ROWS, hidden, LayerNorm(weight_dtype="float32", bias_dtype="float32"),
+                                 input_dtype="bfloat16", output_dtype="float32",
+                                 epilogue=(AddBroadcast("bfloat16", "b2"),), envelope=True)
+        assert spec.plan.envelope
+        ck = _compile(spec)
+        assert ck.spill_bytes.get(spec.kernel_name, 0) == 0, ck.log
+        assert ck.local_bytes.get(spec.kernel_name, 0) == 0, ck.log

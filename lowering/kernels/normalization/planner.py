@@ -424,7 +424,7 @@ def plan_launch(
                 + (f" and batch={batch}" if batch else "")
                 + f" (warp-multiple rows of up to {MAX_THREADS_PER_BLOCK} threads, at most "
                   f"{MAX_ENVELOPE_CHUNKS} chunks of 16 bytes each)")
-        best = _choose_envelope(pinned, layer_norm) or pinned[0]
+        best = _choose_envelope(pinned) or pinned[0]
         if one_pass and layer_norm:
             best = dataclasses.replace(best, one_pass=True)
         return best if rows_per_block is None else dataclasses.replace(
@@ -661,11 +661,11 @@ def _plain_rowwise(hidden: int, vector_width: int, value_bytes: int, wide: dict)
 # kernel wherever an SM holds two blocks of it at `ENVELOPE_CHUNKS` or more chunks a
 # thread (`_choose_envelope`).
 ENVELOPE_ROWWISE = True
-ENVELOPE_CHUNKS = 3
-ENVELOPE_PADDING_STEP = 0.1
-ENVELOPE_ROW_THREADS = 160
-ENVELOPE_ALIGNED_MIN = 8192
-ENVELOPE_LAYER_MIN = 6144
+ENVELOPE_CHUNKS = 3  # chunks a thread at least
+ENVELOPE_PADDING_STEP = 0.1  # padding compared in steps of this
+ENVELOPE_ROW_THREADS = 160  # threads a row preferred where the row allows
+ENVELOPE_ALIGNED_MIN = 8192  # aligned rows from this many values
+ENVELOPE_LAYER_MIN = 6144  # unaligned layer norms from this many values
 # Registers of the envelope kernel besides 4 a chunk (a layer norm 8 more), fitted to
 # ptxas (sm_90, no promise: rms_norm 32-62 at 1-6 chunks, layer_norm 38-70). The block
 # promise leaves ptxas at least the estimate rounded up to 8, counting its allotment by
@@ -697,7 +697,7 @@ def envelope_candidates(hidden: int, layer_norm: bool) -> list[LaunchPlan]:
     return plans
 
 
-def _choose_envelope(plans: list[LaunchPlan], layer_norm: bool) -> LaunchPlan | None:
+def _choose_envelope(plans: list[LaunchPlan]) -> LaunchPlan | None:
     """The default among envelope plans: two or more blocks an SM (each block's
     reductions and stores covered by the others' loads) and at least `ENVELOPE_CHUNKS`
     chunks a thread; then rows on `ENVELOPE_ROW_THREADS` threads or more where the row
@@ -755,7 +755,7 @@ def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int, wide: di
             return None
     elif vector_width * value_bytes >= 8 or (layer and hidden < ENVELOPE_LAYER_MIN):
         return None
-    plan = _choose_envelope(envelope_candidates(hidden, layer), layer)
+    plan = _choose_envelope(envelope_candidates(hidden, layer))
     return dataclasses.replace(plan, one_pass=True) if plan and layer else plan
 
 
