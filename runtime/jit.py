@@ -77,7 +77,8 @@ def nvrtc_version() -> tuple[int, int]:
 
 _PTXAS_FUNC = re.compile(r"Compiling entry function '([^']+)'")
 # ptxas reports each function's frame under "Function properties for <name>", a called
-# (non-inlined) device function's after its caller's: those lines are not the entry's
+# (non-inlined) device function's after its caller's: those lines are the callee's, kept
+# under its own (mangled) name, not the entry's
 _PTXAS_PROPS = re.compile(r"Function properties for (\S+)")
 _PTXAS_REGS = re.compile(r"Used (\d+) registers")
 _PTXAS_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -89,13 +90,13 @@ def parse_ptxas(log: str) -> tuple[dict[str, int], dict[str, int], dict[str, int
     regs: dict[str, int] = {}
     spills: dict[str, int] = {}
     stack: dict[str, int] = {}
-    current = entry = None
+    current = None
     for line in log.splitlines():
         if m := _PTXAS_FUNC.search(line):
-            current = entry = m.group(1)
+            current = m.group(1)
             continue
         if m := _PTXAS_PROPS.search(line):
-            current = entry if m.group(1) == entry else None
+            current = m.group(1)
             continue
         if current is None:
             continue

@@ -474,12 +474,12 @@ def _kernel(spec: NormalizationSpec, device_index: int):
 
 
 def spill_report(spec: NormalizationSpec, arch: str = "sm_90") -> str:
-    """'' when ``spec``'s kernel compiles for ``arch`` with no spills and no local memory;
-    else what ptxas reported (a pinned block promise, ``blocks_per_sm``, may cap the
-    registers below what the kernel needs)."""
+    """'' when ``spec``'s kernel (and the out-of-line functions it calls: the source holds
+    that one kernel) compiles for ``arch`` with no spills and no local memory; else what
+    ptxas reported (a pinned block promise, ``blocks_per_sm``, may cap the registers below
+    what the kernel needs)."""
     ck = compiled_kernel(spec, arch)
-    sym = ck.lowered[spec.kernel_name]
-    spill, local = ck.spill_bytes.get(sym, 0), ck.local_bytes.get(sym, 0)
+    spill, local = sum(ck.spill_bytes.values()), sum(ck.local_bytes.values())
     return f"{spill} B spills, {local} B local memory" if spill or local else ""
 
 

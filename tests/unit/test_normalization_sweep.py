@@ -375,8 +375,9 @@ def test_envelope_default_plans_compile_within_their_promise(hidden, dtype):
             continue
         ck = _compile(spec)
         name = spec.kernel_name
-        assert ck.spill_bytes.get(name, 0) == 0, (plan.describe(), ck.log)
-        assert ck.local_bytes.get(name, 0) == 0, (plan.describe(), ck.log)
+        # the kernel's and its out-of-line partial chunk's
+        assert sum(ck.spill_bytes.values()) == 0, (plan.describe(), ck.log)
+        assert sum(ck.local_bytes.values()) == 0, (plan.describe(), ck.log)
         assert ck.registers[name] * plan.block_threads * plan.min_blocks_per_sm <= 65536
 
 
@@ -399,6 +400,10 @@ def test_envelope_kernel_shape_by_alignment():
 @pytest.mark.parametrize("kw, message", [
     ({"param_cache": "registers"}, "envelope is its own kernel"),
     ({"shared_row": True}, "envelope is its own kernel"),
+    ({"one_pass": True, "prefetch": True}, "envelope is its own kernel"),
+    ({"one_pass": False, "x_staged": False}, "envelope is its own kernel"),
+    ({"rows_per_block": 0}, "expected an int >= 1"),
+    ({"rows_per_block": 40}, "no envelope plan covers"),
     ({"batch": 40}, "no envelope plan covers"),
     ({"threads_per_row": 48}, "no envelope plan covers"),
 ])
@@ -408,8 +413,33 @@ def test_envelope_pins_are_checked(kw, message):
 
 
 def test_envelope_takes_plain_norms_only():
+    """Pinned on a fusion it is refused; by default, specs with a prologue (casts alone
+    included), epilogue tensors or fp32 tensors take the other kernels."""
+    from lowering.kernels.normalization import AddBroadcast, Cast, RmsNorm
+
     with pytest.raises(LoweringError, match="plain norms"):
         NormalizationSpec.reference_fusion(ROWS, 4097, dtype="bfloat16", envelope=True)
+    cast = NormalizationSpec(ROWS, 7001, RmsNorm(weight_dtype="bfloat16"), "bfloat16",
+                             "bfloat16", prologue=(Cast("float16"),))
+    assert not cast.plan.envelope and render_normalization(cast)
+    with pytest.raises(LoweringError, match="plain norms"):
+        dataclasses.replace(cast, envelope=True)
+    tail = NormalizationSpec.rms_norm(ROWS, 7001, dtype="bfloat16", epilogue=(
+        AddBroadcast("bfloat16", "b2"),))
+    assert not tail.plan.envelope
+    assert NormalizationSpec.rms_norm(ROWS, 7001, dtype="bfloat16").plan.envelope
+
+
+def test_envelope_promise_follows_a_pinned_rows_per_block():
+    """Two rows a block: the block promise is the one for blocks twice as large (a
+    one-row promise kept would cap ptxas below what the kernel needs)."""
+    one = NormalizationSpec.layer_norm(ROWS, 7001, dtype="bfloat16", envelope=True,
+                                       threads_per_row=224)
+    two = dataclasses.replace(one, rows_per_block=2)
+    assert two.plan.block_threads == 2 * one.plan.block_threads
+    assert two.plan.blocks_per_sm <= one.plan.blocks_per_sm // 2 + 1
+    ck = _compile(two)
+    assert sum(ck.spill_bytes.values()) == 0, ck.log
 
 
 @pytest.mark.parametrize("hidden", [513, 4097, 16896])

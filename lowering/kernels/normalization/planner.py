@@ -362,6 +362,7 @@ def plan_launch(
     layer_norm: bool = True,
     hardware: Hardware = SM90,
     envelope: bool | None = None,
+    prologue: bool = False,
 ) -> LaunchPlan:
     """Pick the kernel (row-wise or persistent), threads per row, the persistent batch
     and rows per block for ``hidden``.
@@ -389,7 +390,7 @@ def plan_launch(
     """
     wide = dict(shared_row=shared_row, rows_aligned=rows_aligned, out_bytes=out_bytes,
                 prologue_bytes=prologue_bytes, passes=passes, layer_norm=layer_norm,
-                hardware=hardware)
+                hardware=hardware, prologue=prologue)
     if blocks_per_sm is not None:
         # the block promise pinned (`LaunchPlan.blocks_per_sm`) on the plan otherwise chosen
         best = plan_launch(hidden, vector_width, value_bytes, threads_per_row, batch,
@@ -407,14 +408,18 @@ def plan_launch(
     register_pins = (param_cache, prefetch, x_staged, stages, one_pass, l2_hint, packed, x_bulk,
                      shared_param_bytes)
     if envelope:
-        if shared_row or any(v is not None for v in register_pins if v is not one_pass):
+        if shared_row or any(v is not None for v in register_pins[:4] + register_pins[5:]):
             raise LoweringError("normalization plan: envelope is its own kernel: pin only "
                                 "threads_per_row, batch (chunks a thread), rows_per_block, "
                                 "one_pass (and blocks_per_sm) with it")
-        if value_bytes != 2 or prologue_bytes:
+        if value_bytes != 2 or prologue_bytes or prologue:
             raise LoweringError("normalization plan: envelope takes plain norms of 16-bit x "
                                 "(no prologue tensors)")
-        plans = envelope_candidates(hidden, layer_norm)
+        if rows_per_block is not None and (not isinstance(rows_per_block, int)
+                                           or rows_per_block < 1):
+            raise LoweringError(f"normalization plan: rows_per_block {rows_per_block!r}: "
+                                "expected an int >= 1")
+        plans = envelope_candidates(hidden, layer_norm, rows_per_block)
         pinned = [p for p in plans
                   if threads_per_row in (None, p.threads_per_row) and batch in (None, p.batch)]
         if not pinned:
@@ -422,13 +427,11 @@ def plan_launch(
                 f"normalization plan: no envelope plan covers hidden={hidden}"
                 + (f" with threads_per_row={threads_per_row}" if threads_per_row else "")
                 + (f" and batch={batch}" if batch else "")
-                + f" (warp-multiple rows of up to {MAX_THREADS_PER_BLOCK} threads, at most "
-                  f"{MAX_ENVELOPE_CHUNKS} chunks of 16 bytes each)")
+                + (f" and rows_per_block={rows_per_block}" if rows_per_block else "")
+                + f" (warp-multiple rows, blocks of up to {MAX_THREADS_PER_BLOCK} threads, "
+                  f"at most {MAX_ENVELOPE_CHUNKS} chunks of 16 bytes each)")
         best = _choose_envelope(pinned) or pinned[0]
-        if one_pass and layer_norm:
-            best = dataclasses.replace(best, one_pass=True)
-        return best if rows_per_block is None else dataclasses.replace(
-            best, rows_per_block=rows_per_block)
+        return dataclasses.replace(best, one_pass=True) if one_pass and layer_norm else best
     if shared_row:
         if any(v is not None for v in register_pins):
             raise LoweringError("normalization plan: shared_row is its own kernel: pin only "
@@ -451,7 +454,7 @@ def plan_launch(
             and rows_per_block is None and all(v is None for v in register_pins)):
         plain = _plain_rowwise(hidden, vector_width, value_bytes, wide)
         if plain is None and envelope is None:
-            plain = _envelope_rowwise(hidden, vector_width, value_bytes, wide)
+            plain = _envelope_rowwise(hidden, vector_width, value_bytes, param_sizes, wide)
         if plain is not None:
             return plain
         routed = _route(hidden, vector_width, value_bytes, param_bytes, bf16, param_sizes, wide)
@@ -674,18 +677,21 @@ ENVELOPE_LAYER_MIN = 6144  # unaligned layer norms from this many values
 ENVELOPE_REGISTERS = 40
 
 
-def envelope_candidates(hidden: int, layer_norm: bool) -> list[LaunchPlan]:
+def envelope_candidates(hidden: int, layer_norm: bool,
+                        rows_per_block: int | None = None) -> list[LaunchPlan]:
     """Every envelope plan of a row: T threads a row (a warp multiple, several rows a
-    block below `MIN_THREADS_PER_BLOCK`) and K chunks a thread, no slot empty for every
-    thread, up to `MAX_ENVELOPE_CHUNKS`; the block promise the most blocks an SM holds
-    at the register estimate."""
+    block below `MIN_THREADS_PER_BLOCK`, or ``rows_per_block``) and K chunks a thread, no
+    slot empty for every thread, up to `MAX_ENVELOPE_CHUNKS`; the block promise the most
+    blocks an SM holds at the register estimate."""
     chunks = row_chunks(hidden, 2, False)
     plans = []
     for t in range(WARP, MAX_THREADS_PER_BLOCK + 1, WARP):
         k = -(-chunks // t)
         if k > MAX_ENVELOPE_CHUNKS or (k - 1) * t >= chunks:
             continue
-        r = max(1, MIN_THREADS_PER_BLOCK // t)
+        r = rows_per_block or max(1, MIN_THREADS_PER_BLOCK // t)
+        if t * r > MAX_THREADS_PER_BLOCK:
+            continue
         est = ENVELOPE_REGISTERS + 4 * k + 8 * layer_norm
         allotted = round_up(t * r // WARP, 4) * WARP  # threads, by sub-partition
         blocks = min(MAX_THREADS_PER_SM // (t * r),
@@ -728,8 +734,10 @@ def rank_envelope(plans: list[LaunchPlan]) -> list[LaunchPlan]:
                                      round(pad(p) / ENVELOPE_PADDING_STEP), -p.batch))
 
 
-def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int, wide: dict):
-    """The envelope plan of a plain 16-bit norm (no prologue), or None where the other
+def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int,
+                      param_sizes: tuple[int, ...], wide: dict):
+    """The envelope plan of a plain 16-bit norm (no prologue, no epilogue tensors, 16-bit
+    weight, bias and output: what its register estimate counts), or None where the other
     rules decide. Side by side on an H200 (bf16, 8192 rows), against the plans these
     rows had:
 
@@ -748,7 +756,10 @@ def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int, wide: di
     Layer norms take the one-pass statistics (``one_pass``: 2-14% faster than two passes
     over the registers at every width measured)."""
     layer = wide["layer_norm"]
-    if not ENVELOPE_ROWWISE or wide["prologue_bytes"] or value_bytes != 2:
+    # plain norms: the register estimate counts the weight and bias alone, 16-bit
+    plain = (len(param_sizes) <= (2 if layer else 1) and all(size == 2 for size in param_sizes)
+             and wide["out_bytes"] == 2)
+    if not ENVELOPE_ROWWISE or wide["prologue"] or value_bytes != 2 or not plain:
         return None
     if wide["rows_aligned"]:
         if hidden < ENVELOPE_ALIGNED_MIN:

@@ -252,6 +252,7 @@ class NormalizationSpec:
             layer_norm=isinstance(self.norm, LayerNorm),
             hardware=self.hardware or SM90,
             envelope=self.envelope,
+            prologue=bool(self.prologue),
         )
 
     @property
