@@ -37,6 +37,15 @@ def tail_tensors(spec: NormalizationSpec) -> list[tuple[str, str]]:
     return loads + [(op.name, op.dtype) for op in spec.epilogue if isinstance(op, AddBroadcast)]
 
 
+def kernel_params(spec: NormalizationSpec) -> list[str]:
+    """The kernel's tensor parameter declarations, in argument order (every family)."""
+    names, dtypes = spec.parameter_names(), spec.parameter_dtypes()
+    params = [SNIPPETS["param_in"].format(t=CUDA_TYPES[d], name=n)
+              for n, d in zip(names[:-1], dtypes[:-1])]
+    params.append(SNIPPETS["param_out"].format(t=CUDA_TYPES[dtypes[-1]]))
+    return params
+
+
 class NormalizationRenderer:
     """Fills `SNIPPETS` for one spec; the only place that knows the kernel's text."""
 
@@ -60,11 +69,7 @@ class NormalizationRenderer:
             self.emit("row_sum_warp")
         else:
             self.emit("row_sum_block", threads_per_row=p.threads_per_row, warps_per_row=p.warps_per_row)
-        names, dtypes = s.parameter_names(), s.parameter_dtypes()
-        params = [SNIPPETS["param_in"].format(t=CUDA_TYPES[d], name=n)
-                  for n, d in zip(names[:-1], dtypes[:-1])]
-        params.append(SNIPPETS["param_out"].format(t=CUDA_TYPES[dtypes[-1]]))
-        return params
+        return kernel_params(s)
 
     def render(self) -> str:
         s, p = self.spec, self.plan
@@ -477,12 +482,20 @@ class SharedRowRenderer:
         values = S["values"].format(
             tensor_params=tparams(pro), loads="".join(self._load(n, d) for n, d in pro),
             first=TO_FLOAT[s.input_dtype].format("xv.e[e]"), ops=self._ops(s.prologue, dict(pro)))
+        output = S["output"].format(
+            out_t=CUDA_TYPES[s.output_dtype], tensor_params=tparams(outs),
+            loads="".join(self._load(n, d) for n, d in outs), **self._output_parts(outs))
+        return values, output, pro, outs
+
+    def _output_parts(self, outs) -> dict[str, str]:
+        """The ``output`` snippets' per-element ops (the norm's weight and bias, the
+        epilogue), the output vector's declaration and assignment, and its store."""
+        s, S = self.spec, SHARED_ROW_SNIPPETS
         norm_ops = []
         if s.norm.weight:
             norm_ops.append(S["mul"].format(value=TO_FLOAT[s.norm.weight_dtype].format("t_weight[e]")))
         if isinstance(s.norm, LayerNorm) and s.norm.bias:
             norm_ops.append(S["add"].format(value=TO_FLOAT[s.norm.bias_dtype].format("t_bias[e]")))
-        out_t = CUDA_TYPES[s.output_dtype]
         if DTYPE_BYTES[s.output_dtype] == 4:
             decl, assign = "float o[8];", "o[e] = a;"
             store = "store32<kFull, kRowsAligned>(y, o, col0, lo, hi);"
@@ -490,19 +503,8 @@ class SharedRowRenderer:
             decl = "Vec<unsigned short, 8> o;"
             assign = f"o.e[e] = {FROM_FLOAT[s.output_dtype].format('a')};"
             store = "store16<kFull, kRowsAligned>(y, o, col0, lo, hi);"
-        output = S["output"].format(
-            out_t=out_t, tensor_params=tparams(outs),
-            loads="".join(self._load(n, d) for n, d in outs), out_decl=decl,
-            ops="".join(norm_ops) + self._ops(s.epilogue, dict(outs)), out_assign=assign,
-            store=store)
-        return values, output, pro, outs
-
-    def _params(self) -> list[str]:
-        names, dtypes = self.spec.parameter_names(), self.spec.parameter_dtypes()
-        params = [SNIPPETS["param_in"].format(t=CUDA_TYPES[d], name=n)
-                  for n, d in zip(names[:-1], dtypes[:-1])]
-        params.append(SNIPPETS["param_out"].format(t=CUDA_TYPES[dtypes[-1]]))
-        return params
+        return dict(out_decl=decl, ops="".join(norm_ops) + self._ops(s.epilogue, dict(outs)),
+                    out_assign=assign, store=store)
 
     def render(self) -> str:
         s, p = self.spec, self.plan
@@ -522,7 +524,7 @@ class SharedRowRenderer:
         slots = -(-p.row_chunks // p.threads_per_row)
         kernel = S["kernel"].format(
             block_threads=p.block_threads, min_blocks=p.min_blocks_per_sm, name=s.kernel_name,
-            params=", ".join(self._params()), threads=p.threads_per_row, hidden=s.hidden,
+            params=", ".join(kernel_params(s)), threads=p.threads_per_row, hidden=s.hidden,
             slots=slots, shared=p.batch, out_t=out_t, tensor_args=targs(pro),
             out_args=targs(outs), stats=stats,
             partials_decl=S["partials_triples" if one_pass else "partials_sums"],
@@ -588,24 +590,10 @@ class EnvelopeRenderer(SharedRowRenderer):
             else:
                 stats = E["rms_norm_stats"].format(eps=eps, partials0=part[0])
         # the whole-chunk output, each 16-bit tensor by cols16k; fp32 ones as ever
-        norm_ops = []
-        if s.norm.weight:
-            norm_ops.append(S["mul"].format(value=TO_FLOAT[s.norm.weight_dtype].format("t_weight[e]")))
-        if layer and s.norm.bias:
-            norm_ops.append(S["add"].format(value=TO_FLOAT[s.norm.bias_dtype].format("t_bias[e]")))
-        if DTYPE_BYTES[s.output_dtype] == 4:
-            decl, assign = "float o[8];", "o[e] = a;"
-            store = "store32<kFull, kRowsAligned>(y, o, col0, lo, hi);"
-        else:
-            decl = "Vec<unsigned short, 8> o;"
-            assign = f"o.e[e] = {FROM_FLOAT[s.output_dtype].format('a')};"
-            store = "store16<kFull, kRowsAligned>(y, o, col0, lo, hi);"
         loads = "".join(E["load16"].format(name=n) if DTYPE_BYTES[d] == 2 else self._load(n, d)
                         for n, d in outs)
-        helpers = E["helpers"].format(
-            out_t=out_t, tensor_params=tparams, out_args=out_args, loads=loads, out_decl=decl,
-            ops="".join(norm_ops) + self._ops(s.epilogue, dict(outs)), out_assign=assign,
-            store=store)
+        helpers = E["helpers"].format(out_t=out_t, tensor_params=tparams, out_args=out_args,
+                                      loads=loads, **self._output_parts(outs))
         # the row's shift is the first 16-bit tensor's; the switch needs all of theirs alike
         halves = [n for n, d in outs if DTYPE_BYTES[d] == 2]
         if s.rows_aligned:  # every base pointer on 16 bytes: no shift
@@ -617,7 +605,7 @@ class EnvelopeRenderer(SharedRowRenderer):
             dispatch = E["dispatch"].format(phase=phase, same=same, out_args=out_args)
         kernel = E["kernel"].format(
             block_threads=p.block_threads, min_blocks=p.min_blocks_per_sm, name=s.kernel_name,
-            params=", ".join(self._params()), partials_decl=partials, out_t=out_t,
+            params=", ".join(kernel_params(s)), partials_decl=partials, out_t=out_t,
             out_args=out_args, first_pass=passes, stats=stats, dispatch=dispatch)
         constants = E["constants"].format(threads=p.threads_per_row, hidden=s.hidden,
                                           slots=p.batch, rows_per_block=p.rows_per_block)
