@@ -4,14 +4,10 @@ For training loops that already called ``init_process_group`` (NCCL on GPUs, glo
 CPU). Timeouts are the group's own (torch's NCCL watchdog; ``Session`` makes groups with
 HOSTIR_COMM_TIMEOUT). Collectives are posted with ``async_op=True``; for NCCL, ``Work.wait()`` makes the
 current stream wait on the group's internal stream (no host block); for gloo it completes
-the operation on the host, so a gloo wait polls ``is_completed`` with a growing sleep
-first, as the MPI backend does: inside torch's blocking wait no Python signal handler
-runs, and a rank that the job's abort ends there would leave no flight record.
+the operation on the host.
 """
 
 from __future__ import annotations
-
-import time
 
 import torch.distributed as dist
 
@@ -26,11 +22,10 @@ _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp
 
 
 class _TorchWork:
-    def __init__(self, work, finish=None, what="collective", poll=False):
+    def __init__(self, work, finish=None, what="collective"):
         self.work = work
         self.finish = finish
         self.what = what  # the interpreter's error adds the rank and statement
-        self.poll = poll  # completed on the host (gloo): poll before torch's wait
 
     def query(self) -> bool:
         """Finished (never blocks): the flight recorder asks when it writes its record."""
@@ -50,8 +45,6 @@ class _TorchWork:
 
     def wait(self, stream=None) -> None:
         if self.work is not None:
-            if self.poll:
-                _poll(self.work)
             try:
                 self.work.wait()
             except RuntimeError as e:  # gloo: a timeout; NCCL: an aborted communicator
@@ -59,19 +52,6 @@ class _TorchWork:
             self.work = None
             if self.finish is not None:
                 self.finish()
-
-
-def _poll(work) -> None:
-    """Until ``work`` completes (done or failed: the group's own timeout ends it), a sleep
-    growing from 10 us to 10 ms between checks, during which signal handlers run. Past
-    twice HOSTIR_COMM_TIMEOUT it leaves the rest to torch's wait."""
-    timeout_s = options().comm_timeout_s
-    start, delay = time.monotonic(), 1e-5
-    while not work.is_completed():
-        if timeout_s > 0 and time.monotonic() - start > 2 * timeout_s:
-            return
-        time.sleep(delay)
-        delay = min(delay * 2, 0.01)
 
 
 class TorchCommunicator:
@@ -89,7 +69,7 @@ class TorchCommunicator:
         self.backend = dist.get_backend(self.group)
 
     def _work(self, work, what: str, finish=None) -> _TorchWork:
-        return _TorchWork(work, finish, f"{self.backend} {what}", poll=self.backend == "gloo")
+        return _TorchWork(work, finish, f"{self.backend} {what}")
 
     def allgather(self, out, inp, stream=None):
         return self._work(_all_gather(out, inp.contiguous(), group=self.group, async_op=True),
