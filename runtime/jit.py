@@ -86,7 +86,8 @@ _PTXAS_STACK = re.compile(r"(\d+) bytes stack frame")
 
 
 def parse_ptxas(log: str) -> tuple[dict[str, int], dict[str, int], dict[str, int]]:
-    """Registers, spill bytes and stack bytes per entry function from `ptxas -v` text."""
+    """Registers, spill bytes and stack bytes per function from `ptxas -v` text: each
+    entry under its name, each non-inlined function it calls under its mangled one."""
     regs: dict[str, int] = {}
     spills: dict[str, int] = {}
     stack: dict[str, int] = {}

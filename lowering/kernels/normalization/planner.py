@@ -408,7 +408,9 @@ def plan_launch(
     register_pins = (param_cache, prefetch, x_staged, stages, one_pass, l2_hint, packed, x_bulk,
                      shared_param_bytes)
     if envelope:
-        if shared_row or any(v is not None for v in register_pins[:4] + register_pins[5:]):
+        others = (param_cache, prefetch, x_staged, stages, l2_hint, packed, x_bulk,
+                  shared_param_bytes)  # register_pins less one_pass, which it takes
+        if shared_row or any(v is not None for v in others):
             raise LoweringError("normalization plan: envelope is its own kernel: pin only "
                                 "threads_per_row, batch (chunks a thread), rows_per_block, "
                                 "one_pass (and blocks_per_sm) with it")

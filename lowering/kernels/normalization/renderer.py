@@ -46,6 +46,22 @@ def kernel_params(spec: NormalizationSpec) -> list[str]:
     return params
 
 
+def row_reduction(plan: LaunchPlan) -> tuple[str, str, list[str]]:
+    """The row-wise kernels' sums over a row's threads: the ``row_sum`` helper, the
+    declaration of its shared partials (none where one warp holds the row) and the
+    partials argument of the first and the second reduction."""
+    if plan.warps_per_row == 1:
+        return SNIPPETS["row_sum_warp"].format(), "", ["nullptr", "nullptr"]
+    # Two buffers, one per reduction: the variance's partials may be written while a
+    # slower warp still reads the mean's, and the next row's mean only after every warp
+    # has passed the variance barrier, so no third barrier is needed.
+    return (SNIPPETS["row_sum_block"].format(threads_per_row=plan.threads_per_row,
+                                             warps_per_row=plan.warps_per_row),
+            SNIPPETS["partials_shared"].format(rows_per_block=plan.rows_per_block,
+                                               warps_per_row=plan.warps_per_row),
+            ["partials[0][row_in_block]", "partials[1][row_in_block]"])
+
+
 class NormalizationRenderer:
     """Fills `SNIPPETS` for one spec; the only place that knows the kernel's text."""
 
@@ -62,25 +78,11 @@ class NormalizationRenderer:
     def emit(self, key: str, **fields) -> None:
         self.out.append(SNIPPETS[key].format(**fields))
 
-    def _row_sum_and_params(self) -> list[str]:
-        """Emit the row-sum helper the plan needs; the kernel's parameter declarations."""
-        s, p = self.spec, self.plan
-        if p.warps_per_row == 1:
-            self.emit("row_sum_warp")
-        else:
-            self.emit("row_sum_block", threads_per_row=p.threads_per_row, warps_per_row=p.warps_per_row)
-        return kernel_params(s)
-
     def render(self) -> str:
         s, p = self.spec, self.plan
-        params = self._row_sum_and_params()
-        shared = ""
-        if p.warps_per_row > 1:
-            # Two buffers, one per reduction: the variance's partials may be written while
-            # a slower warp still reads the mean's, and the next row's mean only after
-            # every warp has passed the variance barrier, so no third barrier is needed.
-            shared = SNIPPETS["partials_shared"].format(rows_per_block=p.rows_per_block,
-                                                        warps_per_row=p.warps_per_row)
+        row_sum, shared, _ = row_reduction(p)
+        self.out.append(row_sum)
+        params = kernel_params(s)
         vectors = -(-s.hidden // p.vector_width)
         self.emit(
             "kernel_open", name=s.kernel_name, params=", ".join(params), block_threads=p.block_threads,
@@ -154,8 +156,7 @@ class NormalizationRenderer:
 
     def _statistics(self) -> None:
         s, p = self.spec, self.plan
-        part = (["partials[0][row_in_block]", "partials[1][row_in_block]"] if p.warps_per_row > 1
-                else ["nullptr", "nullptr"])
+        part = row_reduction(p)[2]
         self.emit("sum_open")
         eps = repr(float(s.norm.eps))
         if isinstance(s.norm, LayerNorm):
@@ -203,7 +204,8 @@ class PersistentRenderer(NormalizationRenderer):
 
     def render(self) -> str:
         s, p = self.spec, self.plan
-        params = self._row_sum_and_params()
+        self.out.append(row_reduction(p)[0])  # the row sum; its partials by the loop's rule
+        params = kernel_params(s)
         names, dtypes = s.parameter_names(), s.parameter_dtypes()
         self.tensors = dict(zip(names[1:-1], dtypes[1:-1]))  # the 1-D tensors
         vectors = -(-s.hidden // p.vector_width)
@@ -451,6 +453,15 @@ class SharedRowRenderer:
     def _tensors(self, ops) -> list[tuple[str, str]]:
         return [(op.name, op.dtype) for op in ops if isinstance(op, AddBroadcast)]
 
+    @staticmethod
+    def _tensor_params(tensors) -> str:
+        """``, const T* __restrict__ in_<name>`` for each (name, dtype) of ``tensors``."""
+        return "".join(SHARED_ROW_SNIPPETS["tensor_param"].format(t=CUDA_TYPES[d], name=n)
+                       for n, d in tensors)
+
+    @staticmethod
+    def _tensor_args(tensors) -> str:
+        return "".join(f", in_{n}" for n, _ in tensors)
 
     @staticmethod
     def _load(name: str, dtype: str) -> str:
@@ -477,13 +488,11 @@ class SharedRowRenderer:
         S = SHARED_ROW_SNIPPETS
         pro = self._tensors(s.prologue)
         outs = tail_tensors(self.spec)
-        tparams = lambda ts: "".join(S["tensor_param"].format(t=CUDA_TYPES[d], name=n)  # noqa: E731
-                                     for n, d in ts)
         values = S["values"].format(
-            tensor_params=tparams(pro), loads="".join(self._load(n, d) for n, d in pro),
+            tensor_params=self._tensor_params(pro), loads="".join(self._load(n, d) for n, d in pro),
             first=TO_FLOAT[s.input_dtype].format("xv.e[e]"), ops=self._ops(s.prologue, dict(pro)))
         output = S["output"].format(
-            out_t=CUDA_TYPES[s.output_dtype], tensor_params=tparams(outs),
+            out_t=CUDA_TYPES[s.output_dtype], tensor_params=self._tensor_params(outs),
             loads="".join(self._load(n, d) for n, d in outs), **self._output_parts(outs))
         return values, output, pro, outs
 
@@ -510,7 +519,7 @@ class SharedRowRenderer:
         s, p = self.spec, self.plan
         S = SHARED_ROW_SNIPPETS
         values, output, pro, outs = self._chunk_functions()
-        targs = lambda ts: "".join(f", in_{n}" for n, _ in ts)  # noqa: E731
+        targs = self._tensor_args
         out_t = CUDA_TYPES[s.output_dtype]
         eps = repr(float(s.norm.eps))
         layer = isinstance(s.norm, LayerNorm)
@@ -557,8 +566,7 @@ class EnvelopeRenderer(SharedRowRenderer):
                                 "(no prologue)")
         values, output, _, outs = self._chunk_functions()
         out_t = CUDA_TYPES[s.output_dtype]
-        tparams = "".join(S["tensor_param"].format(t=CUDA_TYPES[d], name=n) for n, d in outs)
-        out_args = "".join(f", in_{n}" for n, _ in outs)
+        tparams, out_args = self._tensor_params(outs), self._tensor_args(outs)
         layer = isinstance(s.norm, LayerNorm)
         one_pass = layer and p.one_pass
         eps = repr(float(s.norm.eps))
@@ -573,14 +581,7 @@ class EnvelopeRenderer(SharedRowRenderer):
             stats = E["one_pass_stats"].format(
                 eps=eps, partials="partials[row_in_block]" if several else "nullptr")
         else:
-            if several:
-                row_sum = SNIPPETS["row_sum_block"].format(threads_per_row=p.threads_per_row,
-                                                           warps_per_row=p.warps_per_row)
-                partials = SNIPPETS["partials_shared"].format(rows_per_block=p.rows_per_block,
-                                                              warps_per_row=p.warps_per_row)
-                part = ["partials[0][row_in_block]", "partials[1][row_in_block]"]
-            else:
-                row_sum, partials, part = SNIPPETS["row_sum_warp"].format(), "", ["nullptr"] * 2
+            row_sum, partials, part = row_reduction(p)
             whole = E["sum_whole" if layer else "rms_whole"]
             passes = E["sum_init"] + E["pass"].format(whole=whole)
             if layer:
