@@ -184,7 +184,10 @@ def launch(spec: MatmulSpec, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     args = (u64(a.data_ptr()), u64(b.data_ptr()), u64(out.data_ptr()), bias_ptr, u64(ws),
             u64(sems)) + p.consts
     if spec.tma:
-        args += (u64(tma.tensor_maps(spec, a, b, M, N, K, dev)),)
+        c_tma = spec.c_staged and tma.c_map_ok(spec, out)
+        args += (u64(tma.tensor_maps(spec, a, b, M, N, K, dev, out if c_tma else None)),)
+        if spec.persistent:
+            args += (np.int32(c_tma),)
     with jit.on_device(dev):
         p.main.launch_raw(p.grid, p.block, args, p.smem_bytes, handle)
         if p.reduce_grid is not None:

@@ -1,9 +1,9 @@
 """TMA descriptors (CUtensorMap) for the wgmma kernels that load by TMA.
 
 `cuTensorMapEncodeTiled` is a host-only driver call (no launch, no copy): we reach it
-through ctypes from libcuda, the library torch and CuPy already loaded. The two maps of a
-launch (A's, then B's, 128 bytes each) live in a small device buffer whose address is the
-kernel's `tmaps` argument; buffers are cached by everything a map encodes (pointers,
+through ctypes from libcuda, the library torch and CuPy already loaded. The maps of a
+launch (A's, then B's, then C's where the kernel stores C by TMA; 128 bytes each) live in
+a small device buffer whose address is the kernel's `tmaps` argument; buffers are cached by everything a map encodes (pointers,
 shapes, strides, box), so a steady loop over the same tensors copies nothing.
 
 Example:
@@ -16,7 +16,7 @@ import collections
 import ctypes
 import threading
 
-from lowering.kernels.matmul import TENSOR_MAP_BYTES, MatmulSpec
+from lowering.kernels.matmul import C_BOX, TENSOR_MAP_BYTES, MatmulSpec
 
 # Enum values of cuda.h (CUtensorMapDataType, ...Interleave, ...Swizzle, ...L2promotion,
 # ...FloatOOBfill).
@@ -69,14 +69,25 @@ def encode_2d(ptr: int, dtype: str, inner: int, outer: int, row_bytes: int,
     return ctypes.string_at(aligned, TENSOR_MAP_BYTES)
 
 
+def c_map_ok(spec: MatmulSpec, out) -> bool:
+    """Whether a launch of `spec` stores C by TMA (`MatmulSpec.c_staged`): the map needs a
+    16-byte aligned base and row pitch, rows contiguous."""
+    esize = out.element_size()
+    return (spec.c_staged and out.data_ptr() % 16 == 0 and out.stride(1) == 1
+            and out.stride(0) * esize % 16 == 0)
+
+
 def tensor_maps(spec: MatmulSpec, a, b, M: int, N: int, K: int,
-                device_index: int | None = None) -> int:
-    """Device address of [A's map, B's map] for a TN launch of `spec` (cached)."""
+                device_index: int | None = None, out=None) -> int:
+    """Device address of [A's map, B's map] for a TN launch of `spec` (cached), then C's
+    where ``out`` is given (see `c_map_ok`): boxes of C_BOX x C_BOX, 128-byte swizzle."""
     import torch
 
     dev = a.get_device() if device_index is None else device_index
     key = (dev, spec.a_dtype, a.data_ptr(), b.data_ptr(), M, N, K, a.stride(0),
            b.stride(0), spec.tile_m, spec.tile_n, spec.tile_k, spec.cluster_m)
+    if out is not None:
+        key += (spec.out_dtype, out.data_ptr(), out.stride(0))
     with _LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
@@ -87,6 +98,9 @@ def tensor_maps(spec: MatmulSpec, a, b, M: int, N: int, K: int,
                       spec.tile_m) +
             encode_2d(b.data_ptr(), spec.a_dtype, K, N, b.stride(0) * esize, spec.tile_k,
                       spec.tile_n // spec.cluster_m))  # a cluster CTA loads its share of B
+    if out is not None:
+        blob += encode_2d(out.data_ptr(), spec.out_dtype, N, M, out.stride(0) * out.element_size(),
+                          C_BOX, C_BOX)
     host = torch.frombuffer(bytearray(blob), dtype=torch.uint8)
     # Ordered on the current stream before the kernel that reads it.
     buf = host.to(a.device)

@@ -79,6 +79,40 @@ def test_every_wgmma_config_is_correct_in_every_mode(config, dtype):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="wgmma needs an sm_90 part")
+@pytest.mark.parametrize("config", [i for i, c in enumerate(WGMMA_CONFIGS) if c[6] == "ptma"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_persistent_feed_stores_16_bit_c_by_tma_within_the_matrix(config, dtype):
+    """16-bit C of the persistent feed goes out through shared memory by TMA stores where
+    its rows are 16-byte aligned (`MatmulSpec.c_staged`): ragged edges clipped (the guard
+    columns past N and rows past M keep their NaN), bias added, several units a CTA;
+    a C whose rows are not 16-byte aligned takes the register store, as does a serial
+    split (the arena left zero)."""
+    from runtime import tma
+
+    name = "bf16" if dtype == torch.bfloat16 else "fp16"
+    for M, N, K in ((300, 520, 2088), (2088, 4104, 520)):
+        a = torch.randn(M, K, device="cuda", dtype=dtype)
+        b = torch.randn(N, K, device="cuda", dtype=dtype)
+        for bias, pad, mode, split in ((None, 8, "none", 1), (True, 8, "none", 1),
+                                       (None, 1, "none", 1), (True, 8, "serial", 2)):
+            bias = torch.randn(N, device="cuda", dtype=dtype) if bias else None
+            big = torch.full((M + 3, N + pad), float("nan"), device="cuda", dtype=dtype)
+            out = big[:M, :N]
+            spec = spec_for(WGMMA_CONFIGS[config], a_dtype=name, b_dtype=name, out_dtype=name,
+                            split_k=split, split_mode=mode, bias=bias is not None)
+            assert spec.c_staged
+            assert tma.c_map_ok(spec, out) == (pad == 8)
+            matmul(a, b, out=out, bias=bias, spec=spec)
+            torch.cuda.synchronize()
+            what = (WGMMA_CONFIGS[config], (M, N, K), pad, mode, bias is not None)
+            assert not out.isnan().any(), what
+            assert big[:, N:].isnan().all() and big[M:].isnan().all(), what
+            assert _rel(out, _ref(a, b, "TN", bias)) < 1e-2, what
+    workspace.check_all_zeroed()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                     reason="thread-block clusters and wgmma need an sm_90 part")
 @pytest.mark.parametrize("feed", ["sync", "ws", "tma"])
 def test_cluster_split_k_is_correct_and_one_launch(feed):

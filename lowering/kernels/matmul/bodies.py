@@ -209,6 +209,54 @@ PTMA_BODY = r"""
     fence_acc(acc);
     if (nk > 0 && lane == 0) mbar_arrive(smem_addr(&empty_bar[(it - 1) % STAGES]));
 
+    if constexpr (C_STAGED) {
+      if (c_tma && mode == MODE_NONE) {
+        // C through shared memory: the warpgroup writes its rows in 64x64 boxes (128-byte
+        // rows, 16-byte chunk q of row r at chunk q ^ (r % 8): the map's swizzle, and no
+        // bank conflict for the fragment's 8 rows x 4 threads) to its two buffers in
+        // turn; its leader stores each box by TMA and waits only until the box two back
+        // has been read out of the buffer it reuses. The stores drain during the next
+        // unit's mainloop.
+        // this thread's bytes in a box: rows wq * 16 + lane / 4 (+ 8), whose row % 8 is
+        // lane / 4, at 4 bytes past their 16-byte chunk
+        unsigned char* cbuf = smem_base + STAGES * STAGE_ELEMS * 2 + wg * 2 * C_BOX_BYTES +
+                              (wq * 16 + (lane >> 2)) * 128 + (lane & 3) * 4;
+        const unsigned long long tmap_c =
+            reinterpret_cast<unsigned long long>(tmaps) + 2 * TENSOR_MAP_BYTES;
+        const bool lead = (tid & 127) == 0;
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+          for (int jb = 0; jb < BN / 64; ++jb) {
+            unsigned char* buf = cbuf + ((mi * (BN / 64) + jb) & 1) * C_BOX_BYTES;
+            if (lead) bulk_wait_read<1>();
+            wg_sync(wg);
+#pragma unroll
+            for (int q = 0; q < 8; ++q) {
+              const int i = jb * 8 + q, col = n0 + i * 8 + (lane & 3) * 2;
+#pragma unroll
+              for (int h = 0; h < 2; ++h) {
+                float x0 = acc[mi][4 * i + 2 * h], x1 = acc[mi][4 * i + 2 * h + 1];
+                if (bias != nullptr) {
+                  if (col < N) x0 += TO_FLOAT_OUT(bias[col]);
+                  if (col + 1 < N) x1 += TO_FLOAT_OUT(bias[col + 1]);
+                }
+                *reinterpret_cast<unsigned*>(buf + h * 1024 + ((q ^ (lane >> 2)) << 4)) =
+                    PACK2_OUT(x0, x1);
+              }
+              asm volatile("" ::: "memory");  // no bias loads hoisted past (registers)
+            }
+            fence_proxy_async();  // the writes, visible to the TMA unit
+            wg_sync(wg);
+            if (lead) {  // lane 0 of the warpgroup's first warp: buf is the box's start
+              tma_store_2d(tmap_c, smem_addr(buf), n0 + jb * 64, m0 + wg * WG_ROWS + mi * 64);
+              bulk_commit();
+            }
+          }
+        continue;
+      }
+    }
+
     // C from registers. Thread t of warpgroup wg holds, in m64 block mi, rows
     // r + {0, 8} (r = 16 * warp-in-group + lane / 4) and the column pairs 8i + 2 (lane % 4):
     // the wgmma accumulator layout. A later serial slice first waits its turn, then loads
@@ -299,6 +347,10 @@ PTMA_BODY = r"""
         if (tid == leader) sem_post(sem, slice + 1);
       }
     }
+  }
+  // the staged C stores done before the CTA's shared memory goes
+  if constexpr (C_STAGED) {
+    if (c_tma && (tid & 127) == 0) bulk_wait<0>();
   }
 """
 

@@ -12,8 +12,8 @@ from lowering.kernels.matmul.bodies import (
 )
 from lowering.kernels.matmul.snippets import MATMUL_SNIPPETS
 from lowering.kernels.matmul.spec import (
-    CPAD, DEFAULT_SM_COUNT, FEED_SUFFIX, GROUP_M, MODE_CODE, REDUCE_THREADS, SWIZZLE_ALIGN,
-    TENSOR_MAP_BYTES, KernelSource, MatmulSpec, launch_config, reduce_launch,
+    C_BOX_BYTES, CPAD, DEFAULT_SM_COUNT, FEED_SUFFIX, GROUP_M, MODE_CODE, REDUCE_THREADS,
+    SWIZZLE_ALIGN, TENSOR_MAP_BYTES, KernelSource, MatmulSpec, launch_config, reduce_launch,
 )
 from lowering.kernels.render import FROM_FLOAT, PACK2, TO_FLOAT, Renderer
 
@@ -31,7 +31,8 @@ def _prelude(spec: MatmulSpec) -> str:
                   "SWIZZLE_ALIGN": SWIZZLE_ALIGN, "CONSUMER_WARPS": spec.warps,
                   "PRODUCER_WARPS": spec.producer_warps, "USE_TMA": spec.tma,
                   "FULL_ARRIVALS": 1 if spec.tma else spec.producer_warps * 32,
-                  "TENSOR_MAP_BYTES": TENSOR_MAP_BYTES}
+                  "TENSOR_MAP_BYTES": TENSOR_MAP_BYTES,
+                  "C_STAGED": spec.c_staged, "C_BOX_BYTES": C_BOX_BYTES}
     else:
         tiling = {"WTM": wtm, "WTN": wtn, "MI": wtm // 16, "NI": wtn // 8}
     consts = {
@@ -78,7 +79,8 @@ def _params(spec: MatmulSpec) -> list[tuple[str, str]]:
             ("out_t* __restrict__", "C"), ("const out_t* __restrict__", "bias"),
             ("float*", "ws"), ("int*", "sems"), ("int", "M"), ("int", "N"), ("int", "K"),
             ("int", "lda"), ("int", "ldb"), ("int", "ldc"), ("int", "split"),
-            ("int", "mode")] + ([("const void*", "tmaps")] if spec.tma else [])
+            ("int", "mode")] + ([("const void*", "tmaps")] if spec.tma else []) + (
+                [("int", "c_tma")] if spec.persistent else [])
 
 
 def _reduce_params() -> list[tuple[str, str]]:
@@ -98,7 +100,9 @@ def render(spec: MatmulSpec) -> KernelSource:
     Matmul kernel parameters, in order: A, B, C, bias (null: none), ws (fp32 workspace,
     split-K only), sems (zeroed ints, one per output tile, serial only), M, N, K, lda,
     ldb, ldc, split, mode (0 none, 1 serial, 2 parallel, 3 cluster); TMA kernels add tmaps (the
-    CUtensorMaps of A then B, TENSOR_MAP_BYTES each, in global memory).
+    CUtensorMaps of A then B, TENSOR_MAP_BYTES each, in global memory); persistent ones
+    c_tma (1, `c_staged` kernels only: a third map, C's, follows, and unsplit units store
+    C by TMA).
     Reduction kernel: ws, C, bias, M, N, ldc, split.
     """
     name = spec.kernel_name

@@ -263,6 +263,10 @@ __device__ __forceinline__ void turn_wait(int id) {
 __device__ __forceinline__ void turn_pass(int id) {
   asm volatile("bar.arrive %0, 256;\n" :: "r"(id) : "memory");
 }
+// The 128 threads of warpgroup wg alone (named barrier 6 + wg): the staged C store.
+__device__ __forceinline__ void wg_sync(int wg) {
+  asm volatile("bar.sync %0, 128;\n" :: "r"(6 + wg) : "memory");
+}
 // The barrier of the threads that store one unit: every compute warp, or (PINGPONG) the
 // 4 warps of warpgroup wg (named barrier 2 + wg).
 __device__ __forceinline__ void group_sync(int wg) {
@@ -382,6 +386,23 @@ __device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, unsigned lon
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n"
       :: "r"(dst), "l"(tmap), "r"(c0), "r"(c1), "r"(bar), "h"(mask) : "memory");
+}
+// TMA stores (cp.async.bulk.tensor, shared -> global) of one thread, grouped: a box of C
+// at (c0, c1) = (column, row) from shared offset `src`; rows and columns past the map's
+// M x N are not written. A thread's groups complete in order; `.read` waits only until
+// the shared memory of all but the newest N groups has been read.
+__device__ __forceinline__ void tma_store_2d(unsigned long long tmap, unsigned src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n"
+               :: "l"(tmap), "r"(src), "r"(c0), "r"(c1) : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" :: "n"(N) : "memory");
+}
+template <int N> __device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" :: "n"(N) : "memory");
 }
 // The TMA producer's step: the `count`-th K-tile it loads (at K offset k0) goes to slot
 // count % STAGES once the compute warps released the tile that slot held. The box of A

@@ -47,6 +47,11 @@ FEED_SUFFIX = {"sync": "", "ws": "_ws", "tma": "_tma", "ptma": "_ptma", "ctma": 
                "pptma": "_pptma"}
 # Alignment (bytes) of wgmma's shared-memory operands: one 128-byte swizzle atom (8 rows).
 SWIZZLE_ALIGN = 1024
+# The persistent feed's staged C store (`MatmulSpec.c_staged`): a warpgroup's C in boxes of
+# C_BOX x C_BOX 16-bit elements (128-byte rows, the TMA's 128-byte swizzle), two buffers a
+# warpgroup taking turns.
+C_BOX = 64
+C_BOX_BYTES = C_BOX * C_BOX * 2
 
 
 def supports_wgmma(arch: str | None) -> bool:
@@ -186,13 +191,23 @@ class MatmulSpec:
     def feed(self) -> str:
         """How the smem ring is filled: "sync" (every thread, cp.async, CTA barriers),
         "ws" (producer warps, cp.async + mbarriers), "tma" (one producer thread, TMA) or
-        "ptma" (TMA, persistent CTAs, C stored from registers) or "pptma" (the same,
-        ping-pong warpgroups)."""
+        "ptma" (TMA, persistent CTAs; C through shared memory by TMA stores where
+        `c_staged`) or "pptma" (the same, ping-pong warpgroups, C stored from registers)."""
         if self.tma:
             if self.persistent:
                 return "pptma" if self.pingpong else "ptma"
             return "ctma" if self.cluster_m > 1 else "tma"
         return "ws" if self.warp_specialized else "sync"
+
+    @property
+    def c_staged(self) -> bool:
+        """The persistent (not ping-pong) wgmma feed with 16-bit C: each unit's C goes
+        from registers to two 8 KiB shared buffers a warpgroup, and out by TMA stores that
+        drain while the next unit's mainloop runs (the C store no longer idles the tensor
+        cores). Units that sum split-K slices, and launches whose C the TMA cannot address
+        (`runtime.tma.c_map_ok`), store from registers as before."""
+        return (self.instr == "wgmma" and self.persistent and not self.pingpong
+                and self.out_dtype != "fp32")
 
     @property
     def cluster_k(self) -> int:
@@ -219,8 +234,11 @@ class MatmulSpec:
     def smem_bytes(self) -> int:
         """Dynamic shared memory: the pipeline stages, later reused for the fp32 C tile."""
         pipeline = self.stages * (self.tile_m + self.tile_n) * self.tile_k * DTYPE_BYTES[self.a_dtype]
-        # The persistent kernel stores C from registers: no shared fp32 C tile.
+        # The persistent kernel stores C from registers, or through its own two 16-bit
+        # boxes a warpgroup (`c_staged`): no shared fp32 C tile.
         ctile = 0 if self.persistent else self.tile_m * (self.tile_n + CPAD) * 4
+        if self.c_staged:
+            pipeline += 2 * self.warpgroups * C_BOX_BYTES
         # wgmma's 128-byte swizzle repeats every 1024 bytes: the kernel rounds its base up.
         align = SWIZZLE_ALIGN if self.instr == "wgmma" else 0
         return max(pipeline, ctile) + align
