@@ -436,11 +436,12 @@ class Kernel:
 
     def launch_raw(self, grid: tuple[int, int, int], block: tuple[int, int, int],
                    args: tuple, smem_bytes: int, stream_handle: int,
-                   dependent: bool = False) -> None:
+                   dependent: bool = False, by_driver: bool = False) -> None:
         """`launch` on a stream given by its raw handle (`current_stream_handle`): the
         per-call path of the generated matmul, which keeps the host's share small.
         ``dependent``: a programmatic dependent launch (`launch_ex`), for kernels that
-        execute ``griddepcontrol.wait`` before they touch global memory."""
+        execute ``griddepcontrol.wait`` before they touch global memory. ``by_driver``:
+        through `launch_ex` too (arguments CuPy does not pass: TMA descriptors)."""
         if smem_bytes > self._smem_set:
             self.ensure_smem(smem_bytes)
         if options().dump("launch_params"):
@@ -448,9 +449,9 @@ class Kernel:
             dump("launch_params", f"launch {self.name} grid={grid} block={block}{cluster} "
                                   f"smem={smem_bytes} stream={stream_handle:#x}"
                                   + (" dependent" if dependent else ""))
-        if dependent:
+        if dependent or by_driver:
             launch_ex(self.function.ptr, grid, block, args, smem_bytes, stream_handle,
-                      programmatic=True)
+                      programmatic=dependent)
         else:
             self.function(grid, block, args, shared_mem=smem_bytes,
                           stream=_external_stream(stream_handle))
@@ -497,11 +498,12 @@ def _arg_layout(args: tuple):
     key = tuple(map(type, args))
     layout = _ARG_LAYOUTS.get(key)
     if layout is None:
-        try:
-            fields = [(f"a{i}", _CTYPES[str(a.dtype)]) for i, a in enumerate(args)]
+        try:  # a ctypes array (a TMA descriptor, runtime.tma) goes by value, as it is
+            fields = [(f"a{i}", type(a) if isinstance(a, ctypes.Array) else _CTYPES[str(a.dtype)])
+                      for i, a in enumerate(args)]
         except (KeyError, AttributeError):
             raise TypeError(f"launch_ex: arguments {[type(a).__name__ for a in args]}: pass "
-                            f"numpy scalars of {sorted(_CTYPES)}") from None
+                            f"numpy scalars of {sorted(_CTYPES)} or ctypes arrays") from None
         struct = type("KernelArgs", (ctypes.Structure,), {"_fields_": fields})
         offsets = tuple(getattr(struct, name).offset for name, _ in fields)
         layout = _ARG_LAYOUTS[key] = (struct, offsets, ctypes.c_void_p * max(1, len(key)))
@@ -531,8 +533,8 @@ def launch_ex_available() -> None:
 def launch_ex(function_ptr: int, grid: tuple[int, int, int], block: tuple[int, int, int],
               args: tuple, smem_bytes: int, stream_handle: int, programmatic: bool) -> None:
     """cuLaunchKernelEx of a loaded CUfunction (``Kernel.function.ptr``) with numpy
-    scalar ``args`` (their dtypes give the widths), optionally as a programmatic
-    dependent launch. A driver error raises RuntimeError."""
+    scalar ``args`` (their dtypes give the widths) or ctypes arrays (by value),
+    optionally as a programmatic dependent launch. A driver error raises RuntimeError."""
     launch, attr = _driver()
     struct, offsets, array = _arg_layout(args)
     values = struct(*args)

@@ -185,11 +185,12 @@ def launch(spec: MatmulSpec, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
             u64(sems)) + p.consts
     if spec.tma:
         c_tma = spec.c_staged and tma.c_map_ok(spec, out)
-        args += (u64(tma.tensor_maps(spec, a, b, M, N, K, dev, out if c_tma else None)),)
+        args += tma.tensor_maps(spec, a, b, M, N, K, out if c_tma else None)
         if spec.persistent:
             args += (np.int32(c_tma),)
     with jit.on_device(dev):
-        p.main.launch_raw(p.grid, p.block, args, p.smem_bytes, handle)
+        # TMA kernels through the driver: their maps go by value
+        p.main.launch_raw(p.grid, p.block, args, p.smem_bytes, handle, by_driver=spec.tma)
         if p.reduce_grid is not None:
             p.reduce.launch_raw(p.reduce_grid, p.reduce_block,
                                 (u64(ws), u64(out.data_ptr()), bias_ptr) + p.reduce_consts,

@@ -184,6 +184,15 @@ REGISTER_STORE_BYTES_PER_SM_US = 25.0e3
 # Fitted on the H200 (128x256, the same kernel storing one way or the other side by
 # side): 0.925 -> 1.00 of cuBLAS at 8192^3, 0.87 -> 1.00 at 16384x8192x4096.
 STAGED_STORE_BYTES_PER_SM_US = 250.0e3
+# Rows of A and B (K-major) that do not start on 128-byte lines (K not a multiple of 64):
+# each box or cp.async row spans two lines and the L2 requests double. Side by side on
+# the H200 (4000x7000x5000, 8192x8192x8200, 4096x14336x4104): every feed that loads its
+# own B ran 0.76-0.84 of its modelled speed; the 2-CTA cluster's B multicast (`ctma`),
+# which halves B's requests, 0.97-1.01. The rate of the others, scaled by this, from
+# UNALIGNED_ROWS_MIN_K on: at K of 1264 and 1616 (12288x6144, 6272x14976) the persistent
+# feed ran 0.94-0.97 of its modelled speed (why short rows escape is not known).
+UNALIGNED_ROWS_RATE = 0.8
+UNALIGNED_ROWS_MIN_K = 2048
 # Host time of one generated-kernel call (Python dispatch, argument packing, launch on
 # the lent VMs) and the extra of a TMA kernel (its tensor-map buffer looked up by
 # pointers, shapes and strides): a tiny GEMM takes whichever is longer, GPU or host.
@@ -277,6 +286,8 @@ def gpu_estimate_us(spec: MatmulSpec, M: int, N: int, K: int, sm_count: int) -> 
     waves = math.ceil(units / slots)
     # `occ` CTAs share one SM, so each runs at 1/occ of its rate.
     rate = MMA_FLOPS_PER_SM_US * efficiency(spec)
+    if (K * 2) % 128 and K >= UNALIGNED_ROWS_MIN_K and spec.cluster_m == 1:
+        rate *= UNALIGNED_ROWS_RATE
     cta_us = 2.0 * spec.tile_m * spec.tile_n * kslice / rate * occ
     # The wave's CTAs stream their operands' DRAM bytes at the device's rate, and each at
     # no more than one SM's: a wave of skinny tiles (M of a few rows) is bound by that,

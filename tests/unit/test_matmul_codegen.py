@@ -185,7 +185,10 @@ def test_wgmma_source_is_table_driven():
     tma_src = render(tma).source
     assert "cp.async.bulk.tensor.2d" in tma_src and "expect_tx" in tma_src
     assert "load_stage" not in tma_src  # no cp.async ring: the producer copies by TMA
-    assert "const void* tmaps)" in tma_src and "tmaps" not in ws_src
+    # the maps by value, no C map outside the persistent feed
+    assert "const __grid_constant__ TensorMap map_b)" in tma_src and "TensorMap map" not in ws_src
+    ptma = heuristics.spec_for(heuristics.WGMMA_CONFIGS[0][:6] + ("ptma",))
+    assert ptma.c_staged and "TensorMap map_c, int c_tma)" in render(ptma).source
     assert len({spec.source_key, ws.source_key, tma.source_key}) == 3
 
 

@@ -117,8 +117,8 @@ PRODUCER_CP_ASYNC = r"""
 PRODUCER_TMA = r"""
     // Producer: one thread (see produce_stage).
     if (tid == CONSUMER_WARPS * 32) {
-      const unsigned long long tmap_a = reinterpret_cast<unsigned long long>(tmaps);
-      const unsigned long long tmap_b = tmap_a + TENSOR_MAP_BYTES;
+      const unsigned long long tmap_a = reinterpret_cast<unsigned long long>(&map_a);
+      const unsigned long long tmap_b = reinterpret_cast<unsigned long long>(&map_b);
       for (int kt = 0; kt < nk; ++kt)
         produce_stage(smem, full_bar, empty_bar, kt, (kt0 + kt) * BK, m0, n0, tmap_a, tmap_b);
     }
@@ -167,8 +167,8 @@ PTMA_BODY = r"""
 
   if (warp >= CONSUMER_WARPS) {
     if (tid == CONSUMER_WARPS * 32) {
-      const unsigned long long tmap_a = reinterpret_cast<unsigned long long>(tmaps);
-      const unsigned long long tmap_b = tmap_a + TENSOR_MAP_BYTES;
+      const unsigned long long tmap_a = reinterpret_cast<unsigned long long>(&map_a);
+      const unsigned long long tmap_b = reinterpret_cast<unsigned long long>(&map_b);
       int it = 0;
       for (int u = blockIdx.x; u < units; u += gridDim.x) {
         unit_coords(u, tiles_m, tiles_n, ktiles, split, tile, slice, m0, n0, kt0, nk);
@@ -221,8 +221,7 @@ PTMA_BODY = r"""
         // lane / 4, at 4 bytes past their 16-byte chunk
         unsigned char* cbuf = smem_base + STAGES * STAGE_ELEMS * 2 + wg * 2 * C_BOX_BYTES +
                               (wq * 16 + (lane >> 2)) * 128 + (lane & 3) * 4;
-        const unsigned long long tmap_c =
-            reinterpret_cast<unsigned long long>(tmaps) + 2 * TENSOR_MAP_BYTES;
+        const unsigned long long tmap_c = reinterpret_cast<unsigned long long>(&map_c);
         const bool lead = (tid & 127) == 0;
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi)

@@ -74,13 +74,19 @@ def _snippet(name: str, spec: MatmulSpec) -> str:
     return text
 
 
+# A CUtensorMap by value: the TMA takes the parameter's own (generic) address, so the maps
+# need no device buffer, and a launch under stream capture records them with its
+# arguments.
+MAP_PARAM = "const __grid_constant__ TensorMap"
+
+
 def _params(spec: MatmulSpec) -> list[tuple[str, str]]:
     return [("const in_t* __restrict__", "A"), ("const in_t* __restrict__", "B"),
             ("out_t* __restrict__", "C"), ("const out_t* __restrict__", "bias"),
             ("float*", "ws"), ("int*", "sems"), ("int", "M"), ("int", "N"), ("int", "K"),
             ("int", "lda"), ("int", "ldb"), ("int", "ldc"), ("int", "split"),
-            ("int", "mode")] + ([("const void*", "tmaps")] if spec.tma else []) + (
-                [("int", "c_tma")] if spec.persistent else [])
+            ("int", "mode")] + [(MAP_PARAM, f"map_{x}") for x in "ab" if spec.tma] + (
+                [(MAP_PARAM, "map_c"), ("int", "c_tma")] if spec.persistent else [])
 
 
 def _reduce_params() -> list[tuple[str, str]]:
@@ -99,10 +105,10 @@ def render(spec: MatmulSpec) -> KernelSource:
 
     Matmul kernel parameters, in order: A, B, C, bias (null: none), ws (fp32 workspace,
     split-K only), sems (zeroed ints, one per output tile, serial only), M, N, K, lda,
-    ldb, ldc, split, mode (0 none, 1 serial, 2 parallel, 3 cluster); TMA kernels add tmaps (the
-    CUtensorMaps of A then B, TENSOR_MAP_BYTES each, in global memory); persistent ones
-    c_tma (1, `c_staged` kernels only: a third map, C's, follows, and unsplit units store
-    C by TMA).
+    ldb, ldc, split, mode (0 none, 1 serial, 2 parallel, 3 cluster); TMA kernels add map_a and
+    map_b (the CUtensorMaps of A and B, TENSOR_MAP_BYTES each, by value); persistent ones
+    map_c and c_tma (1, `c_staged` kernels only: map_c is C's, and unsplit units store C
+    by TMA; else map_c is not read).
     Reduction kernel: ws, C, bias, M, N, ldc, split.
     """
     name = spec.kernel_name

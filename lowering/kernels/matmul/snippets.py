@@ -365,7 +365,8 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
     "tma": r"""
 // TMA (PTX ISA, cp.async.bulk.tensor): the producer announces a stage's bytes on its
 // full barrier, then each bulk copy completes its share of that transaction. `tmap` is
-// the generic address of a CUtensorMap in global memory.
+// the generic address of a CUtensorMap: a __grid_constant__ kernel parameter.
+struct __align__(64) TensorMap { unsigned long long word[16]; };
 __device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
                :: "r"(bar), "r"(bytes) : "memory");

@@ -39,8 +39,8 @@ CPAD = 8
 # cp.async copies; with TMA one thread of one warp issues two bulk tensor copies a stage.
 PRODUCER_WARPS = 2
 TMA_PRODUCER_WARPS = 1
-# Bytes of one CUtensorMap (the driver's opaque TMA descriptor); A's then B's, in global
-# memory, are the `tmaps` kernel argument of a TMA kernel.
+# Bytes of one CUtensorMap (the driver's opaque TMA descriptor); A's and B's (and C's, in
+# the persistent feed) are kernel arguments of a TMA kernel, by value.
 TENSOR_MAP_BYTES = 128
 # Kernel-name suffix (and body key) of each feed.
 FEED_SUFFIX = {"sync": "", "ws": "_ws", "tma": "_tma", "ptma": "_ptma", "ctma": "_ctma",
