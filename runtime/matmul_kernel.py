@@ -20,7 +20,7 @@ import torch
 
 from hostir.options import options
 from lowering.kernels.matmul import (MODE_CODE, KernelSource, MatmulSpec, launch_config,
-                                     reduce_launch, render, tiles)
+                                     reduce_launch, render, tail_tiles, tiles)
 from runtime import jit, tma, workspace
 
 TORCH_DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
@@ -164,8 +164,10 @@ def _prepare(spec: MatmulSpec, M: int, N: int, K: int, lda: int, ldb: int, ldc: 
     rc = reduce_launch(M, N, sms) if spec.split_mode == "parallel" else None
     return _Prepared(
         loaded.main, loaded.reduce, cfg.grid, cfg.block, cfg.smem_bytes, consts,
-        tiles(spec, M, N) if spec.split_mode == "serial" else 0,
-        {"serial": M * N, "parallel": spec.split_k * M * N}.get(spec.split_mode, 0),
+        tiles(spec, M, N) if spec.split_mode in ("serial", "tail") else 0,
+        {"serial": M * N, "parallel": spec.split_k * M * N,
+         "tail": tail_tiles(spec, M, N, cfg.grid[0]) * spec.tile_m * spec.tile_n,
+         }.get(spec.split_mode, 0),
         rc.grid if rc else None, rc.block if rc else None,
         (i32(M), i32(N), i32(ldc), i32(spec.split_k)))
 

@@ -133,7 +133,7 @@ TILE_EFFICIENCY = {
 
 # Split factors the heuristics and the autotuner consider.
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
-SPLIT_MODES = ("none", "serial", "parallel", "cluster")
+SPLIT_MODES = ("none", "serial", "parallel", "cluster", "tail")
 # Feeds whose tiles the cluster split-K mode is generated for: the TMA feed is the fastest
 # non-persistent one (the mode needs one tile a CTA and the fp32 C tile in shared memory).
 CLUSTER_SPLIT_FEEDS = ("tma",)
@@ -193,6 +193,17 @@ STAGED_STORE_BYTES_PER_SM_US = 250.0e3
 # feed ran 0.94-0.97 of its modelled speed (why short rows escape is not known).
 UNALIGNED_ROWS_RATE = 0.8
 UNALIGNED_ROWS_MIN_K = 2048
+# split_mode "tail" (the persistent feed): where the tiles fill two rounds or more and
+# leave a last round at most half full, each of its tiles is split into this many
+# K-slices at most (as many as fill the round), summed serially in a tile-sized workspace
+# slot. Side by side on the H200: 4096x5632x9152 0.936 -> 0.961 of cuBLAS (3 slices),
+# 16192x3840x13440 0.966 -> 0.992; at short K it lost (12288x6144x1264, 2 slices of 10
+# K-tiles: 0.941 -> 0.905), as with one round only (256x9536x4736: 0.46) and with 7-8
+# slices (7104x576x8640: 0.50 against 0.63 for a cluster split). Besides the
+# slices' serial chain, a tail pays TAIL_FIXED_US (the turns' semaphores, the running
+# sum's round trips), fitted to the short-K loss.
+MAX_TAIL_SPLIT = 4  # (8 slices of a 16-tile tail at 7104x576x8640 ran 0.50, 2 way: 0.55)
+TAIL_FIXED_US = 5.0
 # Host time of one generated-kernel call (Python dispatch, argument packing, launch on
 # the lent VMs) and the extra of a TMA kernel (its tensor-map buffer looked up by
 # pointers, shapes and strides): a tiny GEMM takes whichever is longer, GPU or host.
@@ -275,8 +286,41 @@ def _stream_bytes(spec: MatmulSpec, M: int, N: int, kslice: int, ctas: int) -> f
     return (a_rows + b_rows) * kslice * 2
 
 
+def _rate(spec: MatmulSpec, K: int) -> float:
+    """One CTA's MMA work a microsecond on its SM (alone there)."""
+    rate = MMA_FLOPS_PER_SM_US * efficiency(spec)
+    if (K * 2) % 128 and K >= UNALIGNED_ROWS_MIN_K and spec.cluster_m == 1:
+        rate *= UNALIGNED_ROWS_RATE
+    return rate
+
+
+def tail_split(base: MatmulSpec, M: int, N: int, K: int, sm_count: int) -> int:
+    """The K-slices of each tile of a persistent grid's last round (split_mode "tail"): as
+    many as fill the round, up to MAX_TAIL_SPLIT, each slice at least MIN_KTILES_PER_SLICE
+    K-tiles; 1 where the last round is full or more than half full, follows fewer than
+    two whole rounds, or its slices would not take half the SMs."""
+    rounds, tail = divmod(tiles(base, M, N), sm_count)
+    if rounds < 2 or tail == 0 or 2 * tail > sm_count:
+        return 1
+    split = max(1, min(sm_count // tail, MAX_TAIL_SPLIT,
+                       math.ceil(K / base.tile_k) // MIN_KTILES_PER_SLICE))
+    # a split tail that leaves most SMs idle still gained nothing measurable (16384x8192x4096:
+    # 4 tiles in 4 slices, 0.994 against 1.005 unsplit)
+    return split if 2 * tail * split >= sm_count else 1
+
+
 def gpu_estimate_us(spec: MatmulSpec, M: int, N: int, K: int, sm_count: int) -> float:
     """Model GPU time of `spec` on an M x N x K product (see the module docstring)."""
+    if spec.split_mode == "tail":
+        # the whole tiles' time, less what the last round's tiles save by running in
+        # split_k slices side by side, plus their serial chain (each later slice reads
+        # and writes one fp32 tile after its predecessor)
+        whole = dataclasses.replace(spec, split_k=1, split_mode="none")
+        tile_us = 2.0 * spec.tile_m * spec.tile_n * math.ceil(K / spec.tile_k) * spec.tile_k
+        tile_us /= _rate(spec, K)
+        chain = (spec.split_k - 1) * 2 * spec.tile_m * spec.tile_n * 4 / L2_BYTES_PER_SM_US
+        return (gpu_estimate_us(whole, M, N, K, sm_count)
+                - tile_us * (1 - 1 / spec.split_k) + chain + TAIL_FIXED_US)
     t = tiles(spec, M, N)
     ktiles = math.ceil(K / spec.tile_k)
     kslice = math.ceil(ktiles / spec.split_k) * spec.tile_k
@@ -285,9 +329,7 @@ def gpu_estimate_us(spec: MatmulSpec, M: int, N: int, K: int, sm_count: int) -> 
     slots = sm_count * occ
     waves = math.ceil(units / slots)
     # `occ` CTAs share one SM, so each runs at 1/occ of its rate.
-    rate = MMA_FLOPS_PER_SM_US * efficiency(spec)
-    if (K * 2) % 128 and K >= UNALIGNED_ROWS_MIN_K and spec.cluster_m == 1:
-        rate *= UNALIGNED_ROWS_RATE
+    rate = _rate(spec, K)
     cta_us = 2.0 * spec.tile_m * spec.tile_n * kslice / rate * occ
     # The wave's CTAs stream their operands' DRAM bytes at the device's rate, and each at
     # no more than one SM's: a wave of skinny tiles (M of a few rows) is bound by that,
@@ -413,8 +455,11 @@ def candidates(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str 
             if split > 1 and many_waves:
                 continue
             for mode in modes:
-                if mode_fits(base, mode, split):
+                if mode != "tail" and mode_fits(base, mode, split):
                     out.append(dataclasses.replace(base, split_k=split, split_mode=mode))
+        split = tail_split(base, M, N, K, sm_count) if base.persistent else 1
+        if "tail" in modes and split > 1:
+            out.append(dataclasses.replace(base, split_k=split, split_mode="tail"))
     return out
 
 
@@ -430,7 +475,8 @@ def choose(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str = "b
     """
     modes = SPLIT_MODES if mode == "auto" else (mode,)
     if mode != "auto" and mode not in SPLIT_MODES:
-        raise ValueError(f"mode must be auto, none, serial, parallel or cluster; got {mode!r}")
+        raise ValueError(f"mode must be auto, none, serial, parallel, cluster or tail; got "
+                         f"{mode!r}")
     hopper = configs_for(arch, layout, prefer=True) == WGMMA_CONFIGS
     if mode == "cluster" and not hopper:
         raise ValueError(f"mode 'cluster' needs an sm_90 part and layout TN (thread-block "
@@ -439,7 +485,8 @@ def choose(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str = "b
                        bias=bias, modes=modes, sm_count=sm_count, arch=arch,
                        prefer_wgmma=True)
     if mode == "auto":
-        specs = [s for s in specs if s.split_k == 1 or not _fills(s, M, N, sm_count)]
+        specs = [s for s in specs if s.split_k == 1 or s.split_mode == "tail"
+                 or not _fills(s, M, N, sm_count)]
 
     def cost(s):  # ties (a host-bound call) go to the shorter GPU time
         return (estimate_us(s, M, N, K, sm_count), gpu_estimate_us(s, M, N, K, sm_count))

@@ -114,6 +114,37 @@ def test_persistent_feed_stores_16_bit_c_by_tma_within_the_matrix(config, dtype)
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                     reason="wgmma needs an sm_90 part")
+@pytest.mark.parametrize("config", [i for i, c in enumerate(WGMMA_CONFIGS)
+                                    if c[6] in ("ptma", "pptma")])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_tail_split_sums_the_last_rounds_tiles(config, out_dtype):
+    """split_mode "tail": whole tiles for the full rounds of the persistent grid, the last
+    round's tiles in 2 or 3 K-slices summed serially in their own workspace slots; every
+    element right (bias too), the arena left zero, whatever the SM count."""
+    from lowering.kernels.matmul import tail_tiles
+    from runtime.matmul import sm_count
+
+    name = {torch.bfloat16: "bf16", torch.float32: "fp32"}[out_dtype]
+    sms = sm_count(torch.cuda.current_device())
+    for M, N, K, split in ((2088, 4104, 2088, 3), (1000, 3000, 1032, 2)):
+        a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(N, device="cuda", dtype=out_dtype)
+        spec = spec_for(WGMMA_CONFIGS[config], a_dtype="bf16", b_dtype="bf16", out_dtype=name,
+                        split_k=split, split_mode="tail", bias=True)
+        assert tail_tiles(spec, M, N, sms) > 0, (M, N, sms)
+        out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)
+        for _ in range(2):  # the semaphores are left zero for the next call
+            matmul(a, b, out=out, bias=bias, spec=spec)
+        torch.cuda.synchronize()
+        what = (WGMMA_CONFIGS[config], (M, N, K), split)
+        assert not out.isnan().any(), what
+        assert _rel(out, _ref(a, b, "TN", bias)) < 1e-2, what
+    workspace.check_all_zeroed()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="wgmma needs an sm_90 part")
 @pytest.mark.parametrize("feed", ["tma", "ptma"])
 def test_tma_kernels_capture_in_a_cuda_graph_with_new_tensors(feed):
     """A TMA kernel captured with operands and output first seen inside the capture (the

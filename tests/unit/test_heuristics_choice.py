@@ -19,7 +19,8 @@ SMS = 132
 # A probe timed the best-modelled candidate of each kind (tile x feed x split mode) on
 # these shapes side by side with cuBLAS on an H200 (.carry's variants probe; ratio =
 # cuBLAS time over the variant's), after the persistent feed began storing C by TMA;
-# (19, 3904, 11456) is from an earlier H100 probe of every variant. Here: the variants
+# (19, 3904, 11456) is from an earlier H100 probe of every variant. Where a shape was
+# probed twice, the higher figure. Here: the variants
 # it measured best, each within a few percent of the best; the model's pick must be one
 # of them. ("tile feed [mode split]")
 PROBE_BEST = {
@@ -30,11 +31,14 @@ PROBE_BEST = {
                           "64x256 pptma": 0.770, "128x128 pptma": 0.768},
     (3392, 4608, 7488): {"128x256 ptma": 0.960, "256x128 ptma": 0.943},
     (13056, 832, 9856): {"256x128 ptma": 0.869, "256x128 tma": 0.833},
-    (7104, 576, 8640): {"128x128 tma cluster2": 0.656, "128x256 tma cluster2": 0.634},
-    (512, 9920, 5248): {"64x256 pptma": 0.739, "128x128 ptma": 0.731,
+    (7104, 576, 8640): {"128x128 ptma tail4": 0.663, "128x128 tma cluster2": 0.656,
+                        "128x256 tma cluster2": 0.645, "128x128 pptma tail4": 0.626},
+    (512, 9920, 5248): {"128x128 ptma tail2": 0.763, "64x256 pptma": 0.739,
+                        "64x256 pptma tail2": 0.730, "128x128 pptma tail2": 0.724,
                         "128x256 tma cluster2": 0.723, "128x128 pptma": 0.720},
     (4096, 14336, 4096): {"128x256 ptma": 0.974},
-    (8192, 8192, 8192): {"128x256 ptma": 1.000},
+    (8192, 8192, 8192): {"128x256 ptma": 1.050, "256x128 ptma": 1.073},
+    (16384, 8192, 4096): {"128x256 ptma": 1.005, "256x128 ptma": 1.006},
     (19, 3904, 11456): {"128x128 sync serial4": 0.92, "128x128 sync serial3": 0.893},
     (167, 15296, 712): {"256x128 sync": 0.533, "128x256 sync": 0.532},
     (1152, 10560, 7040): {"128x256 ptma": 0.983},
@@ -45,6 +49,17 @@ PROBE_BEST = {
     (4000, 7000, 5000): {"128x256 ctma": 0.887},
     (8192, 8192, 8200): {"128x256 ctma": 0.948},
     (4096, 14336, 4104): {"128x256 ctma": 0.878},
+    # the last round's tiles split (split_mode "tail")
+    (4096, 5632, 9152): {"128x256 ptma tail3": 0.961, "256x128 ptma tail3": 0.953},
+    (10368, 3776, 16128): {"256x128 ptma tail3": 1.058, "128x256 ptma tail4": 1.051,
+                           "128x256 ptma": 1.025},
+    (5248, 14912, 12992): {"128x256 ptma tail3": 1.008, "256x128 ptma": 0.987,
+                           "128x256 ptma": 0.986},
+    (16192, 3840, 13440): {"128x256 ptma tail2": 0.992, "256x128 ptma": 0.975},
+    (9920, 13184, 7552): {"256x128 ptma tail2": 1.012, "128x256 ptma": 1.001,
+                          "256x128 ptma": 0.999},
+    (1600, 13568, 8000): {"128x256 ptma tail4": 0.945, "128x256 ptma": 0.926,
+                          "256x128 ptma": 0.920},
 }
 # The old default's picks on those shapes, which the probe measured worse.
 PROBE_OLD_DEFAULT = {
@@ -117,6 +132,16 @@ def test_persistent_store_term_staged_c_is_cheaper_than_registers():
     assert staged.c_staged and not fp32.c_staged
     assert (heuristics.gpu_estimate_us(staged, 8192, 8192, 8192, SMS)
             < heuristics.gpu_estimate_us(fp32, 8192, 8192, 8192, SMS))
+
+
+def test_tail_split_only_where_a_short_last_round_follows_two_whole_ones():
+    base = variant(4096, 5632, 9152, "128x256 ptma")
+    assert heuristics.tail_split(base, 4096, 5632, 9152, SMS) == 3  # 704 tiles: 44 left
+    assert heuristics.tail_split(base, 8192, 8192, 8192, SMS) == 1  # 68 of 132: over half
+    assert heuristics.tail_split(base, 2688, 2048, 10368, SMS) == 1  # one whole round
+    assert heuristics.tail_split(base, 16384, 8192, 4096, SMS) == 1  # 4 tiles x 4: idle SMs
+    assert pick(4096, 5632, 9152).split_mode == "tail"
+    assert pick(12288, 6144, 1264).split_mode == "none"  # short K: the chain costs more
 
 
 def test_rows_off_128_byte_lines_favour_b_multicast_from_k_2048():

@@ -47,5 +47,5 @@ from lowering.kernels.matmul.spec import (
     C_BOX, C_BOX_BYTES, CLUSTER_SPLITS, CPAD, DEFAULT_SM_COUNT, FEED_SUFFIX, GROUP_M, IN_DTYPES, INSTRS, LAYOUTS,
     MAX_SMEM_BYTES, MODE_CODE, OUT_DTYPES, PRODUCER_WARPS, REDUCE_THREADS, SPLIT_MODES,
     SWIZZLE_ALIGN, TENSOR_MAP_BYTES, TMA_PRODUCER_WARPS, KernelSource, LaunchConfig, MatmulSpec,
-    launch_config, reduce_launch, supports_wgmma, tiles,
+    launch_config, reduce_launch, supports_wgmma, tail_tiles, tiles,
 )

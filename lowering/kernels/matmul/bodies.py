@@ -162,8 +162,12 @@ PTMA_BODY = r"""
   __syncthreads();  // the last CTA-wide barrier: the producer warp leaves early
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
   const int ktiles = (K + BK - 1) / BK;
-  const int units = tiles_m * tiles_n * split;
-  int tile, slice, m0, n0, kt0, nk;
+  // MODE_TAIL: whole tiles, but the tiles of the last, partial round (tiles % gridDim.x,
+  // numbered last) each split `split` ways, serially summed in a tile-sized workspace slot
+  const int tail = mode == MODE_TAIL ? (tiles_m * tiles_n) % gridDim.x : 0;
+  const int units = mode == MODE_TAIL ? tiles_m * tiles_n + tail * (split - 1)
+                                      : tiles_m * tiles_n * split;
+  int tile, slice, usplit, m0, n0, kt0, nk;
 
   if (warp >= CONSUMER_WARPS) {
     if (tid == CONSUMER_WARPS * 32) {
@@ -171,7 +175,8 @@ PTMA_BODY = r"""
       const unsigned long long tmap_b = reinterpret_cast<unsigned long long>(&map_b);
       int it = 0;
       for (int u = blockIdx.x; u < units; u += gridDim.x) {
-        unit_coords(u, tiles_m, tiles_n, ktiles, split, tile, slice, m0, n0, kt0, nk);
+        unit_coords(u, tiles_m, tiles_n, ktiles, split, tail, tile, slice, usplit, m0, n0, kt0,
+                    nk);
         for (int kt = 0; kt < nk; ++kt, ++it)
           produce_stage(smem, full_bar, empty_bar, it, (kt0 + kt) * BK, m0, n0, tmap_a, tmap_b);
       }
@@ -184,7 +189,8 @@ PTMA_BODY = r"""
   float acc[MI][NACC];
   int it = 0, j = 0;
   for (int u = blockIdx.x; u < units; u += gridDim.x, ++j) {
-    unit_coords(u, tiles_m, tiles_n, ktiles, split, tile, slice, m0, n0, kt0, nk);
+    unit_coords(u, tiles_m, tiles_n, ktiles, split, tail, tile, slice, usplit, m0, n0, kt0,
+                  nk);
     if (PINGPONG && (j & 1) != wg) {  // the other warpgroup's unit
       it += nk;
       continue;
@@ -209,8 +215,10 @@ PTMA_BODY = r"""
     fence_acc(acc);
     if (nk > 0 && lane == 0) mbar_arrive(smem_addr(&empty_bar[(it - 1) % STAGES]));
 
+    // the unit's own mode: a tail tile's slices are summed serially
+    const int umode = mode != MODE_TAIL ? mode : usplit > 1 ? MODE_SERIAL : MODE_NONE;
     if constexpr (C_STAGED) {
-      if (c_tma && mode == MODE_NONE) {
+      if (c_tma && umode == MODE_NONE) {
         // C through shared memory: the warpgroup writes its rows in 64x64 boxes (128-byte
         // rows, 16-byte chunk q of row r at chunk q ^ (r % 8): the map's swizzle, and no
         // bank conflict for the fragment's 8 rows x 4 threads) to its two buffers in
@@ -261,12 +269,18 @@ PTMA_BODY = r"""
     // the wgmma accumulator layout. A later serial slice first waits its turn, then loads
     // the running sum for all its elements before it stores any (the loads batch).
     int* sem = sems + tile;
-    const bool last = slice == split - 1;
-    const bool add_earlier = mode == MODE_SERIAL && slice > 0;
-    const bool to_workspace = mode == MODE_PARALLEL || (mode == MODE_SERIAL && !last);
-    float* W = ws + (mode == MODE_PARALLEL ? (size_t)slice * M * N : 0);
-    const bool pairs_ws = (N % 2) == 0;
-    const bool pairs_out = pairs_ws && (ldc % 2) == 0 &&
+    const bool last = slice == usplit - 1;
+    const bool add_earlier = umode == MODE_SERIAL && slice > 0;
+    const bool to_workspace = umode == MODE_PARALLEL || (umode == MODE_SERIAL && !last);
+    // the running sum of (row, col): W[row * ldw + col]; M x N planes, or (MODE_TAIL)
+    // the tile's own BM x BN slot (W then based m0 rows and n0 columns before it)
+    const int ldw = mode == MODE_TAIL ? BN : N;
+    float* W = ws + (umode == MODE_PARALLEL ? (long long)slice * M * N
+                     : mode == MODE_TAIL ? (long long)(tile - (tiles_m * tiles_n - tail)) * BM * BN
+                                           - (long long)m0 * BN - n0
+                                         : 0);
+    const bool pairs_ws = (ldw % 2) == 0;
+    const bool pairs_out = (N % 2) == 0 && (ldc % 2) == 0 &&
                            (reinterpret_cast<size_t>(C) % (2 * sizeof(out_t))) == 0;
     const int row0 = m0 + (PINGPONG ? 0 : wg * WG_ROWS) + wq * 16 + (lane >> 2);
     const int col0 = n0 + (lane & 3) * 2;
@@ -276,9 +290,10 @@ PTMA_BODY = r"""
     }
     // EPI_PAIRS column pairs at a time: their running-sum loads are issued together
     // (one round trip for the group), then the group is stored. A 9-warp CTA gets 168
-    // registers a thread (3 warps share a quarter of the register file) and the 128
-    // accumulators of a 128x256 tile leave room for 4 pairs in flight: 8 spilled.
-    constexpr int EPI_PAIRS = 4;
+    // registers a thread (3 warps share a quarter of the register file); beside the 128
+    // accumulators of a 128x256 tile and the tail split's unit state, 4 pairs in flight
+    // spilled 40 bytes, 2 none.
+    constexpr int EPI_PAIRS = 2;
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
@@ -292,7 +307,7 @@ PTMA_BODY = r"""
             const int col = col0 + (i0 + j) * 8;
             w[j] = make_float2(0.f, 0.f);
             if (!add_earlier || row >= M || col >= N) continue;
-            const float* p = W + (size_t)row * N + col;
+            const float* p = W + (long long)row * ldw + col;
             if (pairs_ws) {
               w[j] = __ldcg(reinterpret_cast<const float2*>(p));
             } else {
@@ -308,7 +323,7 @@ PTMA_BODY = r"""
             float x1 = acc[mi][4 * i + 2 * h + 1] + w[j].y;
             const bool two = col + 1 < N;
             if (to_workspace) {
-              float* p = W + (size_t)row * N + col;
+              float* p = W + (long long)row * ldw + col;
               if (pairs_ws) {
                 __stcg(reinterpret_cast<float2*>(p), make_float2(x0, x1));
               } else {
@@ -336,7 +351,7 @@ PTMA_BODY = r"""
           asm volatile("" ::: "memory");
         }
       }
-    if (mode == MODE_SERIAL) {
+    if (umode == MODE_SERIAL) {
       if (last) {
         group_sync(wg);               // every compute thread has read the workspace
         if (tid == leader) *sem = 0;  // back to zero for the next matmul on this stream

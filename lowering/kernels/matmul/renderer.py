@@ -43,6 +43,7 @@ def _prelude(spec: MatmulSpec) -> str:
         "GROUP_M": GROUP_M, "CLUSTER_M": spec.cluster_m, "CLUSTER_K": spec.cluster_k,
         "MODE_NONE": MODE_CODE["none"],
         "MODE_SERIAL": MODE_CODE["serial"], "MODE_PARALLEL": MODE_CODE["parallel"],
+        "MODE_TAIL": MODE_CODE["tail"],
         "B_KMAJOR": spec.layout == "TN",
         "OUT_IS_F32": spec.out_dtype == "fp32",
     }
@@ -105,7 +106,7 @@ def render(spec: MatmulSpec) -> KernelSource:
 
     Matmul kernel parameters, in order: A, B, C, bias (null: none), ws (fp32 workspace,
     split-K only), sems (zeroed ints, one per output tile, serial only), M, N, K, lda,
-    ldb, ldc, split, mode (0 none, 1 serial, 2 parallel, 3 cluster); TMA kernels add map_a and
+    ldb, ldc, split, mode (0 none, 1 serial, 2 parallel, 3 cluster, 4 tail); TMA kernels add map_a and
     map_b (the CUtensorMaps of A and B, TENSOR_MAP_BYTES each, by value); persistent ones
     map_c and c_tma (1, `c_staged` kernels only: map_c is C's, and unsplit units store C
     by TMA; else map_c is not read).

@@ -234,20 +234,28 @@ template <int A, int B> __device__ __forceinline__ void fence_acc(float (&d)[A][
 }
 """,
     "unit_coords": r"""
-// Work unit u of a matmul (u = tile * split + slice): its output tile, rastered in groups
-// of GROUP_M tile rows (CTAs running together share A rows and B columns in L2), and the
-// K-tiles [kt0, kt0 + nk) of its slice.
+// Work unit u of a matmul (u = tile * split + slice; with `tail` > 0, MODE_TAIL: the
+// first tiles whole, u = tile, then the last `tail` tiles `split` slices each): its output
+// tile, rastered in groups of GROUP_M tile rows (CTAs running together share A rows and B
+// columns in L2), its slice of `usplit`, and the K-tiles [kt0, kt0 + nk) of that slice.
 __device__ __forceinline__ void unit_coords(int u, int tiles_m, int tiles_n, int ktiles,
-                                            int split, int& tile, int& slice, int& m0,
-                                            int& n0, int& kt0, int& nk) {
-  slice = u % split;
-  tile = u / split;
+                                            int split, int tail, int& tile, int& slice,
+                                            int& usplit, int& m0, int& n0, int& kt0,
+                                            int& nk) {
+  const int whole = tiles_m * tiles_n - tail;
+  if (tail > 0 && u < whole) {
+    tile = u, slice = 0, usplit = 1;
+  } else if (tail > 0) {
+    tile = whole + (u - whole) / split, slice = (u - whole) % split, usplit = split;
+  } else {
+    tile = u / split, slice = u % split, usplit = split;
+  }
   const int per_group = GROUP_M * tiles_n;
   const int first_m = (tile / per_group) * GROUP_M;
   const int group_rows = imin(tiles_m - first_m, GROUP_M);
   m0 = (first_m + (tile % per_group) % group_rows) * BM;
   n0 = ((tile % per_group) / group_rows) * BN;
-  const int per_slice = (ktiles + split - 1) / split;
+  const int per_slice = (ktiles + usplit - 1) / usplit;
   kt0 = imin(slice * per_slice, ktiles);
   nk = imin(ktiles, kt0 + per_slice) - kt0;
 }

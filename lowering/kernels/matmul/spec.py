@@ -15,9 +15,9 @@ from lowering.kernels.render import DTYPE_BYTES
 IN_DTYPES = ("bf16", "fp16")
 OUT_DTYPES = ("bf16", "fp16", "fp32")
 LAYOUTS = ("TN", "NN")
-SPLIT_MODES = ("none", "serial", "parallel", "cluster")
+SPLIT_MODES = ("none", "serial", "parallel", "cluster", "tail")
 INSTRS = ("mma", "wgmma")
-MODE_CODE = {"none": 0, "serial": 1, "parallel": 2, "cluster": 3}
+MODE_CODE = {"none": 0, "serial": 1, "parallel": 2, "cluster": 3, "tail": 4}
 # Cluster split-K: the split factors (CTAs a cluster) it takes. Only pairs: clusters of 4
 # CTAs of 200 KB shared memory each do not pack into the GPCs (at 1024x2048x50304 on the
 # H200, 64 clusters of 4 ran 1.55x as long as 64 clusters of 2 doing the same work: three
@@ -132,6 +132,9 @@ class MatmulSpec:
         need(self.split_k >= 1, "split_k must be >= 1")
         need((self.split_mode == "none") == (self.split_k == 1),
              "split_k == 1 exactly when split_mode == 'none'")
+        if self.split_mode == "tail":
+            need(self.persistent, "split_mode 'tail' (the last round's tiles split) needs "
+                                  "the persistent feed")
         if self.split_mode == "cluster":
             need(self.instr == "wgmma" and not self.persistent and self.cluster_m == 1,
                  "split_mode 'cluster' needs a non-persistent wgmma feed without B multicast "
@@ -313,7 +316,16 @@ def launch_config(spec: MatmulSpec, M: int, N: int, K: int,
     """
     units = tiles(spec, M, N) * spec.split_k
     grid = min(units, sm_count) if spec.persistent else units
+    if spec.split_mode == "tail":  # every SM: the kernel splits tiles % grid tiles
+        grid = sm_count
     return LaunchConfig((grid, 1, 1), (spec.threads, 1, 1), spec.smem_bytes)
+
+
+def tail_tiles(spec: MatmulSpec, M: int, N: int, sm_count: int) -> int:
+    """split_mode "tail": the tiles of the last, partial round of a persistent grid of
+    `sm_count` CTAs, which the kernel splits `split_k` ways (a BM x BN fp32 workspace slot
+    each); 0 for other modes."""
+    return tiles(spec, M, N) % sm_count if spec.split_mode == "tail" else 0
 
 
 def reduce_launch(M: int, N: int, sm_count: int = 132) -> LaunchConfig:
