@@ -273,10 +273,11 @@ PTMA_BODY = r"""
     const bool add_earlier = umode == MODE_SERIAL && slice > 0;
     const bool to_workspace = umode == MODE_PARALLEL || (umode == MODE_SERIAL && !last);
     // the running sum of (row, col): W[row * ldw + col]; M x N planes, or (MODE_TAIL)
-    // the tile's own BM x BN slot (W then based m0 rows and n0 columns before it)
+    // the tile's own BM x BN slot, tile % gridDim.x (the tail's tiles follow whole rounds;
+    // W then based m0 rows and n0 columns before it)
     const int ldw = mode == MODE_TAIL ? BN : N;
     float* W = ws + (umode == MODE_PARALLEL ? (long long)slice * M * N
-                     : mode == MODE_TAIL ? (long long)(tile - (tiles_m * tiles_n - tail)) * BM * BN
+                     : mode == MODE_TAIL ? (long long)(tile % gridDim.x) * BM * BN
                                            - (long long)m0 * BN - n0
                                          : 0);
     const bool pairs_ws = (ldw % 2) == 0;
