@@ -114,8 +114,7 @@ def test_persistent_feed_stores_16_bit_c_by_tma_within_the_matrix(config, dtype)
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                     reason="wgmma needs an sm_90 part")
-@pytest.mark.parametrize("config", [i for i, c in enumerate(WGMMA_CONFIGS)
-                                    if c[6] in ("ptma", "pptma")])
+@pytest.mark.parametrize("config", [i for i, c in enumerate(WGMMA_CONFIGS) if c[6] == "ptma"])
 @pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
 def test_tail_split_sums_the_last_rounds_tiles(config, out_dtype):
     """split_mode "tail": whole tiles for the full rounds of the persistent grid, the last

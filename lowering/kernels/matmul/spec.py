@@ -133,8 +133,9 @@ class MatmulSpec:
         need((self.split_mode == "none") == (self.split_k == 1),
              "split_k == 1 exactly when split_mode == 'none'")
         if self.split_mode == "tail":
-            need(self.persistent, "split_mode 'tail' (the last round's tiles split) needs "
-                                  "the persistent feed")
+            need(self.persistent and not self.pingpong,
+                 "split_mode 'tail' (the last round's tiles split) needs the persistent feed "
+                 "without ping-pong")
         if self.split_mode == "cluster":
             need(self.instr == "wgmma" and not self.persistent and self.cluster_m == 1,
                  "split_mode 'cluster' needs a non-persistent wgmma feed without B multicast "
