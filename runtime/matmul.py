@@ -101,7 +101,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, layout: str = "TN",
 
     mode: "auto" (stored autotune winner or heuristics; cuBLAS where the model predicts
     the heuristics' pick loses, `uses_cublas`), "none", "serial", "parallel", "cluster"
-    (Hopper: a tile's K-slices summed in a thread-block cluster). A given `spec`, or
+    (Hopper: a tile's K-slices summed in a thread-block cluster), "tail" (Hopper: the
+    persistent grid's last round split, see docs/KERNELS.md). A given `spec`, or
     ``cublas=False``, always runs the generated kernel.
     Launches on the current torch stream; serial split-K is one launch and takes its
     semaphores from the zeroed arena of (device, current stream); cluster split-K is one

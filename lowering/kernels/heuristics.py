@@ -478,6 +478,9 @@ def choose(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str = "b
         raise ValueError(f"mode must be auto, none, serial, parallel, cluster or tail; got "
                          f"{mode!r}")
     hopper = configs_for(arch, layout, prefer=True) == WGMMA_CONFIGS
+    if mode == "tail" and not hopper:
+        raise ValueError(f"mode 'tail' needs an sm_90 part and layout TN (the persistent "
+                         f"wgmma feed); got arch {arch!r}, layout {layout!r}")
     if mode == "cluster" and not hopper:
         raise ValueError(f"mode 'cluster' needs an sm_90 part and layout TN (thread-block "
                          f"clusters and wgmma); got arch {arch!r}, layout {layout!r}")
@@ -504,6 +507,8 @@ def choose(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str = "b
         small = WGMMA_CONFIGS[-1] if hopper else TILE_CONFIGS[2]
         if mode == "cluster":
             small = next(c for c in WGMMA_CONFIGS if c[6] in CLUSTER_SPLIT_FEEDS)
+        if mode == "tail":  # (every tile of a grid without whole rounds split)
+            small = next(c for c in WGMMA_CONFIGS if c[6] == "ptma")
         specs = [dataclasses.replace(spec_for(small, a_dtype=a_dtype,
                                               b_dtype=a_dtype, out_dtype=out_dtype,
                                               layout=layout, bias=bias),

@@ -312,3 +312,10 @@ def test_every_chosen_kernel_compiles_without_spills():
         assert ck.arch == "sm_90a"
         assert ck.spill_bytes.get(sym, 0) == 0 and ck.local_bytes.get(sym, 0) == 0, src.kernel_name
         assert "serialized" not in ck.log, ck.log
+
+
+def test_a_forced_tail_mode_takes_the_persistent_feed_or_says_it_needs_hopper():
+    spec = pick(1024, 1024, 1024, mode="tail")  # no whole round: every tile split
+    assert (spec.feed, spec.split_mode) == ("ptma", "tail")
+    with pytest.raises(ValueError, match="mode 'tail' needs an sm_90 part"):
+        heuristics.choose(1024, 1024, 1024, sm_count=SMS, arch=None, mode="tail")
