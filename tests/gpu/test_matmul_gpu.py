@@ -119,7 +119,8 @@ def test_persistent_feed_stores_16_bit_c_by_tma_within_the_matrix(config, dtype)
 def test_tail_split_sums_the_last_rounds_tiles(config, out_dtype):
     """split_mode "tail": whole tiles for the full rounds of the persistent grid, the last
     round's tiles in 2 or 3 K-slices summed serially in their own workspace slots; every
-    element right (bias too), the arena left zero, whatever the SM count."""
+    element right (bias too), the arena left zero, whatever the SM count; where the
+    rounds are full (no tail), every tile whole."""
     from lowering.kernels.matmul import tail_tiles
     from runtime.matmul import sm_count
 
@@ -139,6 +140,18 @@ def test_tail_split_sums_the_last_rounds_tiles(config, out_dtype):
         what = (WGMMA_CONFIGS[config], (M, N, K), split)
         assert not out.isnan().any(), what
         assert _rel(out, _ref(a, b, "TN", bias)) < 1e-2, what
+    # full rounds (tiles a multiple of the SMs): no tail, every tile whole
+    cfg = WGMMA_CONFIGS[config]
+    M, N, K = cfg[0] * sms, cfg[1], 1032
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    spec = spec_for(cfg, a_dtype="bf16", b_dtype="bf16", out_dtype=name, split_k=2,
+                    split_mode="tail")
+    assert tail_tiles(spec, M, N, sms) == 0
+    out = torch.full((M, N), float("nan"), device="cuda", dtype=out_dtype)
+    matmul(a, b, out=out, spec=spec)
+    torch.cuda.synchronize()
+    assert _rel(out, _ref(a, b, "TN")) < 1e-2
     workspace.check_all_zeroed()
 
 

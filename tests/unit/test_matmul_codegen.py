@@ -298,3 +298,14 @@ def test_cluster_feed_compiles_without_spills():
         assert "arrive.release.cluster" not in src.source
         ck = jit.compile(src.source, src.names, "sm_90a")
         assert ck.spill_bytes.get(src.kernel_name, 0) == 0
+
+
+def test_staged_c_store_needs_16_bit_c_and_an_even_number_of_boxes_a_unit():
+    """The persistent feed's two C buffers a warpgroup take a unit's boxes in turn: with
+    an odd count the next unit's first box would reuse the buffer still being stored."""
+    ptma = heuristics.spec_for((128, 256, 64, 8, 1, 4, "ptma"))
+    assert ptma.c_staged and "C_STAGED = true" in render(ptma).source
+    assert not heuristics.spec_for((128, 192, 64, 8, 1, 4, "ptma")).c_staged  # 3 boxes
+    assert not dataclasses.replace(ptma, out_dtype="fp32").c_staged
+    assert not heuristics.spec_for((128, 128, 64, 8, 1, 6, "pptma")).c_staged
+    assert ptma.smem_bytes - dataclasses.replace(ptma, out_dtype="fp32").smem_bytes == 4 * 8192

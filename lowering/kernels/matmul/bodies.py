@@ -176,8 +176,8 @@ PTMA_BODY = r"""
       const unsigned long long tmap_b = reinterpret_cast<unsigned long long>(&map_b);
       int it = 0;
       for (int u = blockIdx.x; u < units; u += gridDim.x) {
-        unit_coords(u, tiles_m, tiles_n, ktiles, split, tail, tile, slice, usplit, m0, n0, kt0,
-                    nk);
+        unit_coords(u, tiles_m, tiles_n, ktiles, split, tails, tail, tile, slice, usplit, m0, n0,
+                    kt0, nk);
         for (int kt = 0; kt < nk; ++kt, ++it)
           produce_stage(smem, full_bar, empty_bar, it, (kt0 + kt) * BK, m0, n0, tmap_a, tmap_b);
       }
@@ -190,8 +190,8 @@ PTMA_BODY = r"""
   float acc[MI][NACC];
   int it = 0, j = 0;
   for (int u = blockIdx.x; u < units; u += gridDim.x, ++j) {
-    unit_coords(u, tiles_m, tiles_n, ktiles, split, tail, tile, slice, usplit, m0, n0, kt0,
-                  nk);
+    unit_coords(u, tiles_m, tiles_n, ktiles, split, tails, tail, tile, slice, usplit, m0, n0,
+                  kt0, nk);
     if (PINGPONG && (j & 1) != wg) {  // the other warpgroup's unit
       it += nk;
       continue;

@@ -234,18 +234,19 @@ template <int A, int B> __device__ __forceinline__ void fence_acc(float (&d)[A][
 }
 """,
     "unit_coords": r"""
-// Work unit u of a matmul (u = tile * split + slice; with `tail` > 0, MODE_TAIL: the
-// first tiles whole, u = tile, then the last `tail` tiles `split` slices each): its output
-// tile, rastered in groups of GROUP_M tile rows (CTAs running together share A rows and B
-// columns in L2), its slice of `usplit`, and the K-tiles [kt0, kt0 + nk) of that slice.
+// Work unit u of a matmul (u = tile * split + slice; with `tails`, MODE_TAIL: the first
+// tiles whole, u = tile, then the last `tail` tiles (none where the rounds are full)
+// `split` slices each): its output tile, rastered in groups of GROUP_M tile rows (CTAs
+// running together share A rows and B columns in L2), its slice of `usplit`, and the
+// K-tiles [kt0, kt0 + nk) of that slice.
 __device__ __forceinline__ void unit_coords(int u, int tiles_m, int tiles_n, int ktiles,
-                                            int split, int tail, int& tile, int& slice,
-                                            int& usplit, int& m0, int& n0, int& kt0,
-                                            int& nk) {
+                                            int split, bool tails, int tail, int& tile,
+                                            int& slice, int& usplit, int& m0, int& n0,
+                                            int& kt0, int& nk) {
   const int whole = tiles_m * tiles_n - tail;
-  if (tail > 0 && u < whole) {
+  if (tails && u < whole) {
     tile = u, slice = 0, usplit = 1;
-  } else if (tail > 0) {
+  } else if (tails) {
     tile = whole + (u - whole) / split, slice = (u - whole) % split, usplit = split;
   } else {
     tile = u / split, slice = u % split, usplit = split;

@@ -210,8 +210,12 @@ class MatmulSpec:
         drain while the next unit's mainloop runs (the C store no longer idles the tensor
         cores). Units that sum split-K slices, and launches whose C the TMA cannot address
         (`runtime.tma.c_map_ok`), store from registers as before."""
+        boxes = (self.tile_m // self.warpgroups // C_BOX) * (self.tile_n // C_BOX)
+        # (an even number of boxes a unit: its last box's buffer is not the next unit's
+        # first, which the store still being read would race)
         return (self.instr == "wgmma" and self.persistent and not self.pingpong
-                and self.out_dtype != "fp32")
+                and self.out_dtype != "fp32" and self.tile_n % C_BOX == 0
+                and boxes % 2 == 0)
 
     @property
     def cluster_k(self) -> int:
