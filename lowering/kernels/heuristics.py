@@ -8,14 +8,19 @@ term of the model (see `gpu_estimate_us`):
   measured: 128x256 above 256x128, the persistent TMA feed's mainloop above the plain
   TMA feed's), or the time its wave takes to stream A and B from DRAM if that is longer
   (skinny M: the product is a stream of B; the TMA feeds stream it slower there, the
-  small-M rule).
+  small-M rule). Rows of A and B off 128-byte lines (K not a multiple of 64) slow every
+  feed but B's multicast (`UNALIGNED_ROWS_RATE`).
 * CTAs run in waves of `sm_count * ctas_per_sm`; a partly filled last wave costs a whole
   wave. This is the "fill at least one wave" rule: a grid of 128 tiles on 132 SMs leaves
   SMs idle for the whole kernel, so splitting K (more, shorter CTAs) wins when M*N is
   small and K large.
 * Each CTA (a persistent kernel: each unit) pays what its mainloop does not hide: a
   non-persistent CTA its prologue and its C tile staged through shared memory, a
-  persistent unit its C stored from registers (a little more: the TMA feed wins short K).
+  persistent unit writing 16-bit C to shared memory for TMA stores that drain under the
+  next unit (little), or its C stored from registers (fp32 C, ping-pong: more).
+* A persistent grid whose last round is short after two whole ones splits that round's
+  tiles in K (split_mode "tail", `tail_split`): the round shrinks to a slice's length
+  plus the slices' serial chain.
 * Splitting is not free: serial split-K chains (split-1) fp32 tile round trips through
   L2 per tile, in every wave; parallel split-K writes split fp32 planes, reads them back
   in a second kernel and pays a second launch (about 20 us on the lent VMs, GPU.md);
