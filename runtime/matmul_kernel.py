@@ -186,7 +186,7 @@ def launch(spec: MatmulSpec, a: torch.Tensor, b: torch.Tensor, out: torch.Tensor
     args = (u64(a.data_ptr()), u64(b.data_ptr()), u64(out.data_ptr()), bias_ptr, u64(ws),
             u64(sems)) + p.consts
     if spec.tma:
-        c_tma = spec.c_staged and tma.c_map_ok(spec, out)
+        c_tma = tma.c_map_ok(spec, out)  # (False unless spec.c_staged)
         args += tma.tensor_maps(spec, a, b, M, N, K, out if c_tma else None)
         if spec.persistent:
             args += (np.int32(c_tma),)

@@ -24,7 +24,7 @@ from lowering.kernels.matmul import C_BOX, TENSOR_MAP_BYTES, MatmulSpec
 DATA_TYPE = {"fp16": 6, "bf16": 9}
 INTERLEAVE_NONE = 0
 SWIZZLE_128B = 3
-L2_PROMOTION = 3  # CU_TENSOR_MAP_L2_PROMOTION_L2_256B
+L2_PROMOTION_256B = 3
 L2_PROMOTION_128B = 2
 OOB_FILL_ZERO = 0
 CACHE_ENTRIES = 1024  # maps (128 bytes each)
@@ -65,7 +65,7 @@ def encode_2d(ptr: int, dtype: str, inner: int, outer: int, row_bytes: int,
     # rows that do not start on 128-byte lines: each box row spans two lines, and L2's
     # 256-byte promotion fetches past what the neighbouring boxes reuse (128-byte: 0.62
     # -> 0.73 of cuBLAS at 4000x7000x5000, 0.68 -> 0.83 at 8192x8192x8200 on the H200)
-    promotion = L2_PROMOTION if row_bytes % 128 == 0 else L2_PROMOTION_128B
+    promotion = L2_PROMOTION_256B if row_bytes % 128 == 0 else L2_PROMOTION_128B
     rc = _encode_fn()(aligned, DATA_TYPE[dtype], 2, ptr, dims, strides, box, elem,
                       INTERLEAVE_NONE, SWIZZLE_128B, promotion, OOB_FILL_ZERO)
     if rc != 0:
@@ -87,15 +87,17 @@ MapArg = ctypes.c_uint64 * (TENSOR_MAP_BYTES // 8)  # a map as a launch argument
 _NO_MAP = MapArg()  # the persistent kernel's map_c where C is stored from registers
 
 
-def _map(key: tuple, encode) -> "MapArg":
-    """The map of ``key`` (cached: encoding is a driver call), as a launch argument."""
-    key += (L2_PROMOTION,)
+def _map(ptr: int, dtype: str, inner: int, outer: int, row_bytes: int, box_inner: int,
+         box_outer: int) -> MapArg:
+    """`encode_2d`'s map of these arguments as a launch argument, cached by them (encoding
+    is a driver call)."""
+    key = (ptr, dtype, inner, outer, row_bytes, box_inner, box_outer)
     with _LOCK:
         hit = _CACHE.get(key)
         if hit is not None:
             _CACHE.move_to_end(key)
             return hit
-    arg = MapArg.from_buffer_copy(encode())
+    arg = MapArg.from_buffer_copy(encode_2d(*key))
     with _LOCK:
         _CACHE[key] = arg
         while len(_CACHE) > CACHE_ENTRIES:
@@ -106,21 +108,15 @@ def _map(key: tuple, encode) -> "MapArg":
 def tensor_maps(spec: MatmulSpec, a, b, M: int, N: int, K: int, out=None) -> tuple:
     """The maps of a TN launch of `spec`, as its arguments: A's and B's; for the persistent
     feed also C's where ``out`` is given (see `c_map_ok`: boxes of C_BOX x C_BOX, 128-byte
-    swizzle), else an empty one it does not read. Each cached by all it encodes."""
+    swizzle), else an empty one it does not read."""
     esize = a.element_size()
-    maps = (
-        _map(("a", spec.a_dtype, a.data_ptr(), K, M, a.stride(0), spec.tile_k, spec.tile_m),
-             lambda: encode_2d(a.data_ptr(), spec.a_dtype, K, M, a.stride(0) * esize,
-                               spec.tile_k, spec.tile_m)),
-        # a cluster CTA loads its share of B
-        _map(("b", spec.a_dtype, b.data_ptr(), K, N, b.stride(0), spec.tile_k,
-              spec.tile_n // spec.cluster_m),
-             lambda: encode_2d(b.data_ptr(), spec.a_dtype, K, N, b.stride(0) * esize,
-                               spec.tile_k, spec.tile_n // spec.cluster_m)))
+    maps = (_map(a.data_ptr(), spec.a_dtype, K, M, a.stride(0) * esize, spec.tile_k, spec.tile_m),
+            # a cluster CTA loads its share of B
+            _map(b.data_ptr(), spec.a_dtype, K, N, b.stride(0) * esize, spec.tile_k,
+                 spec.tile_n // spec.cluster_m))
     if not spec.persistent:
         return maps
     if out is None:
         return maps + (_NO_MAP,)
-    return maps + (_map(("c", spec.out_dtype, out.data_ptr(), N, M, out.stride(0)),
-                        lambda: encode_2d(out.data_ptr(), spec.out_dtype, N, M,
-                                          out.stride(0) * out.element_size(), C_BOX, C_BOX)),)
+    return maps + (_map(out.data_ptr(), spec.out_dtype, N, M, out.stride(0) * out.element_size(),
+                        C_BOX, C_BOX),)

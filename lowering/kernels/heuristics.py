@@ -462,9 +462,10 @@ def candidates(M: int, N: int, K: int, *, a_dtype: str = "bf16", out_dtype: str 
             for mode in modes:
                 if mode != "tail" and mode_fits(base, mode, split):
                     out.append(dataclasses.replace(base, split_k=split, split_mode=mode))
-        split = tail_split(base, M, N, K, sm_count) if mode_fits(base, "tail", 2) else 1
-        if "tail" in modes and split > 1:
-            out.append(dataclasses.replace(base, split_k=split, split_mode="tail"))
+        if "tail" in modes and mode_fits(base, "tail", 2):
+            split = tail_split(base, M, N, K, sm_count)
+            if split > 1:
+                out.append(dataclasses.replace(base, split_k=split, split_mode="tail"))
     return out
 
 

@@ -44,8 +44,8 @@ from lowering.kernels.matmul.bodies import BODIES, MMA_INSTR, SNIPPET_NAMES, WGM
 from lowering.kernels.matmul.renderer import RENDERER, render
 from lowering.kernels.matmul.snippets import MATMUL_SNIPPETS
 from lowering.kernels.matmul.spec import (
-    C_BOX, C_BOX_BYTES, CLUSTER_SPLITS, CPAD, DEFAULT_SM_COUNT, FEED_SUFFIX, GROUP_M, IN_DTYPES, INSTRS, LAYOUTS,
-    MAX_SMEM_BYTES, MODE_CODE, OUT_DTYPES, PRODUCER_WARPS, REDUCE_THREADS, SPLIT_MODES,
-    SWIZZLE_ALIGN, TENSOR_MAP_BYTES, TMA_PRODUCER_WARPS, KernelSource, LaunchConfig, MatmulSpec,
+    C_BOX, C_BOX_BYTES, CLUSTER_SPLITS, CPAD, DEFAULT_SM_COUNT, FEED_SUFFIX, GROUP_M, IN_DTYPES,
+    INSTRS, LAYOUTS, MAX_SMEM_BYTES, MODE_CODE, OUT_DTYPES, PRODUCER_WARPS, REDUCE_THREADS,
+    SPLIT_MODES, SWIZZLE_ALIGN, TENSOR_MAP_BYTES, TMA_PRODUCER_WARPS, KernelSource, LaunchConfig, MatmulSpec,
     launch_config, reduce_launch, supports_wgmma, tail_tiles, tiles,
 )

@@ -235,8 +235,8 @@ PTMA_BODY = r"""
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-          for (int jb = 0; jb < BN / 64; ++jb) {
-            unsigned char* buf = cbuf + ((mi * (BN / 64) + jb) & 1) * C_BOX_BYTES;
+          for (int jb = 0; jb < BN / C_BOX; ++jb) {
+            unsigned char* buf = cbuf + ((mi * (BN / C_BOX) + jb) & 1) * C_BOX_BYTES;
             if (lead) bulk_wait_read<1>();
             wg_sync(wg);
 #pragma unroll
@@ -257,7 +257,7 @@ PTMA_BODY = r"""
             fence_proxy_async();  // the writes, visible to the TMA unit
             wg_sync(wg);
             if (lead) {  // lane 0 of the warpgroup's first warp: buf is the box's start
-              tma_store_2d(tmap_c, smem_addr(buf), n0 + jb * 64, m0 + wg * WG_ROWS + mi * 64);
+              tma_store_2d(tmap_c, smem_addr(buf), n0 + jb * C_BOX, m0 + wg * WG_ROWS + mi * 64);
               bulk_commit();
             }
           }

@@ -12,7 +12,7 @@ from lowering.kernels.matmul.bodies import (
 )
 from lowering.kernels.matmul.snippets import MATMUL_SNIPPETS
 from lowering.kernels.matmul.spec import (
-    C_BOX_BYTES, CPAD, DEFAULT_SM_COUNT, FEED_SUFFIX, GROUP_M, MODE_CODE, REDUCE_THREADS,
+    C_BOX, C_BOX_BYTES, CPAD, DEFAULT_SM_COUNT, FEED_SUFFIX, GROUP_M, MODE_CODE, REDUCE_THREADS,
     SWIZZLE_ALIGN, TENSOR_MAP_BYTES, KernelSource, MatmulSpec, launch_config, reduce_launch,
 )
 from lowering.kernels.render import FROM_FLOAT, PACK2, TO_FLOAT, Renderer
@@ -32,7 +32,7 @@ def _prelude(spec: MatmulSpec) -> str:
                   "PRODUCER_WARPS": spec.producer_warps, "USE_TMA": spec.tma,
                   "FULL_ARRIVALS": 1 if spec.tma else spec.producer_warps * 32,
                   "TENSOR_MAP_BYTES": TENSOR_MAP_BYTES,
-                  "C_STAGED": spec.c_staged, "C_BOX_BYTES": C_BOX_BYTES}
+                  "C_STAGED": spec.c_staged, "C_BOX": C_BOX, "C_BOX_BYTES": C_BOX_BYTES}
     else:
         tiling = {"WTM": wtm, "WTN": wtn, "MI": wtm // 16, "NI": wtn // 8}
     consts = {
@@ -106,8 +106,8 @@ def render(spec: MatmulSpec) -> KernelSource:
 
     Matmul kernel parameters, in order: A, B, C, bias (null: none), ws (fp32 workspace,
     split-K only), sems (zeroed ints, one per output tile, serial only), M, N, K, lda,
-    ldb, ldc, split, mode (0 none, 1 serial, 2 parallel, 3 cluster, 4 tail); TMA kernels add map_a and
-    map_b (the CUtensorMaps of A and B, TENSOR_MAP_BYTES each, by value); persistent ones
+    ldb, ldc, split, mode (0 none, 1 serial, 2 parallel, 3 cluster, 4 tail); TMA kernels add
+    map_a and map_b (the CUtensorMaps of A and B, TENSOR_MAP_BYTES each, by value); persistent ones
     map_c and c_tma (1, `c_staged` kernels only: map_c is C's, and unsplit units store C
     by TMA; else map_c is not read).
     Reduction kernel: ws, C, bias, M, N, ldc, split.

@@ -375,7 +375,7 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
 // TMA (PTX ISA, cp.async.bulk.tensor): the producer announces a stage's bytes on its
 // full barrier, then each bulk copy completes its share of that transaction. `tmap` is
 // the generic address of a CUtensorMap: a __grid_constant__ kernel parameter.
-struct __align__(64) TensorMap { unsigned long long word[16]; };
+struct __align__(64) TensorMap { unsigned long long word[TENSOR_MAP_BYTES / 8]; };
 __device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
                :: "r"(bar), "r"(bytes) : "memory");
@@ -401,7 +401,8 @@ __device__ __forceinline__ void tma_load_2d_multicast(unsigned dst, unsigned lon
 // at (c0, c1) = (column, row) from shared offset `src`; rows and columns past the map's
 // M x N are not written. A thread's groups complete in order; `.read` waits only until
 // the shared memory of all but the newest N groups has been read.
-__device__ __forceinline__ void tma_store_2d(unsigned long long tmap, unsigned src, int c0, int c1) {
+__device__ __forceinline__ void tma_store_2d(unsigned long long tmap, unsigned src, int c0,
+                                             int c1) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n"
                :: "l"(tmap), "r"(src), "r"(c0), "r"(c1) : "memory");
 }
