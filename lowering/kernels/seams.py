@@ -17,11 +17,12 @@ Kernels (one fused kernel per op; the norm backward adds a small column reduce):
   the weight (and bias) gradient. Persistent, one CTA an SM, its tiles of rows copied by
   cp.async into shared-memory stages a few tiles ahead (`plan_backward` sizes them from a
   `Hardware` model: shared memory, SMs, bandwidth x latency); rows wider than a CTA holds
-  are split over a thread-block cluster whose CTAs add their shares of a row's sums
-  through distributed shared memory. Each thread sums its columns' dweight (and dbias)
-  terms in registers over all rows its CTA visits and each CTA (cluster) writes them once
-  to a row of an fp32 workspace ``[sets, teams, hidden]``; `ColumnReduceSpec` then sums
-  the rows into the weight's dtype. No atomics: deterministic for a given grid.
+  are split over a thread-block cluster: each warp pushes its share of a row's sums into
+  every CTA's shared memory by asynchronous stores counted on that CTA's mbarrier
+  (`st.async`), which a CTA waits on a row later, when it finishes the row. Each thread
+  sums its columns' dweight (and dbias) terms in registers over all rows its CTA visits
+  and each CTA (cluster) writes them once to a row of an fp32 workspace ``[sets, teams,
+  hidden]``; `ColumnReduceSpec` then sums the rows into the weight's dtype. No atomics: deterministic for a given grid.
 - `ElementwiseSpec`: SwiGLU / GELU (tanh) forward and backward, 16-byte vectors,
   grid-stride, then a scalar tail for the elements past the last whole vector.
 
@@ -169,6 +170,12 @@ BACKWARD_THREADS = 512
 BACKWARD_HELD_FLOATS = 16
 BACKWARD_MAX_STAGES = 8
 MAX_CLUSTER = 8  # portable cluster size
+# Rows a cluster's CTA may run ahead of its partners' shares of a row's sums (each row's
+# stage is held that many iterations longer, so as many tiles fewer are in flight). On
+# the H200 one row was as fast as two or faster at every width timed (16896-65536;
+# LayerNorm 49664: 0.90 of copy against 0.82-0.83) and none was 2-8% slower at 16896,
+# 33280 and 65536.
+CLUSTER_SLACK = 1
 # Whole aligned spans of the backward's tiles copied by one bulk copy a stream (sm_90+)
 # rather than by every thread's 16-byte cp.asyncs.
 BULK_COPIES = True
@@ -192,9 +199,10 @@ class BackwardPlan(_RowBlock):
     streams: int
     stream_bytes: int
     hold: bool
-    # stats, weight, row-sum scratch, cluster slots, the stages' mbarriers
-    offsets: tuple[int, int, int, int, int]
+    # stats, weight, row-sum scratch, cluster share slots, their mbarriers, the stages'
+    offsets: tuple[int, int, int, int, int, int]
     smem_bytes: int
+    slack: int = 0  # a cluster's rows of slack (`CLUSTER_SLACK`, as the stages allow)
 
     @property
     def tile_bytes(self) -> int:
@@ -202,19 +210,29 @@ class BackwardPlan(_RowBlock):
 
     @property
     def deferred(self) -> bool:
-        """A row's second phase runs after the next row's first, so that the barrier
-        between the phases (the cluster's; in one CTA, the next tile's block barrier)
-        completes meanwhile; its stage is held one more iteration, so a tile fewer is in
-        flight. A cluster defers from three stages (its barrier is dear: not deferring at
-        three cost 4-12% at 18944 and 51712-64000 columns on the H200); one CTA from four,
-        as its block barrier is cheap and a second tile in flight is not (at three
+        """A row's second phase runs after the next row's first, so that what it waits
+        for (its partners' shares, in a cluster; in one CTA, the next tile's block
+        barrier) completes meanwhile; its stage is held one more iteration, so a tile
+        fewer is in flight. A cluster defers from three stages (``slack``); one CTA from
+        four, as its block barrier is cheap and a second tile in flight is not (at three
         stages, not deferring ran 15-32% faster at 9216-16384 columns on the H200).
         Measured on the H200 and H100 only; the A100 model (`SM80`) follows the rule."""
-        return self.stages >= (3 if self.cluster > 1 else 4)
+        return self.slack > 0 if self.cluster > 1 else self.stages >= 4
+
+    @property
+    def slots(self) -> int:
+        """A cluster's share slots (each row's in slot ``row % slots``): a CTA writes a
+        partner's slot of row r + slots only after that partner's shares of row
+        r + slots - slack reached it, which that partner pushed after it finished row
+        r + slots - 2 * slack, so 2 * slack slots (2 at least) are never overwritten
+        unread."""
+        return max(2, 2 * self.slack)
 
     @property
     def lookahead(self) -> int:
         """Tiles a team has in flight while it reduces one."""
+        if self.cluster > 1:
+            return self.stages - 1 - self.slack
         return self.stages - (2 if self.deferred else 1)
 
     def describe(self) -> str:
@@ -270,21 +288,32 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held, fit=False):
     tile = streams * stream_bytes
     weight_bytes = _ceil(2 * sl + 14, 16)  # the slice's 16-byte cover, as a stream's
     red_bytes = _ceil(2 * rpb * (tpr // 32) * 8, 16)  # two alternating row-sum slots
-    fixed = weight_bytes + red_bytes + 16 + 8 * BACKWARD_MAX_STAGES
     per_stage = tile + 8 * rpb
-    fit = (hw.smem_per_block - fixed - 16) // per_stage
-    # As many stages as fit: with one CTA an SM the shared memory has no other use, and
-    # deeper is never slower; `plan_backward` checks them against the bandwidth.
-    stages = min(fit, BACKWARD_MAX_STAGES)
+    # A cluster's share slots ([slots][cluster x warps][2 sums] floats, an mbarrier a
+    # slot) for the most slack that leaves a tile in flight, `CLUSTER_SLACK` at most.
+    for slack in range(CLUSTER_SLACK if cluster > 1 else 0, -1, -1):
+        slots = max(2, 2 * slack) if cluster > 1 else 0
+        cslot_bytes = _ceil(slots * cluster * (tpr // 32) * 8, 16)
+        sbar_bytes = _ceil(8 * slots, 16)
+        fixed = weight_bytes + red_bytes + cslot_bytes + sbar_bytes + 8 * BACKWARD_MAX_STAGES
+        fit = (hw.smem_per_block - fixed - 16) // per_stage
+        # As many stages as fit: with one CTA an SM the shared memory has no other use,
+        # and deeper is never slower; `plan_backward` checks them against the bandwidth.
+        stages = min(fit, BACKWARD_MAX_STAGES)
+        if stages >= slack + 2:
+            break
     if stages < 2:
         return None
     stats = stages * tile
     weight = _ceil(stats + stages * 8 * rpb, 16)
     red = weight + weight_bytes
     cslot = red + red_bytes
-    hold = k * vs * (4 if layer else 3) <= 4 * BACKWARD_HELD_FLOATS
+    sbar = cslot + cslot_bytes
+    # a row's n and g held in registers till its second phase: across one row at most
+    hold = k * vs * (4 if layer else 3) <= 4 * BACKWARD_HELD_FLOATS and slack <= 1
     return BackwardPlan(vs, tpr, rpb, k, sl, cluster, stages, streams, stream_bytes, hold,
-                        (stats, weight, red, cslot, cslot + 16), cslot + 16 + 8 * stages)
+                        (stats, weight, red, cslot, sbar, sbar + sbar_bytes),
+                        sbar + sbar_bytes + 8 * stages, slack)
 
 
 # How `plan_backward` trades a row's cluster barriers against bytes in flight:
@@ -556,7 +585,7 @@ def render(spec: Spec) -> str:
                                         plan.min_blocks(FORWARD_PROMISED_THREADS_PER_SM)))
     if isinstance(spec, AddNormBackwardSpec):
         p = spec.plan
-        stats, weight, red, cslot, bars = p.offsets
+        stats, weight, red, cslot, sbar, bars = p.offsets
         consts = r.constants({
             "HIDDEN": spec.hidden, "LAYER": spec.kind == "layer_norm", "HAS_DH": spec.dh,
             "VS": p.vector, "TPR": p.threads_per_row, "RPB": p.rows_per_block,
@@ -565,7 +594,8 @@ def render(spec: Spec) -> str:
             "STAGES": p.stages, "NSTREAM": p.streams, "STREAM_BYTES": p.stream_bytes,
             "HOLD": p.hold, "DEFER": p.deferred, "LOOKAHEAD": p.lookahead,
             "STATS_OFF": stats, "W_OFF": weight, "RED_OFF": red,
-            "CSLOT_OFF": cslot, "BAR_OFF": bars, "BULK": BULK_COPIES})
+            "CSLOT_OFF": cslot, "SBAR_OFF": sbar, "BAR_OFF": bars, "BULK": BULK_COPIES,
+            "SLACK": p.slack, "NSLOT": p.slots})
         text = _bounded_kernel(spec.kernel_name, spec.params(), T.ADD_NORM_BACKWARD,
                                p.block_threads, 1)
         if p.cluster > 1:

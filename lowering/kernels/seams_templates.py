@@ -303,6 +303,17 @@ __device__ __forceinline__ void mbar_init(void* bar) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" :: "r"(smem_addr(bar)) : "memory");
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 }
+// Two floats stored into CTA `rank` of the cluster at `dst`'s offset, counted as 8 bytes
+// on that CTA's mbarrier at `bar`'s offset: an asynchronous store, no fence (a release
+// would wait for this thread's global stores in flight), made visible to the threads
+// that see the mbarrier's phase complete.
+__device__ __forceinline__ void share_push(float* dst, unsigned rank, float a, float b, void* bar) {
+  unsigned rdst, rbar;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rdst) : "r"(smem_addr(dst)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(rbar) : "r"(smem_addr(bar)), "r"(rank));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];\n"
+               :: "r"(rdst), "r"(__float_as_uint(a)), "r"(__float_as_uint(b)), "r"(rbar) : "memory");
+}
 __device__ __forceinline__ void mbar_expect(void* bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
                :: "r"(smem_addr(bar)), "r"(bytes) : "memory");
@@ -324,6 +335,9 @@ __device__ __forceinline__ void mbar_init(void*) {}
 __device__ __forceinline__ void mbar_expect(void*, unsigned) {}
 __device__ __forceinline__ void bulk_copy(void*, const void*, unsigned, void*) {}
 __device__ __forceinline__ void mbar_wait(void*, unsigned) {}
+__device__ __forceinline__ void share_push(float* dst, unsigned, float a, float b, void*) {
+  dst[0] = a; dst[1] = b;
+}
 #endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ unsigned cluster_rank() {
@@ -338,19 +352,11 @@ __device__ __forceinline__ void cluster_wait() {
   asm volatile("barrier.cluster.wait.acquire;\n" ::: "memory");
 }
 __device__ __forceinline__ void cluster_sync() { cluster_arrive(); cluster_wait(); }
-// a float at the same shared-memory offset in CTA `rank` of this cluster
-__device__ __forceinline__ float cluster_load(const float* local, unsigned rank) {
-  unsigned remote; float v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(smem_addr(local)), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
-  return v;
-}
 #else
 __device__ __forceinline__ unsigned cluster_rank() { return 0; }
 __device__ __forceinline__ void cluster_arrive() {}
 __device__ __forceinline__ void cluster_wait() {}
 __device__ __forceinline__ void cluster_sync() {}
-__device__ __forceinline__ float cluster_load(const float* local, unsigned) { return *local; }
 #endif
 #endif
 """
@@ -370,15 +376,17 @@ __device__ __forceinline__ float cluster_load(const float* local, unsigned) { re
 # Each thread sums dy * n (and dy) of its columns (c = tx + k * TPR, VS values each) over
 # all rows it meets in registers; at the end the RPB row slots are summed through shared
 # memory and each team writes one row of the fp32 workspace [sets][teams][HIDDEN], summed
-# by `COLUMN_REDUCE`. A row's two sums: warp shuffles, shared memory between warps, and
-# in a cluster each CTA's share read through distributed shared memory.
+# by `COLUMN_REDUCE`. A row's two sums: warp shuffles, then shared memory between the
+# warps; in a cluster every warp's sums are pushed into every CTA's shared memory
+# (`share_push`) and each CTA adds the CLUSTER x WARPS shares in one order.
 ADD_NORM_BACKWARD = r"""
 dependent_launch_entry();
 unsigned char* smem = seam_dynamic_smem();
 float* stats = reinterpret_cast<float*>(smem + STATS_OFF);        // [STAGES][2][RPB]
 unsigned short* w_s = reinterpret_cast<unsigned short*>(smem + W_OFF);  // [SL + 8]
 float* red = reinterpret_cast<float*>(smem + RED_OFF);            // [2][RPB][WARPS * 2]
-float* cslot = reinterpret_cast<float*>(smem + CSLOT_OFF);        // [2][2]
+float* cslot = reinterpret_cast<float*>(smem + CSLOT_OFF);  // [NSLOT][CLUSTER * WARPS][2]
+unsigned long long* sbars = reinterpret_cast<unsigned long long*>(smem + SBAR_OFF);  // [NSLOT]
 unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + BAR_OFF);  // [STAGES]
 // BULK: where a tile is one row (or a cluster's slice of it), its whole common span
 // (below) is copied by one bulk copy a stream, issued by thread 0 and counted on its
@@ -465,10 +473,10 @@ auto issue = [&](int tile, int stage) {
   }
   cp_async_commit();
 };
-// DEFER: a row's second phase waits for the next row's first, so that the barrier
-// between its phases completes meanwhile (in a cluster, the cluster barrier; in one
-// CTA, the barrier at the next tile's top, so that a row pays one block barrier, not
-// two); its stage is still read then, so LOOKAHEAD is one fewer.
+// DEFER: a row's second phase waits for the next row's first, so that what it waits for
+// completes meanwhile (in a cluster, its partners' shares; in one CTA, the barrier at
+// the next tile's top, so that a row pays one block barrier, not two); its stage is
+// still read then, so LOOKAHEAD is one fewer (in a cluster, SLACK fewer).
 if (bulk && tid == 0) {
   for (int s = 0; s < STAGES; ++s) mbar_init(bars + s);
 }
@@ -486,7 +494,7 @@ if constexpr (HOLD) {
 }
 // A row between its two phases: where it is, its statistics, its stage, its sums.
 struct RowState {
-  bool live; int row, stage; float r, m; const unsigned short* st[NSTREAM > 2 ? 3 : 2];
+  bool live, pending; int row, stage, it; float r, m; const unsigned short* st[NSTREAM > 2 ? 3 : 2];
   float s[LAYER ? 2 : 1];
 };
 float hn[HOLD ? K : 1][VS], hg[HOLD ? K : 1][VS];
@@ -494,6 +502,8 @@ float hn[HOLD ? K : 1][VS], hg[HOLD ? K : 1][VS];
 // the row's sums over this CTA (and, in a cluster, this CTA's share in its slot).
 auto begin = [&](int tile, int it, RowState& q) {
   q.stage = it % STAGES;
+  q.it = it;
+  q.pending = true;
   q.row = tile * RPB + ty;
   q.live = q.row < rows;
   q.r = q.live ? stats[(q.stage * 2) * RPB + ty] : 0.f;
@@ -531,16 +541,29 @@ auto begin = [&](int tile, int it, RowState& q) {
       }
     }
   }
-  float* slot = red + ((it & 1) * RPB + ty) * WARPS * 2;
-  if constexpr (CLUSTER == 1 && DEFER) row_part<LAYER ? 2 : 1>(q.s, slot);
-  else row_sum<LAYER ? 2 : 1, false>(q.s, slot);
+  constexpr int NS = LAYER ? 2 : 1;
   if constexpr (CLUSTER > 1) {
-    // this CTA's share, in its slot of the row's parity: written again two rows on,
-    // after every CTA has passed the cluster barrier of the row between (done reading)
-    if (tid == 0) {
+    // Each warp's sums pushed into its slot (rank, warp) of the row's slot set in every
+    // CTA of the cluster (itself too), lane c to CTA c, by asynchronous stores that count
+    // their bytes on that CTA's mbarrier of the set: no barrier and no fence a row (a
+    // cluster barrier's release, every thread's, waited for the thread's dx stores in
+    // flight). A CTA waits for a row's shares only when it finishes the row, SLACK rows
+    // later; thread 0 arms the set for them here (shares that land before it count the
+    // same: the phase cannot complete before its one arrival).
+    const int lane = tid & 31, warp = tid >> 5, set = it % NSLOT;
+    if (tid == 0) mbar_expect(sbars + set, CLUSTER * WARPS * 8);
 #pragma unroll
-      for (int j = 0; j < (LAYER ? 2 : 1); ++j) cslot[(it & 1) * 2 + j] = q.s[j];
+    for (int j = 0; j < NS; ++j) {
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) q.s[j] += __shfl_xor_sync(0xffffffffu, q.s[j], o);
     }
+    if (lane < CLUSTER)
+      share_push(cslot + ((set * CLUSTER + rank) * WARPS + warp) * 2, lane, q.s[0],
+                 q.s[NS - 1], sbars + set);
+  } else {
+    float* slot = red + ((it & 1) * RPB + ty) * WARPS * 2;
+    if constexpr (DEFER) row_part<NS>(q.s, slot);
+    else row_sum<NS, false>(q.s, slot);
   }
 };
 // Phase 2 (after the cluster barrier of the row, in a cluster): the row's totals, dx.
@@ -548,20 +571,25 @@ auto finish = [&](int it, RowState& q) {
   if constexpr (CLUSTER == 1 && DEFER)  // past the barrier at the next tile's top
     row_total<LAYER ? 2 : 1>(q.s, red + ((it & 1) * RPB + ty) * WARPS * 2);
   if constexpr (CLUSTER > 1) {
-    float part[CLUSTER][LAYER ? 2 : 1];
-#pragma unroll
-    for (int c = 0; c < CLUSTER; ++c) {
-#pragma unroll
-      for (int j = 0; j < (LAYER ? 2 : 1); ++j) part[c][j] = cluster_load(cslot + (it & 1) * 2 + j, c);
-    }
+    // the row's CLUSTER x WARPS shares, once all have arrived: each warp sums them over
+    // its lanes then across them, in one order in every warp of every CTA
+    const int set = q.it % NSLOT, lane = tid & 31;
+    mbar_wait(sbars + set, (q.it / NSLOT) & 1);
+    const float* shares = cslot + set * CLUSTER * WARPS * 2;
 #pragma unroll
     for (int j = 0; j < (LAYER ? 2 : 1); ++j) {
       float t = 0.f;
 #pragma unroll
-      for (int c = 0; c < CLUSTER; ++c) t += part[c][j];  // one order in every CTA
+      for (int p = 0; p < (CLUSTER * WARPS + 31) / 32; ++p) {
+        if ((CLUSTER * WARPS) % 32 == 0 || lane + 32 * p < CLUSTER * WARPS)
+          t += shares[(lane + 32 * p) * 2 + j];
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
       q.s[j] = t;
     }
   }
+  q.pending = false;
   // dx = r * (g - gmean - n * dot) (+ dh): g - gmean first, so that it is exactly 0
   // where g is the row's mean (r * g - r * gmean in fmas leaves the rounding of
   // r * gmean), then one fma for n's term and one for r and dh: two instructions a
@@ -596,41 +624,72 @@ auto finish = [&](int it, RowState& q) {
     }
   }
 };
-RowState q;
-int it = 0;
-#pragma unroll 1
-for (int tile = team; tile < tiles; tile += teams, ++it) {
+// The top of iteration `it` (tile `tile`): its copies landed, the stage refilled next
+// read out by every thread; the copies LOOKAHEAD tiles on issued (unless `late`).
+auto top = [&](int tile, int it, bool late) {
   cp_async_wait<LOOKAHEAD - 1>();  // this thread's copies of `tile` (group it + 1) landed
   __syncthreads();  // everyone's; and the stage refilled next is read out
   // a bulk tile: its stage's barrier completes its (it / STAGES)-th phase
   if (bulk) mbar_wait(bars + it % STAGES, (it / STAGES) & 1);
-  // A deferring CTA issues the next tile's copies after the row's work, not before it:
-  // issued at once after the barrier, the 16 warps' copies filled the load queue and
-  // held the row's math back (0.4-1.3% slower on the H200, docs/EXPERIMENTS.md).
-  // Clusters, and one CTA of two or three stages (not deferring), issue them here.
-  if constexpr (!(DEFER && CLUSTER == 1))
-    issue(tile + LOOKAHEAD * teams, (it + LOOKAHEAD) % STAGES);
+  if (!late) issue(tile + LOOKAHEAD * teams, (it + LOOKAHEAD) % STAGES);
+};
+if constexpr (CLUSTER > 1) {
+  // A cluster: a row's second phase SLACK iterations after its first (its stage held as
+  // long), so a CTA waits for its partners' shares only where they are SLACK rows behind.
+  if (tid == 0) {
+    for (int s = 0; s < NSLOT; ++s) mbar_init(sbars + s);
+  }
+  // every CTA of the cluster running, its slots' mbarriers set, before any pushes
+  cluster_sync();
+  RowState qs[SLACK + 1];
+#pragma unroll
+  for (int v = 0; v <= SLACK; ++v) qs[v].pending = false;
+  bool more = true;
+#pragma unroll 1
+  for (int base = 0; more; base += SLACK + 1) {
+    // unrolled by the ring's length, so that each row state has a constant index
+#pragma unroll
+    for (int u = 0; u <= SLACK; ++u) {
+      const int it = base + u, tile = team + it * teams;
+      if (more && tile < tiles) {
+        top(tile, it, false);
+        RowState& old = qs[(u + 1) % (SLACK + 1)];  // row it - SLACK's
+        if (SLACK > 0 && old.pending) finish(old.it, old);
+        begin(tile, it, qs[u]);
+        if constexpr (SLACK == 0) finish(it, qs[u]);
+      } else {
+        more = false;
+      }
+    }
+  }
+#pragma unroll
+  for (int v = 0; v <= SLACK; ++v) {  // the last SLACK rows (any order)
+    if (qs[v].pending) finish(qs[v].it, qs[v]);
+  }
+} else {
+  RowState q;
+  int it = 0;
+#pragma unroll 1
+  for (int tile = team; tile < tiles; tile += teams, ++it) {
+    // A deferring CTA issues the next tile's copies after the row's work, not before it:
+    // issued at once after the barrier, the 16 warps' copies filled the load queue and
+    // held the row's math back (0.4-1.3% slower on the H200, docs/EXPERIMENTS.md).
+    top(tile, it, DEFER);
+    if constexpr (DEFER) {
+      // the previous row's second phase: the barrier above was its barrier
+      if (it > 0) finish(it - 1, q);
+      begin(tile, it, q);
+      issue(tile + LOOKAHEAD * teams, (it + LOOKAHEAD) % STAGES);
+    } else {
+      begin(tile, it, q);
+      finish(it, q);
+    }
+  }
   if constexpr (DEFER) {
-    // the previous row's second phase: its cluster barrier has had this row's wait and
-    // issue to complete (one CTA: the barrier above was its barrier)
     if (it > 0) {
-      if constexpr (CLUSTER > 1) cluster_wait();
+      __syncthreads();  // the last row's warp sums
       finish(it - 1, q);
     }
-    begin(tile, it, q);
-    if constexpr (CLUSTER > 1) cluster_arrive();
-    else issue(tile + LOOKAHEAD * teams, (it + LOOKAHEAD) % STAGES);
-  } else {
-    begin(tile, it, q);
-    if constexpr (CLUSTER > 1) cluster_sync();
-    finish(it, q);
-  }
-}
-if constexpr (DEFER) {
-  if (it > 0) {
-    if constexpr (CLUSTER > 1) cluster_wait();
-    else __syncthreads();  // the last row's warp sums
-    finish(it - 1, q);
   }
 }
 cp_async_wait<0>();
