@@ -314,6 +314,13 @@ __device__ __forceinline__ void share_push(float* dst, unsigned rank, float a, f
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.b32 [%0], {%1, %2}, [%3];\n"
                :: "r"(rdst), "r"(__float_as_uint(a)), "r"(__float_as_uint(b)), "r"(rbar) : "memory");
 }
+// A wait for a phase of this CTA's mbarrier that other CTAs' asynchronous stores complete:
+// acquire at cluster scope, the scope of their release (the default is the CTA's).
+__device__ __forceinline__ void mbar_wait_cluster(void* bar, unsigned parity) {
+  asm volatile("{\n .reg .pred p;\n WAITC:\n"
+               " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
+               " @!p bra WAITC;\n}\n" :: "r"(smem_addr(bar)), "r"(parity) : "memory");
+}
 __device__ __forceinline__ void mbar_expect(void* bar, unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
                :: "r"(smem_addr(bar)), "r"(bytes) : "memory");
@@ -335,6 +342,7 @@ __device__ __forceinline__ void mbar_init(void*) {}
 __device__ __forceinline__ void mbar_expect(void*, unsigned) {}
 __device__ __forceinline__ void bulk_copy(void*, const void*, unsigned, void*) {}
 __device__ __forceinline__ void mbar_wait(void*, unsigned) {}
+__device__ __forceinline__ void mbar_wait_cluster(void*, unsigned) {}
 __device__ __forceinline__ void share_push(float* dst, unsigned, float a, float b, void*) {
   dst[0] = a; dst[1] = b;
 }
@@ -574,7 +582,7 @@ auto finish = [&](int it, RowState& q) {
     // the row's CLUSTER x WARPS shares, once all have arrived: each warp sums them over
     // its lanes then across them, in one order in every warp of every CTA
     const int set = q.it % NSLOT, lane = tid & 31;
-    mbar_wait(sbars + set, (q.it / NSLOT) & 1);
+    mbar_wait_cluster(sbars + set, (q.it / NSLOT) & 1);
     const float* shares = cslot + set * CLUSTER * WARPS * 2;
 #pragma unroll
     for (int j = 0; j < (LAYER ? 2 : 1); ++j) {

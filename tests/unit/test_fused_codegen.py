@@ -379,6 +379,9 @@ from lowering.kernels.render import SNIPPETS  # noqa: E402
 HOST_PRELUDE = r"""
 #include <atomic>
 #include <barrier>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -426,6 +429,10 @@ static void mbar_update(unsigned long long* word, int arrivals, long long bytes)
   unsigned long long old = w.load(), next;
   do {
     const unsigned count = (old >> 8) & 0xff;
+    if ((int)(old & 0xff) < arrivals) {  // more arrivals than the phase expects
+      std::fprintf(stderr, "mbarrier: arrival past its count\n");
+      std::abort();
+    }
     const unsigned pending = (old & 0xff) - arrivals;
     const int tx = (int)(unsigned)((old >> 16) & 0xffffffffull) + (int)bytes;
     const unsigned long long phase = old >> 48;
@@ -442,9 +449,24 @@ static void bulk_copy(void* d, const void* s, unsigned n, void* bar) {
   std::memcpy(d, s, n);
   mbar_update((unsigned long long*)bar, 0, -(long long)n);
 }
+// a phase that never completes ends the test (abort), not hangs it
 static void mbar_wait(void* bar, unsigned parity) {
   std::atomic_ref<unsigned long long> w(*(unsigned long long*)bar);
-  while (((w.load() >> 48) & 1) == parity) std::this_thread::yield();
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (((w.load() >> 48) & 1) == parity) {
+    if (std::chrono::steady_clock::now() > limit) {
+      std::fprintf(stderr, "mbarrier: a phase never completed\n");
+      std::abort();
+    }
+    std::this_thread::yield();
+  }
+}
+// A cluster's odd CTAs lag on every wait for their partners' shares, so that the even
+// ones run as far ahead as the kernel lets them (a slot overwritten before it was read
+// shows as a wrong dx).
+static void mbar_wait_cluster(void* bar, unsigned parity) {
+  mbar_wait(bar, parity);
+  if (t_rank & 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
 }
 static unsigned char* in_cta(const void* p, unsigned rank) {
   return t_cluster_smem[rank] + ((const unsigned char*)p - t_smem);
@@ -516,6 +538,9 @@ extern "C" void host_launch(int grid_x, int block_x, int block_y, @PARAMS@) {
         t_smem = smem_ptr[c]; t_cluster_smem = smem_ptr; t_rank = c;
         for (int b = c; b < grid_x; b += CL) {
           blockIdx = {(unsigned)b, 0, 0};
+          // each block meets the pattern, not what the cluster before it left
+          if (t == 0) std::memset(t_smem, 0xa5, SMEM);
+          blocks[c]->arrive_and_wait();
           @KERNEL@(@ARGS@);
           cluster_barrier.arrive_and_wait();
         }
@@ -651,10 +676,14 @@ def test_backward_and_column_reduce_run_on_the_host(dtype, hidden, rows, teams, 
         view.copy_(t)
         return view
 
-    h = make((torch.randn(rows, hidden, generator=g)
-              + 10 * (torch.arange(rows) % 3)[:, None]).to(tdt))
+    h0 = torch.randn(rows, hidden, generator=g)
+    h = make((h0 + 10 * (torch.arange(rows) % 3)[:, None]).to(tdt))
     w = make((torch.rand(hidden, generator=g) + 0.5).to(tdt))
-    dy = make(torch.randn(rows, hidden, generator=g).to(tdt))
+    # dy along the row's normalized values, scaled and offset per row: each row's two sums
+    # (sum g n, sum g) are of the order of the width and differ from row to row, so a
+    # share of the wrong row, or a lost one, moves dx well past the tolerance
+    scale = (1 + torch.arange(rows) % 5)[:, None].float()
+    dy = make((0.5 * torch.randn(rows, hidden, generator=g) + scale * (h0 + 0.3)).to(tdt))
     dh = make(torch.randn(rows, hidden, generator=g).to(tdt)) if with_dh else None
     _, _, mean, rstd = fused.add_norm_forward_reference(h, None, w, None, 1e-5, kind)
     # offset -1: aligned, on a GPU of 120 kB of shared memory a block (and a bandwidth
