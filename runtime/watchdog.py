@@ -55,6 +55,9 @@ __all__ = ["Watchdog", "end_job", "end_after_error", "install_excepthook", "proc
 
 # After a timeout, how long the main thread gets to raise and exit by itself.
 GRACE_S = 5.0
+# Seconds a rank waits a rank number before it aborts the job, at most the second.
+ABORT_STAGGER_S = 0.25
+MAX_ABORT_STAGGER_S = 1.0
 
 
 def report(exc: BaseException, with_traceback: bool = False) -> None:
@@ -79,6 +82,11 @@ def end_job(code: int = 1) -> None:
     world = mpi_world()
     rank = process_rank()
     if world is not None and world.Get_size() > 1:
+        # Ranks that time out together abort one after another, lowest first: the first
+        # abort ends the others (each writes its flight record on the SIGTERM, in this
+        # sleep), where two aborts in one instant had Open MPI kill a stuck rank before
+        # its SIGTERM handler wrote its record.
+        time.sleep(min(ABORT_STAGGER_S * rank, MAX_ABORT_STAGGER_S))
         sys.stderr.write(f"[rank {rank}] hostir: aborting the MPI job so that no rank waits "
                          "forever\n")
         sys.stderr.flush()
