@@ -114,13 +114,19 @@ ROW_SUM = r"""
 // barrier lies between them: row_part sums each warp's values and leaves them in `red`
 // (this row's shared slot of WARPS * N floats; with one warp a row, the totals are in
 // `v` already); after that barrier, row_total sums the slot's warps into every thread.
+// warp_sum: each of N floats summed over the warp into every lane (a butterfly: every
+// lane adds the same pairs, so every lane holds the same bits).
 template <int N>
-__device__ __forceinline__ void row_part(float (&v)[N], float* red) {
+__device__ __forceinline__ void warp_sum(float (&v)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v[i] += __shfl_xor_sync(0xffffffffu, v[i], o);
   }
+}
+template <int N>
+__device__ __forceinline__ void row_part(float (&v)[N], float* red) {
+  warp_sum<N>(v);
   if constexpr (WARPS > 1) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) {
@@ -560,11 +566,7 @@ auto begin = [&](int tile, int it, RowState& q) {
     // same: the phase cannot complete before its one arrival).
     const int lane = tid & 31, warp = tid >> 5, set = it % NSLOT;
     if (tid == 0) mbar_expect(sbars + set, CLUSTER * WARPS * 8);
-#pragma unroll
-    for (int j = 0; j < NS; ++j) {
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) q.s[j] += __shfl_xor_sync(0xffffffffu, q.s[j], o);
-    }
+    warp_sum<NS>(q.s);
     if (lane < CLUSTER)
       share_push(cslot + ((set * CLUSTER + rank) * WARPS + warp) * 2, lane, q.s[0],
                  q.s[NS - 1], sbars + set);
@@ -574,7 +576,8 @@ auto begin = [&](int tile, int it, RowState& q) {
     else row_sum<NS, false>(q.s, slot);
   }
 };
-// Phase 2 (after the cluster barrier of the row, in a cluster): the row's totals, dx.
+// Phase 2 (in a cluster, once the partners' shares of the row have landed): the row's
+// totals, dx.
 auto finish = [&](int it, RowState& q) {
   if constexpr (CLUSTER == 1 && DEFER)  // past the barrier at the next tile's top
     row_total<LAYER ? 2 : 1>(q.s, red + ((it & 1) * RPB + ty) * WARPS * 2);
@@ -586,15 +589,14 @@ auto finish = [&](int it, RowState& q) {
     const float* shares = cslot + set * CLUSTER * WARPS * 2;
 #pragma unroll
     for (int j = 0; j < (LAYER ? 2 : 1); ++j) {
-      float t = 0.f;
+      float t[1] = {0.f};
 #pragma unroll
       for (int p = 0; p < (CLUSTER * WARPS + 31) / 32; ++p) {
         if ((CLUSTER * WARPS) % 32 == 0 || lane + 32 * p < CLUSTER * WARPS)
-          t += shares[(lane + 32 * p) * 2 + j];
+          t[0] += shares[(lane + 32 * p) * 2 + j];
       }
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-      q.s[j] = t;
+      warp_sum<1>(t);
+      q.s[j] = t[0];
     }
   }
   q.pending = false;
