@@ -124,6 +124,7 @@ def device_hardware(device_index: int) -> Hardware:
         try:
             props = torch.cuda.get_device_properties(device_index)
             fields["sm_count"] = props.multi_processor_count
+            fields["clusters"] = props.major >= 9
             for name, attr in (("registers_per_sm", "regs_per_multiprocessor"),
                                ("threads_per_sm", "max_threads_per_multi_processor"),
                                ("shared_per_sm", "shared_memory_per_multiprocessor"),
@@ -340,8 +341,10 @@ def _prepare(spec: NormalizationSpec, device_index: int) -> _Prepared:
     kernel = _kernel(spec, device_index)
     plan = spec.plan
     grid = launch_grid(spec, kernel, torch.device("cuda", device_index))
+    # a cluster kernel launches plainly (as runtime.fused's): its rows are long
     return _Prepared(kernel, (grid, 1, 1), (plan.block_threads, 1, 1),
-                     plan.dynamic_shared_bytes, np.int32(spec.rows), dependent_launch(device_index))
+                     plan.dynamic_shared_bytes, np.int32(spec.rows),
+                     plan.cluster == 1 and dependent_launch(device_index))
 
 
 _DEPENDENT: dict[int, bool] = {}
@@ -413,11 +416,21 @@ def normalize(spec: NormalizationSpec, tensors: Mapping[str, torch.Tensor], out=
 
 
 def launch_grid(spec: NormalizationSpec, kernel, device, rows: int | None = None) -> int:
-    """Blocks to launch: the row-wise kernel's one per group of rows; the persistent
-    kernel's, the SMs of ``device`` x the blocks of this compiled kernel resident on
+    """Blocks to launch: the row-wise kernel's one per group of rows; a cluster plan's, the
+    clusters resident at once; the persistent kernel's, the SMs of ``device`` x the blocks of this compiled kernel resident on
     each (asked of the driver: ptxas may use fewer registers than the plan promised,
     and then more blocks fit), never more than there are groups of rows."""
     plan, rows = spec.plan, spec.rows if rows is None else rows
+    if plan.cluster > 1:
+        # a cluster kernel strides over the rows: as many clusters as the GPCs hold at once
+        # (a cluster waiting for a second wave would double the time), never more than rows
+        from runtime import jit
+
+        cap = jit.active_clusters(kernel, plan.cluster, plan.block_threads,
+                                  plan.dynamic_shared_bytes)
+        if cap <= 0:  # no answer: the GPCs' SMs hold about 3 in 4 of the even split
+            cap = max(1, sm_count(device) * resident_blocks(kernel, plan) // plan.cluster * 3 // 4)
+        return min(rows, cap) * plan.cluster
     if not plan.persistent:
         return plan.grid(rows)
     return plan.grid(rows, sm_count(device), resident_blocks(kernel, plan))
@@ -470,6 +483,7 @@ def _kernel(spec: NormalizationSpec, device_index: int):
         compiled = jit.kernel_cache().get(render_normalization(spec), [spec.kernel_name],
                                           jit.device_arch(device_index))
         kernel = _KERNELS[key] = jit.load(compiled, device_index)[spec.kernel_name]
+        kernel.cluster = spec.plan.cluster  # compiled in: shown by the launch_params dump
     return kernel
 
 

@@ -9,7 +9,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("cupy")
 
-from hostir.errors import InputMismatchError  # noqa: E402
+from hostir.errors import InputMismatchError, LoweringError  # noqa: E402
 import dataclasses  # noqa: E402
 
 from lowering.kernels.normalization import (  # noqa: E402
@@ -436,7 +436,29 @@ def test_every_envelope_candidate_matches_float64(hidden, norm):
             assert _rel(y, ref) < 1e-2, spec.plan.describe()
 
 
-@pytest.mark.parametrize("hidden", [513, 4097, 9999, 16385])
+@pytest.mark.parametrize("hidden", [33280, 40001])
+@pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
+def test_every_cluster_size_matches_float64(hidden, norm):
+    """The envelope kernel's row split over clusters of 2-8 CTAs, pinned: many rows a
+    cluster (its two sets of share slots and mbarriers reused in turn, the ring refilled
+    a row ahead), and fewer rows than clusters; rows with a large mean (the layer norm's
+    shifted one-pass statistics)."""
+    for rows in (1031, 3):
+        x, _, _, w, b = _inputs(rows, hidden, torch.bfloat16, seed=hidden + rows)
+        base = getattr(NormalizationSpec, norm)(rows, hidden, 1e-5, "bfloat16")
+        inputs = {"x": x, "weight": w} if norm == "rms_norm" else {"x": x, "weight": w, "bias": b}
+        ref = rn.reference(base, inputs)
+        for cluster in range(2, 9):
+            try:
+                spec = dataclasses.replace(base, envelope=True, cluster=cluster)
+                spec.plan  # noqa: B018
+            except LoweringError:
+                continue  # no plan of this many CTAs covers the row
+            y = rn.normalize(spec, inputs, torch.full_like(x, float("nan")))
+            assert _rel(y, ref) < 1e-2, spec.plan.describe()
+
+
+@pytest.mark.parametrize("hidden", [513, 4097, 9999, 16385, 40001])
 @pytest.mark.parametrize("offsets", [(1, 1), (3, 5), (8, 2)])
 @pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
 def test_envelope_plans_on_unaligned_slices(hidden, offsets, norm):

@@ -14,6 +14,7 @@ from lowering.kernels.normalization import (
     NormalizationSpec,
     RmsNorm,
     DEFAULT_SM_COUNT,
+    SM90,
     MAX_ENVELOPE_CHUNKS,
     LaunchPlan,
     candidate_plans,
@@ -95,10 +96,14 @@ def test_plan_is_warp_multiple_and_covers_row(hidden, variant):
         slots = -(-plan.row_chunks // plan.threads_per_row)
         assert (slots - 1) * plan.threads_per_row < plan.row_chunks
         return
-    if plan.envelope:  # the row's 16-byte chunks, `batch` of them a thread
+    if plan.envelope:  # the row's 16-byte chunks, `batch` of them a thread of each CTA
         assert plan.threads_per_row % 32 == 0 and plan.block_threads <= 1024
-        assert plan.threads_per_row * plan.batch >= plan.row_chunks
-        assert (plan.batch - 1) * plan.threads_per_row < plan.row_chunks
+        per_cta = plan.threads_per_row * plan.batch
+        assert plan.cluster * per_cta >= plan.row_chunks
+        share = -(-plan.row_chunks // plan.cluster)
+        assert (plan.batch - 1) * plan.threads_per_row < share
+        assert (plan.cluster - 1) * per_cta < -(-hidden // 8)  # no CTA without chunks
+        assert plan.cluster == 1 or plan.rows_per_block == 1
         assert plan.batch <= MAX_ENVELOPE_CHUNKS
         return
     assert plan.threads_per_row % 32 == 0
@@ -369,7 +374,10 @@ def _check_compiled(spec, ck):
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("hidden", BENCH_HIDDEN + ODD_HIDDEN)
 def test_every_variant_compiles_without_spills(arch, variant, hidden):
-    spec = VARIANTS[variant](8192, hidden)
+    # sm_80 has no thread-block clusters: its model says so (runtime.normalization)
+    hardware = SM90 if arch == "sm_90" else dataclasses.replace(SM90, clusters=False)
+    spec = VARIANTS[variant](8192, hidden, hardware=hardware)
+    assert arch == "sm_90" or spec.plan.cluster == 1
     _check_compiled(spec, _compile(spec, arch))
 
 
@@ -390,7 +398,8 @@ def test_register_estimate_is_enough_for_ptxas(dtype, variant, hidden):
     if spec.plan.shared_row:
         return  # ptxas is not monotonic in the cap there: see SHARED_ROW_REGISTERS
     # -maxrregcount is ignored where __launch_bounds__ is given: strip it for this check
-    source = re.sub(r"__launch_bounds__\(\d+, \d+\)\n", "", render_normalization(spec))
+    source = re.sub(r"__launch_bounds__\(\d+, \d+\)( __cluster_dims__)?",
+                    r"\1", render_normalization(spec))
     assert "__launch_bounds__" not in source
     capped = jit.compile(source, [spec.kernel_name], "sm_90",
                          (f"-maxrregcount={_cap(spec.plan)}",))

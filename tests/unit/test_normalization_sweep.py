@@ -85,10 +85,10 @@ def test_the_planner_never_raises_from_1_to_131072():
 @pytest.mark.parametrize("hidden", [513, 1601, 4097, 7001, 16385, 20001, 40001, 65535])
 def test_rows_that_are_not_16_byte_aligned_take_16_byte_chunks(hidden):
     """Odd widths (the register kernels would use 2-byte vectors) get 16-byte chunks:
-    RMS norms always (the envelope kernel while two blocks of it fit an SM, else the
-    shared-row family), layer norms from `ENVELOPE_LAYER_MIN` (shorter ones keep the
-    register kernels' narrow vectors), the shared-row family where the register
-    kernels cannot plan the row."""
+    the envelope kernel, two or more blocks an SM, while one block holds the row (RMS
+    norms always, layer norms from `ENVELOPE_LAYER_MIN`: shorter ones keep the register
+    kernels' narrow vectors); past that a layer norm's row is split over a cluster, an
+    RMS norm's only where the shared-row plan would hold one block an SM."""
     from lowering.kernels.normalization import planner
 
     for name, make in KINDS.items():
@@ -96,19 +96,40 @@ def test_rows_that_are_not_16_byte_aligned_take_16_byte_chunks(hidden):
         if name == "layer_norm" and hidden < planner.ENVELOPE_LAYER_MIN:
             assert not plan.shared_row and not plan.envelope, (hidden, plan.describe())
             continue
-        if hidden > 24576:
-            assert plan.shared_row, (hidden, plan.describe())
-        elif name == "rms_norm" or hidden < 16896:
-            assert plan.envelope and plan.blocks_per_sm >= 2, (hidden, plan.describe())
-            assert plan.one_pass == (name == "layer_norm")
-        assert plan.shared_row or plan.envelope, (hidden, plan.describe())
+        if plan.shared_row:
+            assert name == "rms_norm" and plan.min_blocks_per_sm >= 2, (hidden, plan.describe())
+            continue
+        assert plan.envelope and plan.blocks_per_sm >= 2, (hidden, plan.describe())
+        assert plan.one_pass == (name == "layer_norm")
+        one_block = planner.rank_envelope(planner.envelope_candidates(hidden, name == "layer_norm"))
+        assert (plan.cluster > 1) == (not one_block), (hidden, plan.describe())
         assert plan.row_chunks == row_chunks(hidden, 2, rows_aligned=False)
 
 
 @pytest.mark.parametrize("hidden", [25088, 32768, 65536, 98304, 131072])
-def test_rows_wider_than_the_registers_take_the_shared_row_family(hidden):
-    for make in KINDS.values():
+def test_rows_wider_than_one_block_split_over_the_smallest_cluster(hidden):
+    """The default of a row no block holds at two blocks an SM: the envelope kernel on
+    the smallest cluster that does (a CTA's slice of the row on each), every CTA's slice
+    holding chunks of the row, for layer norms, and for RMS norms where the shared-row
+    plan would hold one block an SM (else that plan); the shared-row family still plans
+    the row when asked."""
+    from lowering.kernels.normalization import envelope_candidates, rank_envelope
+
+    for name, make in KINDS.items():
         plan = make(ROWS, hidden, dtype="bfloat16").plan
+        if name == "rms_norm" and hidden < 57000:
+            assert plan.shared_row and plan.min_blocks_per_sm >= 2, plan.describe()
+            continue
+        assert plan.envelope and plan.cluster > 1 and plan.rows_per_block == 1
+        assert plan.blocks_per_sm >= 2 and plan.one_pass == (name == "layer_norm")
+        per_cta = plan.threads_per_row * plan.batch
+        assert plan.cluster * per_cta >= plan.row_chunks > (plan.cluster - 1) * per_cta
+        assert plan.dynamic_shared_bytes == per_cta * 16  # the next row's chunks
+        smaller = envelope_candidates(hidden, name == "layer_norm", cluster=plan.cluster - 1)
+        assert not rank_envelope(smaller)
+        grid = plan.grid(ROWS, 132, 2)
+        assert grid % plan.cluster == 0 and grid // plan.cluster <= 132 * 2 // plan.cluster
+        plan = make(ROWS, hidden, dtype="bfloat16", envelope=False).plan
         assert plan.shared_row and plan.row_chunks == hidden // 8
         slots = -(-plan.row_chunks // plan.threads_per_row)
         assert slots <= MAX_SHARED_ROW_SLOTS
@@ -183,9 +204,16 @@ def test_the_model_reads_the_hardware():
     h200 = dataclasses.replace(SM90, bandwidth=4.8e12)
     assert h200.in_flight_per_sm > SM90.in_flight_per_sm > 16 * 1024
     small = dataclasses.replace(SM90, shared_per_block=96 * 1024, shared_per_sm=100 * 1024)
-    plan = NormalizationSpec.rms_norm(ROWS, 65536, dtype="bfloat16", hardware=small).plan
+    plan = NormalizationSpec.rms_norm(ROWS, 65536, dtype="bfloat16", hardware=small,
+                                      envelope=False).plan
     assert plan.shared_row and plan.batch * plan.threads_per_row * 16 <= 96 * 1024
     assert plan.register_slots > 0
+    # without thread-block clusters (before sm_90) the widest rows take the shared-row family
+    old = dataclasses.replace(SM90, clusters=False)
+    assert NormalizationSpec.rms_norm(ROWS, 65536, dtype="bfloat16").plan.cluster > 1
+    assert NormalizationSpec.rms_norm(ROWS, 65536, dtype="bfloat16", hardware=old).plan.shared_row
+    with pytest.raises(LoweringError, match="cluster 2"):
+        NormalizationSpec.rms_norm(ROWS, 65536, hardware=old, envelope=True, cluster=2).plan
 
 
 def _compile(spec):
@@ -296,20 +324,21 @@ def test_device_hardware_without_a_device_is_the_sm90_default():
 
     assert rn.device_hardware(-1) is SM90
     spec = rn._spec("rms_norm", 8192, 65536, 1e-6, "bfloat16", 16, -1)
-    assert spec.hardware is SM90 and spec.plan.shared_row
+    assert spec.hardware is SM90 and spec.plan.envelope and spec.plan.cluster > 1
 
 
 def test_one_block_layer_norms_take_their_statistics_in_one_pass():
     """With one block an SM (rows past ~57K values) nothing covers a second pass over the
     row and its barrier: the layer norm merges each chunk's (count, mean, M2) instead;
     with more blocks, and for rms_norm, the two-pass statistics stay."""
-    wide = NormalizationSpec.layer_norm(ROWS, 65536, dtype="bfloat16")
+    wide = NormalizationSpec.layer_norm(ROWS, 65536, dtype="bfloat16", envelope=False)
     assert wide.plan.one_pass and wide.plan.min_blocks_per_sm == 1
     src = render_normalization(wide)
     assert "block_stats(n, m, q, partials, parity)" in src and "chan_merge" in src
-    narrower = NormalizationSpec.layer_norm(ROWS, 32768, dtype="bfloat16")
+    narrower = NormalizationSpec.layer_norm(ROWS, 32768, dtype="bfloat16", envelope=False)
     assert narrower.plan.min_blocks_per_sm > 1 and not narrower.plan.one_pass
-    assert not NormalizationSpec.rms_norm(ROWS, 65536, dtype="bfloat16").plan.one_pass
+    assert not NormalizationSpec.rms_norm(ROWS, 65536, dtype="bfloat16",
+                                          envelope=False).plan.one_pass
 
 
 def test_one_pass_merge_matches_float64_on_rows_with_a_large_mean():
@@ -514,6 +543,71 @@ def test_envelope_chunks_masks_and_shifts_at_every_phase(hidden):
         var = sum((v - mean) ** 2 for v in row) / hidden
         assert shift + s / hidden == pytest.approx(mean, rel=1e-9)
         assert q / hidden - (s / hidden) ** 2 == pytest.approx(var, rel=1e-6, abs=1e-9)
+
+
+@pytest.mark.parametrize("hidden", [20001, 24576, 40001, 65535, 131072])
+def test_a_clusters_ctas_hold_every_chunk_of_the_row_once(hidden):
+    """kernel_cluster's arithmetic: CTA r's thread t holds chunk i * T + t + r * T * K of
+    slot i, so the cluster's CTAs cover the row's envelope once at every phase (hx), each
+    CTA's slice a contiguous run; the exchange (each CTA's sum into every CTA's slot r,
+    added in rank order) gives every CTA the row's sum, the same in each."""
+    for name, make in KINDS.items():
+        plan = make(ROWS, hidden, dtype="bfloat16", alignment=2).plan
+        t, k, cl = plan.threads_per_row, plan.batch, plan.cluster
+        if name == "rms_norm" and cl == 1:  # one block, or the shared-row family, holds it
+            plan = make(ROWS, hidden, dtype="bfloat16", alignment=2, envelope=True).plan
+            t, k, cl = plan.threads_per_row, plan.batch, plan.cluster
+            if cl == 1:
+                continue
+        for hx in (0, 3, 7):
+            nch = (hx + hidden + 7) >> 3
+            owner = {}
+            for r in range(cl):
+                for thread in range(t):
+                    tid = thread + r * t * k
+                    for i in range(k):
+                        c = i * t + tid
+                        if c < nch:
+                            assert c not in owner
+                            owner[c] = r
+            assert sorted(owner) == list(range(nch))
+            assert all(owner[c] <= owner[c + 1] for c in range(nch - 1))
+            assert set(owner.values()) == set(range(cl))  # no CTA without chunks
+            sums = [float(sum(c for c in owner if owner[c] == r)) for r in range(cl)]
+            slots = [[None] * cl for _ in range(cl)]
+            for r in range(cl):  # share_push into every CTA's slot r
+                for dst in range(cl):
+                    slots[dst][r] = sums[r]
+            totals = {sum(slots[dst]) for dst in range(cl)}
+            assert totals == {float(sum(range(nch)))}
+
+
+def test_cluster_plans_pin_round_trip_and_are_checked():
+    """A cluster plan pins and round-trips through the kernel parameters; its kernel
+    exchanges each row's sums by asynchronous stores on mbarriers, no cluster barrier a
+    row, and prefetches the next row into shared memory; what cannot run is refused."""
+    from lowering.kernels.normalization import spec_from_params, spec_params, spec_with_plan
+
+    for make in KINDS.values():
+        spec = make(ROWS, 65536, dtype="bfloat16")
+        pinned = spec_with_plan(spec, spec.plan)
+        assert pinned.cluster == spec.plan.cluster > 1 and pinned.plan == spec.plan
+        assert spec_from_params(spec_params(pinned)).plan == spec.plan
+        four = make(ROWS, 49664, dtype="bfloat16", envelope=True, cluster=4).plan
+        assert four.cluster == 4 and four.threads_per_row * four.batch * 4 >= four.row_chunks
+        src = render_normalization(make(ROWS, 65536, dtype="bfloat16"))
+        assert "__cluster_dims__" in src and "share_push(" in src
+        assert "mbar_wait_cluster(" in src and "prefetch(row + teams)" in src
+        body = src[src.index("__cluster_dims__"):]
+        assert "cluster_sync()" in body and body.count("cluster_sync()") == 1  # entry only
+    with pytest.raises(LoweringError, match="pin envelope=True"):
+        NormalizationSpec.rms_norm(ROWS, 49664, cluster=2).plan
+    with pytest.raises(LoweringError, match="cluster 9"):
+        NormalizationSpec.rms_norm(ROWS, 49664, envelope=True, cluster=9).plan
+    with pytest.raises(LoweringError, match="one pass"):
+        NormalizationSpec.layer_norm(ROWS, 49664, envelope=True, cluster=4, one_pass=False).plan
+    with pytest.raises(LoweringError, match="no envelope plan"):
+        NormalizationSpec.rms_norm(ROWS, 131072, envelope=True, cluster=2).plan
 
 
 @pytest.mark.parametrize("sh", range(8))

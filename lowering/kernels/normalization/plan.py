@@ -49,6 +49,7 @@ class Hardware:
     shared_per_block: int = SHARED_PER_BLOCK
     bandwidth: float = 3.35e12
     latency: float = 0.8e-6
+    clusters: bool = True  # thread-block clusters (sm_90+): the envelope kernel's widest rows
 
     @property
     def in_flight_per_sm(self) -> int:
@@ -173,6 +174,13 @@ class LaunchPlan:
     stores, and the packed row takes half the registers of the fp32 one. See
     `planner._envelope_rowwise`.
 
+    ``cluster`` (envelope, one row a block): the row's chunks split over this many CTAs
+    of a thread-block cluster, CTA ``r`` holding chunks ``r*T*batch`` on; each CTA sums
+    its slice and writes its sums into every CTA's shared memory (distributed shared
+    memory) by asynchronous stores counted on its mbarrier, then waits for its own; the
+    clusters stride over the rows (the grid: the clusters the GPU holds at once). Rows
+    too wide for one CTA at two blocks an SM.
+
     ``balanced_grid``: the persistent kernel's grid is the fewest blocks that need no
     more rounds of the row loop than the resident ones (`grid`). Off: timed slower at
     most sizes; every block busy in the last round does not make up for fewer blocks
@@ -202,6 +210,7 @@ class LaunchPlan:
     shared_row: bool = False  # the shared-row family (see below): the row of x in shared memory
     row_chunks: int = 0  # shared_row, envelope: 16-byte chunks a row may span (its bound)
     envelope: bool = False  # the envelope row-wise kernel (see below): batch is chunks a thread
+    cluster: int = 1  # envelope: CTAs a row is split over (a thread-block cluster, see below)
 
     @property
     def persistent(self) -> bool:
@@ -281,7 +290,7 @@ class LaunchPlan:
     def dynamic_shared_bytes(self) -> int:
         """The staged 1-D tensors (``param_cache == "shared"``: every batch slot of a row),
         then, with ``x_staged``, ``stages + 1`` buffers of x for each row of the block."""
-        if self.shared_row:
+        if self.shared_row or self.cluster > 1:  # the row's chunks (a cluster's: a row ahead)
             return self.threads_per_row * self.batch * 16
         slots = self.threads_per_row * self.batch * self.vector_width
         params = (self.param_bytes if self.param_cache == "shared"
@@ -303,6 +312,9 @@ class LaunchPlan:
         same 11 rounds with every block busy in each, and fewer blocks share the
         bandwidth in the other ten. The kernel loops, so any grid is correct."""
         groups = max(1, -(-rows // self.rows_per_block))
+        if self.cluster > 1:  # a cluster a row, at most (runtime.normalization.launch_grid)
+            return max(1, min(groups, sm_count * (blocks_per_sm or self.min_blocks_per_sm)
+                              // self.cluster)) * self.cluster
         if not self.persistent:
             return groups
         per_sm = blocks_per_sm or self.min_blocks_per_sm
@@ -320,7 +332,8 @@ class LaunchPlan:
                     + (f" x{self.blocks_per_sm}" if self.blocks_per_sm else ""))
         if self.envelope:
             return (f"envelope t{self.threads_per_row} k{self.batch} r{self.rows_per_block} "
-                    f"c{self.row_chunks}" + (" 1pass" if self.one_pass else "")
+                    f"c{self.row_chunks}" + (f" cluster{self.cluster}" if self.cluster > 1 else "")
+                    + (" 1pass" if self.one_pass else "")
                     + (f" x{self.blocks_per_sm}" if self.blocks_per_sm else ""))
         kind = "rowwise" if not self.persistent else f"persistent/{self.param_cache}"
         if self.shared_param_bytes:

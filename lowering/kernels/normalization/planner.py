@@ -363,6 +363,7 @@ def plan_launch(
     hardware: Hardware = SM90,
     envelope: bool | None = None,
     prologue: bool = False,
+    cluster: int | None = None,
 ) -> LaunchPlan:
     """Pick the kernel (row-wise or persistent), threads per row, the persistent batch
     and rows per block for ``hidden``.
@@ -396,7 +397,7 @@ def plan_launch(
         best = plan_launch(hidden, vector_width, value_bytes, threads_per_row, batch,
                            rows_per_block, param_cache, prefetch, param_bytes, x_staged, bf16,
                            stages, one_pass, l2_hint, packed, x_bulk, shared_param_bytes,
-                           param_sizes, envelope=envelope, **wide)
+                           param_sizes, envelope=envelope, cluster=cluster, **wide)
         if (not isinstance(blocks_per_sm, int) or isinstance(blocks_per_sm, bool)
                 or not best.sm_holds(blocks_per_sm)):
             smem = best.dynamic_shared_bytes + best.shared_bytes
@@ -407,6 +408,9 @@ def plan_launch(
         return dataclasses.replace(best, blocks_per_sm=blocks_per_sm)
     register_pins = (param_cache, prefetch, x_staged, stages, one_pass, l2_hint, packed, x_bulk,
                      shared_param_bytes)
+    if cluster is not None and not envelope:
+        raise LoweringError("normalization plan: cluster splits the envelope kernel's rows: "
+                            "pin envelope=True with it")
     if envelope:
         others = (param_cache, prefetch, x_staged, stages, l2_hint, packed, x_bulk,
                   shared_param_bytes)  # register_pins less one_pass, which it takes
@@ -421,18 +425,37 @@ def plan_launch(
                                            or rows_per_block < 1):
             raise LoweringError(f"normalization plan: rows_per_block {rows_per_block!r}: "
                                 "expected an int >= 1")
-        plans = envelope_candidates(hidden, layer_norm, rows_per_block)
-        pinned = [p for p in plans
-                  if threads_per_row in (None, p.threads_per_row) and batch in (None, p.batch)]
-        if not pinned:
+        most = MAX_CLUSTER if hardware.clusters else 1
+        if cluster is not None and (not isinstance(cluster, int) or isinstance(cluster, bool)
+                                    or not 1 <= cluster <= most):
+            raise LoweringError(f"normalization plan: cluster {cluster!r}: expected an int in "
+                                f"1..{most} (CTAs a row; 1 where the GPU has no clusters)")
+        sizes = [cluster] if cluster is not None else range(1, most + 1)
+        best = fallback = None
+        for size in sizes:  # the smallest cluster with a plan the default allows
+            plans = envelope_candidates(hidden, layer_norm, rows_per_block, size)
+            pinned = [p for p in plans if threads_per_row in (None, p.threads_per_row)
+                      and batch in (None, p.batch)]
+            fallback = fallback or (pinned[0] if pinned else None)
+            best = _choose_envelope(pinned)
+            if best is not None:
+                break
+        best = best or fallback
+        if best is None:
             raise LoweringError(
                 f"normalization plan: no envelope plan covers hidden={hidden}"
                 + (f" with threads_per_row={threads_per_row}" if threads_per_row else "")
                 + (f" and batch={batch}" if batch else "")
                 + (f" and rows_per_block={rows_per_block}" if rows_per_block else "")
+                + (f" and cluster={cluster}" if cluster else "")
                 + f" (warp-multiple rows, blocks of up to {MAX_THREADS_PER_BLOCK} threads, "
-                  f"at most {MAX_ENVELOPE_CHUNKS} chunks of 16 bytes each)")
-        best = _choose_envelope(pinned) or pinned[0]
+                  f"at most {MAX_ENVELOPE_CHUNKS} chunks of 16 bytes each, clusters of up "
+                  f"to {MAX_CLUSTER} CTAs one row a block)")
+        if layer_norm and best.cluster > 1:  # one exchange a row: the one-pass statistics
+            if one_pass is False:
+                raise LoweringError("normalization plan: a layer norm on a cluster takes its "
+                                    "statistics in one pass: pin no one_pass=False with it")
+            one_pass = True
         return dataclasses.replace(best, one_pass=True) if one_pass and layer_norm else best
     if shared_row:
         if any(v is not None for v in register_pins):
@@ -677,31 +700,41 @@ ENVELOPE_LAYER_MIN = 6144  # unaligned layer norms from this many values
 # sub-partition (a block's warps rounded up to four); held 4-8 registers lower it
 # spilled 8-42 bytes. The unit tests compile the default plans of a sweep and check.
 ENVELOPE_REGISTERS = 40
+# Registers a cluster's CTA takes beyond them (its rank and slice offset, the exchange).
+ENVELOPE_CLUSTER_REGISTERS = 4
+# CTAs a row at most: the portable cluster size.
+MAX_CLUSTER = 8
 
 
-def envelope_candidates(hidden: int, layer_norm: bool,
-                        rows_per_block: int | None = None) -> list[LaunchPlan]:
-    """Every envelope plan of a row: T threads a row (a warp multiple, several rows a
-    block below `MIN_THREADS_PER_BLOCK`, or ``rows_per_block``) and K chunks a thread, no
-    slot empty for every thread, up to `MAX_ENVELOPE_CHUNKS`; the block promise the most
-    blocks an SM holds at the register estimate."""
+def envelope_candidates(hidden: int, layer_norm: bool, rows_per_block: int | None = None,
+                        cluster: int = 1) -> list[LaunchPlan]:
+    """Every envelope plan of a row on ``cluster`` CTAs: T threads a CTA's slice (a warp
+    multiple; several rows a block below `MIN_THREADS_PER_BLOCK`, or ``rows_per_block``,
+    where the row is one CTA's) and K chunks a thread, no slot empty for every thread, up
+    to `MAX_ENVELOPE_CHUNKS`; in a cluster, one row a block and every CTA's slice holding
+    chunks of every row. The block promise: the most blocks an SM holds at the register
+    estimate."""
     chunks = row_chunks(hidden, 2, False)
+    least = -(-hidden // 8)  # the chunks of the row whose envelope starts aligned
+    share = -(-chunks // cluster)  # a CTA's chunks at most
     plans = []
     for t in range(WARP, MAX_THREADS_PER_BLOCK + 1, WARP):
-        k = -(-chunks // t)
-        if k > MAX_ENVELOPE_CHUNKS or (k - 1) * t >= chunks:
+        k = -(-share // t)
+        if k > MAX_ENVELOPE_CHUNKS or (k - 1) * t >= share or (cluster - 1) * t * k >= least:
             continue
-        r = rows_per_block or max(1, MIN_THREADS_PER_BLOCK // t)
-        if t * r > MAX_THREADS_PER_BLOCK:
+        r = rows_per_block or (max(1, MIN_THREADS_PER_BLOCK // t) if cluster == 1 else 1)
+        if t * r > MAX_THREADS_PER_BLOCK or (cluster > 1 and r != 1):
             continue
-        est = ENVELOPE_REGISTERS + 4 * k + 8 * layer_norm
+        est = ENVELOPE_REGISTERS + 4 * k + 8 * layer_norm + ENVELOPE_CLUSTER_REGISTERS * (cluster > 1)
         allotted = round_up(t * r // WARP, 4) * WARP  # threads, by sub-partition
         blocks = min(MAX_THREADS_PER_SM // (t * r),
                      REGISTERS_PER_SM // (allotted * round_up(est, 8)), MAX_BLOCKS_PER_SM)
+        if cluster > 1:  # its ring: the next row's chunks (`LaunchPlan.dynamic_shared_bytes`)
+            blocks = min(blocks, SHARED_PER_SM // (t * k * 16 + 1024))
         if blocks < 1:
             continue
         plans.append(LaunchPlan(8, t, k, r, est, "none", row_chunks=chunks, envelope=True,
-                                blocks_per_sm=blocks))
+                                blocks_per_sm=blocks, cluster=cluster))
     return plans
 
 
@@ -725,7 +758,7 @@ def _choose_envelope(plans: list[LaunchPlan]) -> LaunchPlan | None:
 def rank_envelope(plans: list[LaunchPlan]) -> list[LaunchPlan]:
     """The envelope plans `_choose_envelope` allows, best first by its order."""
     def pad(p: LaunchPlan) -> float:
-        return 1 - p.row_chunks / (p.threads_per_row * p.batch)
+        return 1 - p.row_chunks / (p.cluster * p.threads_per_row * p.batch)
 
     def tier(p: LaunchPlan) -> int:
         t = p.threads_per_row
@@ -769,7 +802,35 @@ def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int,
     elif vector_width * value_bytes >= 8 or (layer and hidden < ENVELOPE_LAYER_MIN):
         return None
     plan = _choose_envelope(envelope_candidates(hidden, layer))
+    if plan is None and wide["hardware"].clusters and _cluster_beats_shared_row(
+            hidden, layer, sum(param_sizes), wide):
+        for cluster in range(2, MAX_CLUSTER + 1):  # the smallest cluster that holds the row
+            plan = _choose_envelope(envelope_candidates(hidden, layer, cluster=cluster))
+            if plan is not None:
+                break
     return dataclasses.replace(plan, one_pass=True) if plan and layer else plan
+
+
+def _cluster_beats_shared_row(hidden: int, layer: bool, param_bytes: int, wide: dict) -> bool:
+    """Whether a row no block holds at two blocks an SM runs split over a cluster (the
+    envelope kernel's ``cluster``) rather than on the shared-row family. Measured side by
+    side (bf16, 8192 rows, H100 and H200):
+
+    - Layer norms: the shared-row kernel takes their two statistics in two passes over
+      shared memory and two block barriers a row, the cluster in one pass and one
+      exchange: 0.70-0.82 of copy bandwidth against 0.54-0.77 on the H200 at 20001-65536
+      and 0.82-0.91 against 0.68-0.89 on the H100, but for a few widths 2-7% slower.
+    - RMS norms only where the shared-row plan holds one block an SM (its passes and
+      barriers uncovered): 57856-98304 0.87-0.91 against 0.82-0.83 (H200), 0.93-0.94
+      against 0.90-0.91 (H100). With two or more blocks an SM the two were within +-8%
+      either way, with no rule to tell which wins (the shared-row family stays)."""
+    if layer:
+        return True
+    shared = shared_row_candidates(hidden, 2, param_bytes, wide["rows_aligned"],
+                                   wide["hardware"], wide["prologue_bytes"], layer)
+    if not shared:
+        return True
+    return shared_row_blocks(choose_shared_row(shared, wide["hardware"]), wide["hardware"]) < 2
 
 
 def _route(hidden, vector_width, value_bytes, param_bytes, bf16, param_sizes, wide):

@@ -19,6 +19,7 @@ from lowering.kernels.normalization.templates import (
     CUDA_TYPES, ENVELOPE_SNIPPETS, FROM_FLOAT, L2_HINT_LEVELS, ROW_COPY_BODIES, SHARED_ROW_SNIPPETS,
     SHORT_NAMES, SNIPPETS, TO_FLOAT,
 )
+from lowering.kernels.seams_templates import STAGING
 
 # The fields of a LaunchPlan that switch how its kernel is written or launched, not
 # its geometry: `render_normalization` takes a plan that differs from the spec's in
@@ -571,15 +572,33 @@ class EnvelopeRenderer(SharedRowRenderer):
         one_pass = layer and p.one_pass
         eps = repr(float(s.norm.eps))
         several = p.warps_per_row > 1
+        clustered = p.cluster > 1
+        exchange = E["cluster_exchange"].format() if clustered else ""
+        pivot_init = pivot_next = ""
         if one_pass:
             row_sum = E["row_sum2_block" if several else "row_sum2_warp"].format()
             partials = (f"__shared__ float partials[{p.rows_per_block}][{p.warps_per_row}][2];"
                         if several else "")
             first = TO_FLOAT[s.input_dtype].format("in_x[(size_t)row * kHidden]")
+            if clustered:  # the shift loaded a row ahead: `pivot_next`
+                pivot_init = E["pivot_init"].format(first=TO_FLOAT[s.input_dtype].format(
+                    "in_x[(size_t)(blockIdx.x / kCluster) * kHidden]"))
+                pivot_next = E["pivot_next"].format(first=TO_FLOAT[s.input_dtype].format(
+                    "in_x[(size_t)(row + teams) * kHidden]"))
+                first = "pivot_now"
             passes = (E["shift_init"].format(first=first)
                       + E["pass"].format(whole=E["shifted_whole"]))
-            stats = E["one_pass_stats"].format(
-                eps=eps, partials="partials[row_in_block]" if several else "nullptr")
+            where = "partials[set]" if clustered else "partials[row_in_block]"
+            stats = E["one_pass_stats"].format(eps=eps, partials=where if several else "nullptr",
+                                               exchange=exchange)
+        elif clustered:  # an RMS norm's (a cluster's layer norm is one pass: the planner)
+            if layer:
+                raise LoweringError("normalization kernel: a layer norm on a cluster takes "
+                                    "its statistics in one pass")
+            row_sum = E["row_sum2_block" if several else "row_sum2_warp"].format()
+            partials = ""
+            passes = E["sum_init"] + E["pass"].format(whole=E["rms_whole"])
+            stats = E["rms_norm_cluster_stats"].format(eps=eps, exchange=exchange)
         else:
             row_sum, partials, part = row_reduction(p)
             whole = E["sum_whole" if layer else "rms_whole"]
@@ -604,17 +623,26 @@ class EnvelopeRenderer(SharedRowRenderer):
             same = " && ".join(f"(((size_t)in_{n} ^ (size_t)in_{halves[0]}) & 15) == 0"
                                for n in halves[1:]) or "true"
             dispatch = E["dispatch"].format(phase=phase, same=same, out_args=out_args)
-        kernel = E["kernel"].format(
+        load = (E["load_ring"].format(pivot_next=pivot_next) if clustered
+                else E["load"].format())
+        row = E["row"].format(out_t=out_t, load=load, first_pass=passes, stats=stats,
+                              dispatch=dispatch)
+        kernel = E["kernel_cluster" if clustered else "kernel"].format(
             block_threads=p.block_threads, min_blocks=p.min_blocks_per_sm, name=s.kernel_name,
-            params=", ".join(kernel_params(s)), partials_decl=partials, out_t=out_t,
-            out_args=out_args, first_pass=passes, stats=stats, dispatch=dispatch)
+            params=", ".join(kernel_params(s)), partials_decl=partials, row=row,
+            pivot_init=pivot_init)
         constants = E["constants"].format(threads=p.threads_per_row, hidden=s.hidden,
-                                          slots=p.batch, rows_per_block=p.rows_per_block)
+                                          slots=p.batch, rows_per_block=p.rows_per_block,
+                                          cluster=f"\nconstexpr int kCluster = {p.cluster};"
+                                          if clustered else "")
         aligned = S["aligned_flag"].format(aligned="true" if s.rows_aligned else "false")
         shared_helpers = S["helpers"].format(warps=p.threads_per_row // 32, wait_cases="")
+        # a cluster's mbarriers, asynchronous shared stores and cluster barrier: the seam
+        # kernels' (their STAGING helpers, guarded for sm_90)
+        cluster = STAGING if clustered else ""
         return render.Renderer().source(["convert"], SNIPPETS["preamble"].format(), aligned,
-                                        constants, shared_helpers, row_sum, values, output,
-                                        helpers, kernel)
+                                        constants, shared_helpers, row_sum, cluster, values,
+                                        output, helpers, kernel)
 
 
 def render_normalization(spec: NormalizationSpec, plan: LaunchPlan | None = None) -> str:

@@ -109,7 +109,7 @@ class NormalizationSpec:
     the tensors. ``alignment`` is the byte alignment every base pointer is known to
     have (torch allocations: 256; a slice: less). ``hardware``: the GPU the planner's model
     plans for (`Hardware`; None: `SM90`). The fifteen fields before it (and ``envelope``,
-    the envelope row-wise kernel, after it) override the
+    the envelope row-wise kernel, and its ``cluster``, after it) override the
     heuristic plan (benchmark sweeps, tests): ``param_cache="none"`` is the row-wise
     kernel, ``"registers"``/``"shared"`` the persistent one (see `LaunchPlan`).
     """
@@ -139,6 +139,7 @@ class NormalizationSpec:
     shared_row: bool | None = None
     hardware: Hardware | None = None
     envelope: bool | None = None
+    cluster: int | None = None
 
     def __post_init__(self):
         for what, n in (("rows", self.rows), ("hidden", self.hidden)):
@@ -252,6 +253,7 @@ class NormalizationSpec:
             layer_norm=isinstance(self.norm, LayerNorm),
             hardware=self.hardware or SM90,
             envelope=self.envelope,
+            cluster=self.cluster,
             prologue=bool(self.prologue),
         )
 
@@ -294,7 +296,8 @@ class NormalizationSpec:
 # The fields of NormalizationSpec that pin its plan (the rest say what it computes).
 PLAN_FIELDS = ("threads_per_row", "batch", "rows_per_block", "param_cache", "prefetch",
                "x_staged", "stages", "one_pass", "l2_hint", "packed", "x_bulk",
-               "shared_param_bytes", "vector_width", "blocks_per_sm", "shared_row", "envelope")
+               "shared_param_bytes", "vector_width", "blocks_per_sm", "shared_row", "envelope",
+               "cluster")
 
 
 def spec_with_plan(spec: NormalizationSpec, plan: LaunchPlan) -> NormalizationSpec:
@@ -308,9 +311,9 @@ def spec_with_plan(spec: NormalizationSpec, plan: LaunchPlan) -> NormalizationSp
             **{f: None for f in PLAN_FIELDS}, "envelope": True,
             "threads_per_row": plan.threads_per_row, "batch": plan.batch,
             "rows_per_block": plan.rows_per_block, "one_pass": plan.one_pass or None,
-            "blocks_per_sm": plan.blocks_per_sm or None})
+            "blocks_per_sm": plan.blocks_per_sm or None, "cluster": plan.cluster})
     return dataclasses.replace(
-        spec, envelope=None, shared_row=False, threads_per_row=plan.threads_per_row, batch=plan.batch,
+        spec, envelope=None, cluster=None, shared_row=False, threads_per_row=plan.threads_per_row, batch=plan.batch,
         rows_per_block=plan.rows_per_block, param_cache=plan.param_cache,
         prefetch=plan.prefetch if plan.persistent else None, x_staged=plan.x_staged or None,
         stages=plan.stages if plan.x_staged else None, one_pass=plan.one_pass or None,
@@ -385,6 +388,6 @@ def spec_from_params(params) -> NormalizationSpec:
             p.get("param_cache"), p.get("prefetch"), p.get("x_staged"), p.get("stages"),
             p.get("one_pass"), p.get("l2_hint"), p.get("packed"), p.get("x_bulk"),
             p.get("shared_param_bytes"), p.get("vector_width"), p.get("blocks_per_sm"),
-            p.get("shared_row"), envelope=p.get("envelope"))
+            p.get("shared_row"), envelope=p.get("envelope"), cluster=p.get("cluster"))
     except KeyError as e:
         raise LoweringError(f"normalization kernel: parameter {e.args[0]!r} is missing") from None

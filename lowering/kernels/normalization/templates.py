@@ -880,7 +880,7 @@ __device__ __forceinline__ void block_stats(float& n, float& m, float& q, float 
 ENVELOPE_SNIPPETS = {
     "constants": """\
 constexpr int kT = {threads}, kHidden = {hidden}, kSlots = {slots};
-constexpr int kRowsPerBlock = {rows_per_block};
+constexpr int kRowsPerBlock = {rows_per_block};{cluster}
 """,
     "helpers": """\
 // Columns col0 .. col0+7 of a 16-bit 1-D tensor for a whole chunk, with the chunk kK
@@ -1003,7 +1003,82 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
   const int row_in_block = threadIdx.x / kT;
   const int row = blockIdx.x * kRowsPerBlock + row_in_block;
   const bool row_ok = row < rows;
-  // the row in its aligned envelope: hx elements of the granule before it, nch chunks
+{row}}}
+""",
+    # A row split over a cluster (``LaunchPlan.cluster``), persistent: the cluster strides
+    # over the rows, CTA r holding chunks r * kT * kSlots on of each. A row's sums: the
+    # block's (warp shuffles, then shared memory), then thread 0 pushes them into slot r
+    # of every CTA's shared memory by asynchronous stores that count their bytes on that
+    # CTA's mbarrier (`share_push`: no fence, so no wait for the y stores in flight), and
+    # every thread waits for its own CTA's mbarrier and adds the kCluster slots in rank
+    # order: the same statistics in every CTA. Two sets of slots and mbarriers, by the
+    # parity of the CTA's row count: a CTA pushes row n + 2's sums only after every CTA's
+    # row n + 1 sums reached it, which each pushed after it had read row n's slots.
+    "kernel_cluster": """\
+extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks}) __cluster_dims__(kCluster, 1, 1)
+{name}({params}, const int rows) {{
+  dependent_launch_entry();
+  __shared__ float partials[2][kT / 32][2];  // a row's warp sums, by the row's parity
+  __shared__ __align__(16) float slots[2][kCluster][2];  // the CTAs' sums of a row
+  __shared__ __align__(8) unsigned long long bars[2];  // their bytes landed, by parity
+  const int rank = (int)cluster_rank();
+  const int tid = threadIdx.x + rank * (kT * kSlots);  // chunk i * kT + tid of slot i
+  if (threadIdx.x == 0) {{
+    mbar_init(&bars[0]);
+    mbar_init(&bars[1]);
+  }}
+  cluster_sync();  // every CTA's mbarriers initialized before a share is pushed to them
+  const int teams = gridDim.x / kCluster;
+  // this thread's chunks of a row, by cp.async into its slots of the ring (a row ahead)
+  extern __shared__ __align__(16) uint4 ring[];  // kSlots x kT chunks
+  const auto prefetch = [&](const int r) {{
+    if (r < rows) {{
+      const size_t a = (size_t)(in_x + (size_t)r * kHidden);
+      const int h = kRowsAligned ? 0 : (int)(a & 15) >> 1;
+      const int chunks = (h + kHidden + 7) >> 3;
+      const uint4* const from = reinterpret_cast<const uint4*>(a - (a & 15));
+#pragma unroll
+      for (int i = 0; i < kSlots; ++i) {{
+        const int c = i * kT + tid;
+        if (c < chunks) copy_chunk(ring + i * kT + threadIdx.x, from + c);
+      }}
+    }}
+    copy_commit();
+  }};
+  prefetch(blockIdx.x / kCluster);
+{pivot_init}  int n = 0;
+#pragma unroll 1
+  for (int row = blockIdx.x / kCluster; row < rows; row += teams, ++n) {{
+    const int set = n & 1;
+    if (threadIdx.x == 0) mbar_expect(&bars[set], kCluster * 8);
+    constexpr bool row_ok = true;
+{row}  }}
+}}
+""",
+    # the exchange of a row's two block sums s, q over the cluster (see kernel_cluster)
+    "cluster_exchange": """\
+  if (threadIdx.x == 0) {{
+#pragma unroll
+    for (int r = 0; r < kCluster; ++r) share_push(&slots[set][rank][0], r, s, q, &bars[set]);
+  }}
+  mbar_wait_cluster(&bars[set], (n >> 1) & 1);
+  s = 0.f;
+  q = 0.f;
+#pragma unroll
+  for (int r = 0; r < kCluster; ++r) {{
+    s += slots[set][r][0];
+    q += slots[set][r][1];
+  }}
+""",
+    # the statistics of an RMS norm's row on a cluster: its sum of squares in s
+    "rms_norm_cluster_stats": """\
+  float q = 0.f;
+  row_sum2(s, q, partials[set]);
+{exchange}  const float rstd = rsqrtf(s * (1.f / kHidden) + {eps}f);
+  const float center = 0.f;
+""",
+    # one row in its aligned envelope: hx elements of the granule before it, nch chunks
+    "row": """\
   const size_t xa = (size_t)(in_x + (size_t)(row_ok ? row : 0) * kHidden);
   const int hx = kRowsAligned ? 0 : (int)(xa & 15) >> 1;
   const int nch = row_ok ? (hx + kHidden + 7) >> 3 : 0;
@@ -1011,13 +1086,7 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
   {out_t}* const y = out_y + (size_t)(row_ok ? row : 0) * kHidden;
   uint4 xr[kSlots];
   int masked = 0;  // elements of this thread's chunks outside the row (held as 0)
-#pragma unroll
-  for (int i = 0; i < kSlots; ++i) {{
-    const int c = i * kT + tid;
-    xr[i] = make_uint4(0u, 0u, 0u, 0u);
-    if (c < nch) xr[i] = __ldcs(src + c);
-  }}
-  if (!kRowsAligned) {{
+{load}  if (!kRowsAligned) {{
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {{
       const int c = i * kT + tid;
@@ -1028,8 +1097,27 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
       }}
     }}
   }}
-{first_pass}{stats}{dispatch}}}
+{first_pass}{stats}{dispatch}""",
+    "load": """\
+#pragma unroll
+  for (int i = 0; i < kSlots; ++i) {{
+    const int c = i * kT + tid;
+    xr[i] = make_uint4(0u, 0u, 0u, 0u);
+    if (c < nch) xr[i] = __ldcs(src + c);
+  }}
 """,
+    # a cluster's row: copied into the ring during the row before (`prefetch`); read
+    # into registers, then the ring takes the next row (and a layer norm's shift, the
+    # row's first value, is loaded a row ahead too)
+    "load_ring": """\
+  copy_wait();
+#pragma unroll
+  for (int i = 0; i < kSlots; ++i) {{
+    const int c = i * kT + tid;
+    xr[i] = c < nch ? ring[i * kT + threadIdx.x] : make_uint4(0u, 0u, 0u, 0u);
+  }}
+  prefetch(row + teams);
+{pivot_next}""",
     "dispatch": """\
   // the 1-D tensors' chunks sit sh elements into their aligned vectors, for every whole
   // chunk of the row alike where the tensors share their 16-byte phase
@@ -1066,12 +1154,17 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
     # layer norm, one pass (``LaunchPlan.one_pass``): the sums of d and d^2 for d the
     # values less the row's first one (shifted data: no cancellation of a large mean)
     "shift_init": "  const float shift = row_ok ? {first} : 0.f;\n  float s = 0.f, q = 0.f;\n",
+    "pivot_init": "  float pivot = blockIdx.x / kCluster < rows ? {first} : 0.f;\n",
+    "pivot_next": """\
+  const float pivot_now = pivot;
+  if (row + teams < rows) pivot = {first};
+""",
     "shifted_whole": "        const float d = v[e] - shift;\n        s += d;\n        q += d * d;\n",
     "one_pass_stats": """\
   s += (float)masked * shift;  // the masked elements' d = -shift taken back out
   q -= (float)masked * shift * shift;
   row_sum2(s, q, {partials});
-  const float m1 = s * (1.f / kHidden);
+{exchange}  const float m1 = s * (1.f / kHidden);
   const float mean = shift + m1;
   const float rstd = rsqrtf(fmaxf(q * (1.f / kHidden) - m1 * m1, 0.f) + {eps}f);
   const float center = mean;
