@@ -124,7 +124,7 @@ def test_rows_wider_than_one_block_split_over_the_smallest_cluster(hidden):
         assert plan.blocks_per_sm >= 2 and plan.one_pass == (name == "layer_norm")
         per_cta = plan.threads_per_row * plan.batch
         assert plan.cluster * per_cta >= plan.row_chunks > (plan.cluster - 1) * per_cta
-        assert plan.dynamic_shared_bytes == per_cta * 16  # the next row's chunks
+        assert plan.dynamic_shared_bytes >= per_cta * 16  # the next row's chunks, the shares
         smaller = envelope_candidates(hidden, name == "layer_norm", cluster=plan.cluster - 1)
         assert not rank_envelope(smaller)
         grid = plan.grid(ROWS, 132, 2)

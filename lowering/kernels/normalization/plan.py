@@ -290,8 +290,11 @@ class LaunchPlan:
     def dynamic_shared_bytes(self) -> int:
         """The staged 1-D tensors (``param_cache == "shared"``: every batch slot of a row),
         then, with ``x_staged``, ``stages + 1`` buffers of x for each row of the block."""
-        if self.shared_row or self.cluster > 1:  # the row's chunks (a cluster's: a row ahead)
+        if self.shared_row:
             return self.threads_per_row * self.batch * 16
+        if self.cluster > 1:  # the next row's chunks; two mbarriers, two rows' shares and sums
+            return (self.threads_per_row * self.batch * 16 + 2 * 8 + 2 * self.cluster * 8
+                    + 2 * self.warps_per_row * 8)
         slots = self.threads_per_row * self.batch * self.vector_width
         params = (self.param_bytes if self.param_cache == "shared"
                   else self.shared_param_bytes) * slots

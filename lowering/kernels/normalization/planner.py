@@ -729,8 +729,9 @@ def envelope_candidates(hidden: int, layer_norm: bool, rows_per_block: int | Non
         allotted = round_up(t * r // WARP, 4) * WARP  # threads, by sub-partition
         blocks = min(MAX_THREADS_PER_SM // (t * r),
                      REGISTERS_PER_SM // (allotted * round_up(est, 8)), MAX_BLOCKS_PER_SM)
-        if cluster > 1:  # its ring: the next row's chunks (`LaunchPlan.dynamic_shared_bytes`)
-            blocks = min(blocks, SHARED_PER_SM // (t * k * 16 + 1024))
+        if cluster > 1:  # its ring of the next row's chunks, its shares and mbarriers
+            smem = t * k * 16 + 16 + 16 * cluster + t // WARP * 16
+            blocks = min(blocks, SHARED_PER_SM // (smem + 1024))
         if blocks < 1:
             continue
         plans.append(LaunchPlan(8, t, k, r, est, "none", row_chunks=chunks, envelope=True,

@@ -1018,9 +1018,13 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks})
 extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks}) __cluster_dims__(kCluster, 1, 1)
 {name}({params}, const int rows) {{
   dependent_launch_entry();
-  __shared__ float partials[2][kT / 32][2];  // a row's warp sums, by the row's parity
-  __shared__ __align__(16) float slots[2][kCluster][2];  // the CTAs' sums of a row
-  __shared__ __align__(8) unsigned long long bars[2];  // their bytes landed, by parity
+  // dynamic shared memory (`LaunchPlan.dynamic_shared_bytes`): the ring of this CTA's
+  // chunks of the next row, then by the parity of the row: the mbarriers counting its
+  // shares, the shares (every CTA's sums of the row), the warps' sums
+  uint4* const ring = reinterpret_cast<uint4*>(seam_dynamic_smem());  // kSlots x kT chunks
+  unsigned long long* const bars = reinterpret_cast<unsigned long long*>(ring + kSlots * kT);
+  float (*const slots)[kCluster][2] = reinterpret_cast<float (*)[kCluster][2]>(bars + 2);
+  float (*const partials)[kT / 32][2] = reinterpret_cast<float (*)[kT / 32][2]>(slots + 2);
   const int rank = (int)cluster_rank();
   const int tid = threadIdx.x + rank * (kT * kSlots);  // chunk i * kT + tid of slot i
   if (threadIdx.x == 0) {{
@@ -1030,7 +1034,6 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks}) __cl
   cluster_sync();  // every CTA's mbarriers initialized before a share is pushed to them
   const int teams = gridDim.x / kCluster;
   // this thread's chunks of a row, by cp.async into its slots of the ring (a row ahead)
-  extern __shared__ __align__(16) uint4 ring[];  // kSlots x kT chunks
   const auto prefetch = [&](const int r) {{
     if (r < rows) {{
       const size_t a = (size_t)(in_x + (size_t)r * kHidden);
@@ -1040,10 +1043,10 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks}) __cl
 #pragma unroll
       for (int i = 0; i < kSlots; ++i) {{
         const int c = i * kT + tid;
-        if (c < chunks) copy_chunk(ring + i * kT + threadIdx.x, from + c);
+        if (c < chunks) cp_async16(ring + i * kT + threadIdx.x, from + c);
       }}
     }}
-    copy_commit();
+    cp_async_commit();
   }};
   prefetch(blockIdx.x / kCluster);
 {pivot_init}  int n = 0;
@@ -1110,12 +1113,13 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks}) __cl
     # into registers, then the ring takes the next row (and a layer norm's shift, the
     # row's first value, is loaded a row ahead too)
     "load_ring": """\
-  copy_wait();
+  cp_async_wait<0>();
 #pragma unroll
   for (int i = 0; i < kSlots; ++i) {{
     const int c = i * kT + tid;
     xr[i] = c < nch ? ring[i * kT + threadIdx.x] : make_uint4(0u, 0u, 0u, 0u);
   }}
+  asm volatile("" ::: "memory");  // those reads stay before the copies into their slots
   prefetch(row + teams);
 {pivot_next}""",
     "dispatch": """\

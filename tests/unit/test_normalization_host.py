@@ -1,0 +1,122 @@
+"""The envelope kernel's rows split over a cluster, run on the host.
+
+The generated CUDA C++ is compiled by the host compiler with the seams' host emulation
+(`host_emulation.HOST_PRELUDE`, as the seams' tests: a std::thread per GPU thread, a cluster's CTAs side
+by side, shared memory per CTA, mbarriers with their phases and transaction bytes,
+asynchronous stores into another CTA's memory), so the exchange of a row's sums between
+the CTAs of a cluster, the reuse of its two sets of share slots and mbarriers, and the
+ring that copies the next row ahead are checked against float64 without a GPU. The
+emulation makes a cluster's odd CTAs lag on every wait for the others' shares, so a share
+written into a slot still to be read would show as a wrong row.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from lowering.kernels.normalization import NormalizationSpec, render_normalization  # noqa: E402
+from lowering.kernels.render import SNIPPETS  # noqa: E402
+from runtime import normalization as rn  # noqa: E402
+from .host_emulation import HOST_LAUNCH, HOST_PRELUDE  # noqa: E402
+
+# what the normalization kernels use beyond the seams' kernels, as plain host code
+HOST_EXTRAS = r"""
+#include <algorithm>
+using std::min;
+#define __noinline__ __attribute__((noinline))
+#define __align__(n) alignas(n)
+template <class T> static T __ldcs(const T* p) { return *p; }
+template <class T> static T __ldg(const T* p) { return *p; }
+template <class T> static void __stcs(T* p, const T v) { *p = v; }
+static uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+static unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned shift) {
+  return (unsigned)((((unsigned long long)hi << 32) | lo) >> (shift & 31));
+}
+static unsigned __cvta_generic_to_shared(const void*) { return 0; }  // unused helpers' asm
+"""
+
+_BUILDS: dict = {}
+
+
+def _host_kernel(spec):
+    """``spec``'s kernel built for the host: host_launch(grid, bx, by, tensors..., rows)."""
+    if spec in _BUILDS:
+        return _BUILDS[spec]
+    compiler = shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no host C++ compiler")
+    plan = spec.plan
+    src = render_normalization(spec).replace(SNIPPETS["convert"].strip(), "")
+    src = src.replace('extern "C" ', "")
+    names, dtypes = spec.parameter_names(), spec.parameter_dtypes()
+    params = [("const unsigned short*", f"in_{n}") for n in names[:-1]]
+    params += [("unsigned short*", "out_y"), ("int", "rows")]
+    assert all(d in ("bfloat16", "float16") for d in dtypes)
+    launch = (HOST_LAUNCH.replace("@PARAMS@", ", ".join(f"{t} {n}" for t, n in params))
+              .replace("@CLUSTER@", str(plan.cluster))
+              .replace("@SMEM@", str(plan.dynamic_shared_bytes))
+              .replace("@KERNEL@", spec.kernel_name)
+              .replace("@ARGS@", ", ".join(n for _, n in params)))
+    work = Path(tempfile.mkdtemp(prefix="norm_host_"))
+    (work / "k.cpp").write_text(HOST_PRELUDE + HOST_EXTRAS + src + launch)
+    subprocess.run([compiler, "-std=c++20", "-O0", "-w", "-shared", "-fPIC", "-pthread",
+                    str(work / "k.cpp"), "-o", str(work / "k.so")], check=True)
+    fn = ctypes.CDLL(str(work / "k.so")).host_launch
+    fn.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] * (len(params) - 1) + [ctypes.c_int]
+    fn.restype = None
+    _BUILDS[spec] = fn
+    return fn
+
+
+@pytest.mark.parametrize("kind, dtype, hidden, cluster, rows, teams, offset", [
+    ("layer_norm", "bfloat16", 2048, 2, 7, 2, 0),   # aligned rows, a team's rows of both parities
+    ("rms_norm", "float16", 2560, 4, 9, 2, 0),
+    ("layer_norm", "bfloat16", 2001, 3, 10, 2, 0),  # rows at every 2-byte phase of a granule
+    ("rms_norm", "bfloat16", 1999, 2, 6, 1, 1),     # x and y 2 bytes off their allocations
+    ("layer_norm", "float16", 8100, 8, 5, 1, 3),    # a last CTA with a short slice
+    ("layer_norm", "bfloat16", 2048, 2, 1, 2, 0),   # fewer rows than teams: a team without rows
+])
+def test_cluster_rows_match_float64_on_the_host(kind, dtype, hidden, cluster, rows, teams, offset):
+    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    g = torch.Generator().manual_seed(hidden + rows + cluster)
+    spec = getattr(NormalizationSpec, kind)(rows, hidden, 1e-5, dtype, envelope=True,
+                                            cluster=cluster, alignment=16 if offset == 0 else 2)
+    plan = spec.plan
+    assert plan.cluster == cluster and plan.rows_per_block == 1
+    assert plan.one_pass == (kind == "layer_norm")
+
+    def placed(t):  # ``offset`` elements into a larger buffer
+        buf = torch.full((t.numel() + 16,), float("nan"), dtype=tdt)
+        view = buf[offset:offset + t.numel()].view(t.shape)
+        view.copy_(t)
+        return buf, view
+
+    # rows of different means and scales (a large mean: the shifted one-pass statistics),
+    # so that a row's shares taken for another's show
+    x0 = (torch.randn(rows, hidden, generator=g) * (1 + torch.arange(rows) % 4)[:, None]
+          + 40 * (torch.arange(rows) % 3)[:, None])
+    _, x = placed(x0.to(tdt))
+    w = (torch.rand(hidden, generator=g) + 0.5).to(tdt)
+    b = torch.randn(hidden, generator=g).to(tdt)
+    ybuf, y = placed(torch.full((rows, hidden), float("nan")).to(tdt))
+    guard = ybuf.clone()
+    tensors = {"x": x, "weight": w} if kind == "rms_norm" else {"x": x, "weight": w, "bias": b}
+    args = [t.data_ptr() for t in tensors.values()] + [y.data_ptr(), rows]
+    _host_kernel(spec)(teams * cluster, plan.block_threads, 1, *args)
+    ref = rn.reference(spec, tensors)
+    err = (y.double() - ref).abs()
+    rtol = 2 ** -7 if tdt == torch.bfloat16 else 2 ** -10
+    bound = rtol * ref.abs() + 2e-3 * ref.abs().max()
+    assert (err <= bound).all(), (err - bound).max().item()
+    # nothing written outside the rows (the envelope's partial granules are shared)
+    inside = torch.zeros_like(ybuf, dtype=torch.bool)
+    inside[offset:offset + rows * hidden] = True
+    assert torch.equal(ybuf[~inside].isnan(), guard[~inside].isnan())
