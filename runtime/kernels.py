@@ -30,8 +30,15 @@ def _normalization(defn: ir.KernelDef, device: torch.device):
     from runtime.normalization import _kernel, dependent_launch, launch_grid
 
     spec = spec_from_params(defn.params)
+    plan = spec.plan
+    if plan.cluster > 1 and torch.cuda.get_device_capability(device)[0] < 9:
+        raise ExecutionError(
+            f"kernel {defn.name}: its plan splits each row over a cluster of {plan.cluster} "
+            f"CTAs, which this GPU (sm_{''.join(map(str, torch.cuda.get_device_capability(device)))}) "
+            "lacks; lower it with a normalization_plan that pins cluster=1 or envelope=False")
     kernel = _kernel(spec, device.index or 0)
-    dependent = dependent_launch(device.index or 0)
+    # a cluster kernel launches plainly (see runtime.normalization._prepare)
+    dependent = plan.cluster == 1 and dependent_launch(device.index or 0)
 
     def launch(tensors, grid, block, smem, scalars, stream):
         for name, t in zip(spec.parameter_names(), tensors):
@@ -41,10 +48,11 @@ def _normalization(defn: ir.KernelDef, device: torch.device):
                     f"{spec.alignment} bytes the kernel was generated for")
         args = tuple(np.uint64(t.data_ptr()) for t in tensors)
         args += tuple(np.int32(v) for v in scalars)
-        if spec.plan.persistent and tuple(grid) == (spec.plan.grid(scalars[0]), 1, 1):
-            # the lowering sized a persistent grid for DEFAULT_SM_COUNT SMs; any grid is
-            # correct (the kernel loops over rows); this device's SMs and the blocks of
-            # the compiled kernel each holds fill it exactly
+        if ((plan.persistent or plan.cluster > 1)
+                and tuple(grid) == (plan.grid(scalars[0]), 1, 1)):
+            # the lowering sized a persistent grid (or a cluster plan's) for
+            # DEFAULT_SM_COUNT SMs; any grid is correct (the kernel loops over rows); this
+            # device's SMs and the blocks (clusters) of the compiled kernel it holds fill it
             grid = (launch_grid(spec, kernel, device, scalars[0]), 1, 1)
         # dependent: see runtime.normalization.dependent_launch
         kernel.launch(tuple(grid), tuple(block), args, smem, stream, dependent)

@@ -417,15 +417,17 @@ def normalize(spec: NormalizationSpec, tensors: Mapping[str, torch.Tensor], out=
 
 def launch_grid(spec: NormalizationSpec, kernel, device, rows: int | None = None) -> int:
     """Blocks to launch: the row-wise kernel's one per group of rows; a cluster plan's, the
-    clusters resident at once; the persistent kernel's, the SMs of ``device`` x the blocks of this compiled kernel resident on
-    each (asked of the driver: ptxas may use fewer registers than the plan promised,
-    and then more blocks fit), never more than there are groups of rows."""
+    clusters resident at once (asked of the driver) x their CTAs; the persistent
+    kernel's, the SMs of ``device`` x the blocks of this compiled kernel resident on each
+    (asked of the driver: ptxas may use fewer registers than the plan promised, and then
+    more blocks fit), never more than there are groups of rows."""
     plan, rows = spec.plan, spec.rows if rows is None else rows
     if plan.cluster > 1:
         # a cluster kernel strides over the rows: as many clusters as the GPCs hold at once
         # (a cluster waiting for a second wave would double the time), never more than rows
         from runtime import jit
 
+        kernel.ensure_smem(plan.dynamic_shared_bytes)  # the query counts the opt-in
         cap = jit.active_clusters(kernel, plan.cluster, plan.block_threads,
                                   plan.dynamic_shared_bytes)
         if cap <= 0:  # no answer: the GPCs' SMs hold about 3 in 4 of the even split

@@ -140,10 +140,10 @@ def lower_normalization(fusion: Fusion, plan=None) -> ir.Program:
     kernel = ir.KernelDef(spec.kernel_name, "normalization", spec_params(spec))
     body = (
         ir.Allocate(y),
-        # the persistent kernel loops over rows, so this grid (resident blocks on
-        # DEFAULT_SM_COUNT SMs, an H100/H200) is correct on any device; the launcher
-        # re-sizes it to the device it runs on (runtime.kernels). The row-wise kernel
-        # (rows one warp covers) has a block per group of rows on any device.
+        # the persistent kernel (and a plan splitting rows over clusters) loops over
+        # rows, so this grid (resident blocks on DEFAULT_SM_COUNT SMs, an H100/H200) is
+        # correct on any device that runs it; the launcher re-sizes it to the device
+        # (runtime.kernels). The row-wise kernel has a block per group of rows anywhere.
         ir.LaunchKernel(spec.kernel_name, args, (plan.grid(rows), 1, 1),
                         (plan.block_threads, 1, 1), plan.dynamic_shared_bytes, (rows,)),
     )

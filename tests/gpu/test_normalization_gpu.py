@@ -454,8 +454,11 @@ def test_every_cluster_size_matches_float64(hidden, norm):
                 spec.plan  # noqa: B018
             except LoweringError:
                 continue  # no plan of this many CTAs covers the row
-            y = rn.normalize(spec, inputs, torch.full_like(x, float("nan")))
-            assert _rel(y, ref) < 1e-2, spec.plan.describe()
+            for _ in range(2):  # each row on its own: a lost or stale share moves one row
+                y = rn.normalize(spec, inputs, torch.full_like(x, float("nan")))
+                assert torch.isfinite(y).all(), spec.plan.describe()
+                rows_err = (y.double() - ref).norm(dim=1) / ref.norm(dim=1)
+                assert rows_err.max() < 1e-2, (spec.plan.describe(), rows_err.argmax().item())
 
 
 @pytest.mark.parametrize("hidden", [513, 4097, 9999, 16385, 40001])

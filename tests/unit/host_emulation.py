@@ -113,7 +113,15 @@ static void share_push(float* dst, unsigned rank, float a, float b, void* bar) {
 #define __shared__ static
 #define __launch_bounds__(...)
 #define __cluster_dims__(...)
-static void __syncthreads() { g_block->arrive_and_wait(); }
+// g_sync_lag_us > 0: a block's odd warps leave each block barrier that much after the
+// even ones, so that a buffer the even warps write again before the odd ones have read
+// it shows (0 by default; a kernel's host test sets it, see test_normalization_host)
+static int g_sync_lag_us = 0;
+static void __syncthreads() {
+  g_block->arrive_and_wait();
+  if (g_sync_lag_us > 0 && (t_warp & 1))
+    std::this_thread::sleep_for(std::chrono::microseconds(g_sync_lag_us));
+}
 static float __shfl_xor_sync(unsigned, float v, int o) {
   WarpExchange& w = g_warps[t_warp];
   w.buf[t_lane] = v; w.bar.arrive_and_wait();

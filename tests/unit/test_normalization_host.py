@@ -41,6 +41,7 @@ static unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned shift) {
   return (unsigned)((((unsigned long long)hi << 32) | lo) >> (shift & 31));
 }
 static unsigned __cvta_generic_to_shared(const void*) { return 0; }  // unused helpers' asm
+static const int lag_odd_warps = (g_sync_lag_us = 300, 0);  // see host_emulation
 """
 
 _BUILDS: dict = {}
@@ -76,21 +77,29 @@ def _host_kernel(spec):
     return fn
 
 
-@pytest.mark.parametrize("kind, dtype, hidden, cluster, rows, teams, offset", [
-    ("layer_norm", "bfloat16", 2048, 2, 7, 2, 0),   # aligned rows, a team's rows of both parities
-    ("rms_norm", "float16", 2560, 4, 9, 2, 0),
-    ("layer_norm", "bfloat16", 2001, 3, 10, 2, 0),  # rows at every 2-byte phase of a granule
-    ("rms_norm", "bfloat16", 1999, 2, 6, 1, 1),     # x and y 2 bytes off their allocations
-    ("layer_norm", "float16", 8100, 8, 5, 1, 3),    # a last CTA with a short slice
-    ("layer_norm", "bfloat16", 2048, 2, 1, 2, 0),   # fewer rows than teams: a team without rows
+@pytest.mark.parametrize("kind, dtype, hidden, cluster, rows, teams, offset, threads", [
+    ("layer_norm", "bfloat16", 2048, 2, 7, 2, 0, None),   # aligned rows, a team's rows of both parities
+    ("rms_norm", "float16", 2560, 4, 9, 2, 0, None),
+    ("layer_norm", "bfloat16", 2001, 3, 10, 2, 0, None),  # rows at every 2-byte phase of a granule
+    ("rms_norm", "bfloat16", 1999, 2, 6, 1, 1, None),     # x and y 2 bytes off their allocations
+    ("layer_norm", "float16", 8100, 8, 5, 1, 3, None),    # a last CTA with a short slice
+    ("layer_norm", "bfloat16", 2048, 2, 1, 2, 0, None),   # fewer rows than teams: a team without rows
+    # blocks of several warps (their sums through shared memory, by the row's parity; the
+    # odd warps leave each block barrier late)
+    ("layer_norm", "bfloat16", 6144, 2, 6, 1, 0, 96),
+    ("rms_norm", "float16", 8191, 3, 5, 2, 0, 64),
+    ("layer_norm", "float16", 16384, 4, 4, 1, 1, 128),
 ])
-def test_cluster_rows_match_float64_on_the_host(kind, dtype, hidden, cluster, rows, teams, offset):
+def test_cluster_rows_match_float64_on_the_host(kind, dtype, hidden, cluster, rows, teams, offset,
+                                                threads):
     tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     g = torch.Generator().manual_seed(hidden + rows + cluster)
     spec = getattr(NormalizationSpec, kind)(rows, hidden, 1e-5, dtype, envelope=True,
-                                            cluster=cluster, alignment=16 if offset == 0 else 2)
+                                            cluster=cluster, alignment=16 if offset == 0 else 2,
+                                            threads_per_row=threads)
     plan = spec.plan
     assert plan.cluster == cluster and plan.rows_per_block == 1
+    assert plan.threads_per_row == (threads or 32)
     assert plan.one_pass == (kind == "layer_norm")
 
     def placed(t):  # ``offset`` elements into a larger buffer

@@ -600,6 +600,20 @@ def test_cluster_plans_pin_round_trip_and_are_checked():
         assert "mbar_wait_cluster(" in src and "prefetch(row + teams)" in src
         body = src[src.index("__cluster_dims__"):]
         assert "cluster_sync()" in body and body.count("cluster_sync()") == 1  # entry only
+    # the tuner's candidates: envelope plans of the same cluster, then the other families
+    from lowering.kernels.normalization import tune_plans
+
+    spec = NormalizationSpec.layer_norm(ROWS, 33280, dtype="bfloat16")
+    plans = tune_plans(spec)
+    assert plans[0] == spec.plan and any(p.shared_row for p in plans)
+    assert all(p.cluster == spec.plan.cluster for p in plans if p.envelope)
+    assert len([p for p in plans if p.envelope]) > 1
+    # a pinned one-block envelope plan (cluster 1) taken to another family
+    narrow = NormalizationSpec.layer_norm(ROWS, 8192, dtype="bfloat16", alignment=2)
+    pinned = spec_with_plan(narrow, narrow.plan)
+    assert pinned.cluster == 1 and dataclasses.replace(
+        pinned, envelope=False, threads_per_row=None, batch=None, rows_per_block=None,
+        one_pass=None, blocks_per_sm=None).plan.persistent
     with pytest.raises(LoweringError, match="pin envelope=True"):
         NormalizationSpec.rms_norm(ROWS, 49664, cluster=2).plan
     with pytest.raises(LoweringError, match="cluster 9"):

@@ -408,7 +408,7 @@ def plan_launch(
         return dataclasses.replace(best, blocks_per_sm=blocks_per_sm)
     register_pins = (param_cache, prefetch, x_staged, stages, one_pass, l2_hint, packed, x_bulk,
                      shared_param_bytes)
-    if cluster is not None and not envelope:
+    if cluster not in (None, 1) and not envelope:
         raise LoweringError("normalization plan: cluster splits the envelope kernel's rows: "
                             "pin envelope=True with it")
     if envelope:

@@ -70,9 +70,11 @@ def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]
         # has without it
         layer = isinstance(spec.norm, LayerNorm)
         others = [dataclasses.replace(p, one_pass=chosen.one_pass) for p in
-                  rank_envelope(envelope_candidates(spec.hidden, layer))[:ENVELOPE_TUNE]]
+                  rank_envelope(envelope_candidates(spec.hidden, layer, cluster=chosen.cluster))
+                  [:ENVELOPE_TUNE]]
         try:
-            rest = tune_plans(dataclasses.replace(spec, envelope=False), geometries)
+            rest = tune_plans(dataclasses.replace(spec, envelope=False, cluster=None),
+                              geometries)
         except LoweringError:
             rest = []
         return _unique([chosen, *others, *rest])
