@@ -58,6 +58,14 @@ def _spec(kind: str, rows: int, hidden: int, eps: float, dtype: str, alignment: 
                               hardware=device_hardware(device_index)), device_index)
 
 
+def call_spec(kind: str, rows: int, hidden: int, eps: float, dtype: str, alignment: int,
+              device_index: int):
+    """The spec a call of ``kind`` ("layer_norm", "rms_norm", "fused") runs with these
+    values on device ``device_index`` (-1: none, the SM90 model): what `layer_norm`,
+    `rms_norm` and `layer_norm_fused` launch (the warmup job compiles it ahead)."""
+    return _spec(kind, rows, hidden, eps, dtype, alignment, device_index)
+
+
 def layer_norm_fused(x, b0, b1, w, b2, eps: float = 1e-5, out=None):
     """``half(layer_norm(float(half(float(x) + float(b0))) + float(b1)) * w + b2)`` over rows.
 

@@ -118,12 +118,20 @@ def matmul_units(shapes, dtype, major, minor) -> list:
 
 
 def norm_units(kind, widths, dtype, arch) -> list:
-    from lowering.kernels.normalization import NormalizationSpec, render_normalization
+    """The kernels `runtime.normalization`'s calls of ``kind`` at these widths run: their
+    specs as a call builds them (16-byte aligned tensors, the API's default eps), planned
+    by this machine's GPU model (`device_hardware`: SM90's without a GPU; a GPU whose
+    model picks another plan for a width compiles that kernel on first use)."""
+    import torch
 
-    make = NormalizationSpec.layer_norm if kind == "layer_norm" else NormalizationSpec.rms_norm
+    from lowering.kernels.normalization import render_normalization
+    from runtime import normalization as rn
+
+    device = 0 if torch.cuda.is_available() else -1
+    eps = 1e-5 if kind == "layer_norm" else 1e-6
     units = {}
     for hidden in widths:
-        spec = make(8192, hidden, dtype=dtype)
+        spec = rn.call_spec(kind, 8192, hidden, eps, dtype, 16, device)
         units[render_normalization(spec)] = (render_normalization(spec), [spec.kernel_name], arch)
     return list(units.values())
 

@@ -69,3 +69,26 @@ def test_warmup_refusals_are_one_line(tmp_path, argv, message):
     assert done.returncode == 2
     lines = [l for l in done.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and "hostir warmup: error:" in lines[0] and message in lines[0]
+
+
+def test_norm_warmup_compiles_the_kernels_the_calls_run():
+    """The warmup's normalization kernels are those `runtime.normalization`'s calls
+    build (this machine's model: SM90's without a GPU); a GPU model that picks the same
+    plan names the same kernel (one source, one cache entry), another plan another."""
+    import dataclasses
+
+    from hostir.jobs.warmup import norm_units
+    from lowering.kernels.normalization import SM90, NormalizationSpec, render_normalization
+    from runtime import normalization as rn
+
+    units = norm_units("layer_norm", [4096, 5140], "bfloat16", "sm_90")
+    for (source, names, arch), hidden in zip(units, (4096, 5140)):
+        call = rn.call_spec("layer_norm", 300, hidden, 1e-5, "bfloat16", 16, -1)
+        assert source == render_normalization(call) and names == [call.kernel_name]
+    h100 = dataclasses.replace(SM90, bandwidth=3.352e12)  # its clocks' figure, not SM90's
+    a = NormalizationSpec.rms_norm(8192, 4096, dtype="bfloat16", hardware=h100)
+    b = NormalizationSpec.rms_norm(64, 4096, dtype="bfloat16")
+    assert a.plan == b.plan and a.kernel_name == b.kernel_name
+    assert render_normalization(a) == render_normalization(b)
+    other = dataclasses.replace(b, threads_per_row=256)
+    assert other.plan != b.plan and other.kernel_name != b.kernel_name

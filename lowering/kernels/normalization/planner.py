@@ -364,6 +364,7 @@ def plan_launch(
     envelope: bool | None = None,
     prologue: bool = False,
     cluster: int | None = None,
+    base_aligned: bool = True,
 ) -> LaunchPlan:
     """Pick the kernel (row-wise or persistent), threads per row, the persistent batch
     and rows per block for ``hidden``.
@@ -391,7 +392,7 @@ def plan_launch(
     """
     wide = dict(shared_row=shared_row, rows_aligned=rows_aligned, out_bytes=out_bytes,
                 prologue_bytes=prologue_bytes, passes=passes, layer_norm=layer_norm,
-                hardware=hardware, prologue=prologue)
+                hardware=hardware, prologue=prologue, base_aligned=base_aligned)
     if blocks_per_sm is not None:
         # the block promise pinned (`LaunchPlan.blocks_per_sm`) on the plan otherwise chosen
         best = plan_launch(hidden, vector_width, value_bytes, threads_per_row, batch,
@@ -433,7 +434,8 @@ def plan_launch(
         sizes = [cluster] if cluster is not None else range(1, most + 1)
         best = fallback = None
         for size in sizes:  # the smallest cluster with a plan the default allows
-            plans = envelope_candidates(hidden, layer_norm, rows_per_block, size)
+            plans = envelope_candidates(hidden, layer_norm, rows_per_block, size, bf16,
+                                        base_aligned)
             pinned = [p for p in plans if threads_per_row in (None, p.threads_per_row)
                       and batch in (None, p.batch)]
             fallback = fallback or (pinned[0] if pinned else None)
@@ -479,7 +481,7 @@ def plan_launch(
             and rows_per_block is None and all(v is None for v in register_pins)):
         plain = _plain_rowwise(hidden, vector_width, value_bytes, wide)
         if plain is None and envelope is None:
-            plain = _envelope_rowwise(hidden, vector_width, value_bytes, param_sizes, wide)
+            plain = _envelope_rowwise(hidden, vector_width, value_bytes, param_sizes, wide, bf16)
         if plain is not None:
             return plain
         routed = _route(hidden, vector_width, value_bytes, param_bytes, bf16, param_sizes, wide)
@@ -702,18 +704,24 @@ ENVELOPE_LAYER_MIN = 6144  # unaligned layer norms from this many values
 ENVELOPE_REGISTERS = 40
 # Registers a cluster's CTA takes beyond them (its rank and slice offset, the exchange).
 ENVELOPE_CLUSTER_REGISTERS = 4
+# And a cluster's layer norm, for fp16 values and again for base pointers off 16 bytes:
+# at the bf16 estimate ptxas spilled 8-16 bytes there (80 registers: six chunks a thread
+# at 92K-131K fp16 values, 54272-110592 bf16 two bytes off; five at fp16 two bytes off).
+ENVELOPE_CLUSTER_SPARE = 8
 # CTAs a row at most: the portable cluster size.
 MAX_CLUSTER = 8
 
 
 def envelope_candidates(hidden: int, layer_norm: bool, rows_per_block: int | None = None,
-                        cluster: int = 1) -> list[LaunchPlan]:
+                        cluster: int = 1, bf16: bool = True,
+                        base_aligned: bool = True) -> list[LaunchPlan]:
     """Every envelope plan of a row on ``cluster`` CTAs: T threads a CTA's slice (a warp
     multiple; several rows a block below `MIN_THREADS_PER_BLOCK`, or ``rows_per_block``,
     where the row is one CTA's) and K chunks a thread, no slot empty for every thread, up
     to `MAX_ENVELOPE_CHUNKS`; in a cluster, one row a block and every CTA's slice holding
     chunks of every row. The block promise: the most blocks an SM holds at the register
-    estimate."""
+    estimate (a cluster's layer norm of fp16 values, and on base pointers off 16 bytes,
+    counts `ENVELOPE_CLUSTER_SPARE` more for each: ``bf16``, ``base_aligned``)."""
     chunks = row_chunks(hidden, 2, False)
     least = -(-hidden // 8)  # the chunks of the row whose envelope starts aligned
     share = -(-chunks // cluster)  # a CTA's chunks at most
@@ -725,7 +733,10 @@ def envelope_candidates(hidden: int, layer_norm: bool, rows_per_block: int | Non
         r = rows_per_block or (max(1, MIN_THREADS_PER_BLOCK // t) if cluster == 1 else 1)
         if t * r > MAX_THREADS_PER_BLOCK or (cluster > 1 and r != 1):
             continue
-        est = ENVELOPE_REGISTERS + 4 * k + 8 * layer_norm + ENVELOPE_CLUSTER_REGISTERS * (cluster > 1)
+        est = ENVELOPE_REGISTERS + 4 * k + 8 * layer_norm
+        if cluster > 1:
+            est += ENVELOPE_CLUSTER_REGISTERS
+            est += ENVELOPE_CLUSTER_SPARE * layer_norm * ((not bf16) + (not base_aligned))
         allotted = round_up(t * r // WARP, 4) * WARP  # threads, by sub-partition
         blocks = min(MAX_THREADS_PER_SM // (t * r),
                      REGISTERS_PER_SM // (allotted * round_up(est, 8)), MAX_BLOCKS_PER_SM)
@@ -771,7 +782,7 @@ def rank_envelope(plans: list[LaunchPlan]) -> list[LaunchPlan]:
 
 
 def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int,
-                      param_sizes: tuple[int, ...], wide: dict):
+                      param_sizes: tuple[int, ...], wide: dict, bf16: bool = True):
     """The envelope plan of a plain 16-bit norm (no prologue, no epilogue tensors, 16-bit
     weight, bias and output: what its register estimate counts), or None where the other
     rules decide. Side by side on an H200 (bf16, 8192 rows), against the plans these
@@ -806,7 +817,8 @@ def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int,
     if plan is None and wide["hardware"].clusters and _cluster_beats_shared_row(
             hidden, layer, sum(param_sizes), wide):
         for cluster in range(2, MAX_CLUSTER + 1):  # the smallest cluster that holds the row
-            plan = _choose_envelope(envelope_candidates(hidden, layer, cluster=cluster))
+            plan = _choose_envelope(envelope_candidates(
+                hidden, layer, cluster=cluster, bf16=bf16, base_aligned=wide["base_aligned"]))
             if plan is not None:
                 break
     return dataclasses.replace(plan, one_pass=True) if plan and layer else plan

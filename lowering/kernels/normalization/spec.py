@@ -255,11 +255,18 @@ class NormalizationSpec:
             envelope=self.envelope,
             cluster=self.cluster,
             prologue=bool(self.prologue),
+            base_aligned=self.alignment >= 16,
         )
 
     @property
     def kernel_name(self) -> str:
-        digest = hashlib.sha1(repr(dataclasses.replace(self, rows=1)).encode()).hexdigest()[:10]
+        """``hostir_<kind>_<hidden>_<digest>``: the digest of what the kernel computes and
+        its plan, not of the hardware model that chose the plan (nor the rows, a launch
+        argument), so that GPUs whose models pick the same plan share one kernel: one
+        source, one entry of the kernel cache (a warmup on a machine without the GPU
+        fills it for the GPU wherever the plans agree)."""
+        what = dataclasses.replace(self, rows=1, hardware=None)
+        digest = hashlib.sha1(f"{what!r} {self.plan!r}".encode()).hexdigest()[:10]
         kind = "layer_norm" if isinstance(self.norm, LayerNorm) else "rms_norm"
         return f"hostir_{kind}_{self.hidden}_{digest}"
 

@@ -70,8 +70,10 @@ def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]
         # has without it
         layer = isinstance(spec.norm, LayerNorm)
         others = [dataclasses.replace(p, one_pass=chosen.one_pass) for p in
-                  rank_envelope(envelope_candidates(spec.hidden, layer, cluster=chosen.cluster))
-                  [:ENVELOPE_TUNE]]
+                  rank_envelope(envelope_candidates(
+                      spec.hidden, layer, cluster=chosen.cluster,
+                      bf16="bfloat16" in spec.parameter_dtypes(),
+                      base_aligned=spec.alignment >= 16))[:ENVELOPE_TUNE]]
         try:
             rest = tune_plans(dataclasses.replace(spec, envelope=False, cluster=None),
                               geometries)
