@@ -1,4 +1,4 @@
-"""The envelope kernel's rows split over a cluster, run on the host.
+"""The envelope kernel, its rows on one block and split over a cluster, run on the host.
 
 The generated CUDA C++ is compiled by the host compiler with the seams' host emulation
 (`host_emulation.HOST_PRELUDE`, as the seams' tests: a std::thread per GPU thread, a cluster's CTAs side
@@ -92,8 +92,6 @@ def _host_kernel(spec):
 ])
 def test_cluster_rows_match_float64_on_the_host(kind, dtype, hidden, cluster, rows, teams, offset,
                                                 threads):
-    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
-    g = torch.Generator().manual_seed(hidden + rows + cluster)
     spec = getattr(NormalizationSpec, kind)(rows, hidden, 1e-5, dtype, envelope=True,
                                             cluster=cluster, alignment=16 if offset == 0 else 2,
                                             threads_per_row=threads)
@@ -101,6 +99,32 @@ def test_cluster_rows_match_float64_on_the_host(kind, dtype, hidden, cluster, ro
     assert plan.cluster == cluster and plan.rows_per_block == 1
     assert plan.threads_per_row == (threads or 32)
     assert plan.one_pass == (kind == "layer_norm")
+    _check_on_the_host(spec, teams * cluster, offset)
+
+
+@pytest.mark.parametrize("kind, hidden, rows, offset, one_pass", [
+    ("layer_norm", 2001, 9, 0, True),    # one row a block of 96 threads, rows at every phase
+    ("layer_norm", 7001, 5, 1, None),    # the two-pass statistics, bases 2 bytes off
+    ("rms_norm", 513, 10, 0, None),      # four rows a block, one warp each
+    ("rms_norm", 100, 7, 3, None),       # one chunk a thread: every chunk partial or whole
+])
+def test_one_block_envelope_rows_match_float64_on_the_host(kind, hidden, rows, offset, one_pass):
+    """The envelope kernel without a cluster (one row on a block's threads, or several rows
+    a block), which the GPU tests alone ran before."""
+    spec = getattr(NormalizationSpec, kind)(rows, hidden, 1e-5, "bfloat16", envelope=True,
+                                            alignment=16 if offset == 0 else 2, one_pass=one_pass)
+    plan = spec.plan
+    assert plan.envelope and plan.cluster == 1
+    _check_on_the_host(spec, -(-rows // plan.rows_per_block), offset)
+
+
+def _check_on_the_host(spec, grid: int, offset: int) -> None:
+    """Runs ``spec``'s kernel on the host over ``grid`` blocks, x and y ``offset`` elements
+    into their buffers, and checks y against float64 and that nothing around it was
+    written."""
+    plan, rows, hidden = spec.plan, spec.rows, spec.hidden
+    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[spec.input_dtype]
+    g = torch.Generator().manual_seed(hidden + rows + plan.cluster)
 
     def placed(t):  # ``offset`` elements into a larger buffer
         buf = torch.full((t.numel() + 16,), float("nan"), dtype=tdt)
@@ -117,9 +141,10 @@ def test_cluster_rows_match_float64_on_the_host(kind, dtype, hidden, cluster, ro
     b = torch.randn(hidden, generator=g).to(tdt)
     ybuf, y = placed(torch.full((rows, hidden), float("nan")).to(tdt))
     guard = ybuf.clone()
-    tensors = {"x": x, "weight": w} if kind == "rms_norm" else {"x": x, "weight": w, "bias": b}
+    layer = "bias" in spec.parameter_names()
+    tensors = {"x": x, "weight": w, "bias": b} if layer else {"x": x, "weight": w}
     args = [t.data_ptr() for t in tensors.values()] + [y.data_ptr(), rows]
-    _host_kernel(spec)(teams * cluster, plan.block_threads, 1, *args)
+    _host_kernel(spec)(grid, plan.block_threads, 1, *args)
     ref = rn.reference(spec, tensors)
     err = (y.double() - ref).abs()
     rtol = 2 ** -7 if tdt == torch.bfloat16 else 2 ** -10
