@@ -4,7 +4,18 @@ barriers, shared memory per CTA (filled with a pattern), cp.async and bulk copie
 land at once, mbarriers with their phases and transaction bytes, asynchronous stores
 into another CTA of the cluster, warp shuffles. `HOST_PRELUDE` goes before a kernel's
 source (with the shared "convert" snippet taken out), `HOST_LAUNCH` after it, its
-@PARAMS@, @CLUSTER@, @SMEM@, @KERNEL@ and @ARGS@ filled in."""
+@PARAMS@, @CLUSTER@, @SMEM@, @KERNEL@ and @ARGS@ filled in; `build` does both and
+compiles."""
+
+import ctypes
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from lowering.kernels.render import SNIPPETS
 
 HOST_PRELUDE = r"""
 #include <atomic>
@@ -186,3 +197,30 @@ extern "C" void host_launch(int grid_x, int block_x, int block_y, @PARAMS@) {
   for (auto& th : threads) th.join();
 }
 """
+
+
+def build(source: str, name: str, params, cluster: int = 1, smem: int = 0, extras: str = ""):
+    """A kernel's CUDA source compiled for the host: the ctypes function
+    host_launch(grid, block_x, block_y, *args) for the kernel ``name`` whose parameters are
+    ``params`` ((C type, name) pairs), its blocks in clusters of ``cluster``, each with
+    ``smem`` bytes of dynamic shared memory; ``extras``: host code the kernel needs beyond
+    `HOST_PRELUDE`. Skips the test without a host C++ compiler."""
+    compiler = shutil.which("g++")
+    if compiler is None:
+        pytest.skip("no host C++ compiler")
+    src = source.replace(SNIPPETS["convert"].strip(), "").replace('extern "C" ', "")
+    launch = (HOST_LAUNCH.replace("@PARAMS@", ", ".join(f"{t} {n}" for t, n in params))
+              .replace("@CLUSTER@", str(cluster))
+              .replace("@SMEM@", str(smem))
+              .replace("@KERNEL@", name)
+              .replace("@ARGS@", ", ".join(n for _, n in params)))
+    work = Path(tempfile.mkdtemp(prefix="host_kernel_"))
+    (work / "k.cpp").write_text(HOST_PRELUDE + extras + src + launch)
+    subprocess.run([compiler, "-std=c++20", "-O0", "-w", "-shared", "-fPIC", "-pthread",
+                    str(work / "k.cpp"), "-o", str(work / "k.so")], check=True)
+    fn = ctypes.CDLL(str(work / "k.so")).host_launch
+    kinds = {"float": ctypes.c_float, "int": ctypes.c_int, "long long": ctypes.c_longlong}
+    fn.argtypes = [ctypes.c_int] * 3 + [kinds.get(t, ctypes.c_void_p) for t, _ in params]
+    fn.restype = None
+    return fn
+

@@ -368,15 +368,7 @@ def test_unknown_norm_kind_is_refused():
 # What only the GPU can say (timing, the PTX conversions, alignment faults) is
 # tests/gpu/test_fused_gpu.py's.
 
-import ctypes  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-from lowering.kernels.render import SNIPPETS  # noqa: E402
-
-from .host_emulation import HOST_LAUNCH, HOST_PRELUDE  # noqa: E402
+from . import host_emulation  # noqa: E402
 
 _HOST_BUILDS: dict = {}
 
@@ -384,30 +376,12 @@ _HOST_BUILDS: dict = {}
 def _host_kernel(spec, render=None):
     """``spec``'s kernel built for the host: a ctypes function host_launch(grid, bx, by,
     *the kernel's arguments). ``render``: its renderer, if not the seams'."""
-    if spec in _HOST_BUILDS:
-        return _HOST_BUILDS[spec]
-    compiler = shutil.which("g++")
-    if compiler is None:
-        pytest.skip("no host C++ compiler")
-    src = (render or S.render)(spec).replace(SNIPPETS["convert"].strip(), "")
-    src = src.replace('extern "C" ', "")
-    params = spec.params()
-    plan = spec.plan if isinstance(spec, S.AddNormBackwardSpec) else None
-    launch = (HOST_LAUNCH.replace("@PARAMS@", ", ".join(f"{t} {n}" for t, n in params))
-              .replace("@CLUSTER@", str(plan.cluster if plan else 1))
-              .replace("@SMEM@", str(plan.smem_bytes if plan else 0))
-              .replace("@KERNEL@", spec.kernel_name)
-              .replace("@ARGS@", ", ".join(n for _, n in params)))
-    work = Path(tempfile.mkdtemp(prefix="seams_host_"))
-    (work / "k.cpp").write_text(HOST_PRELUDE + src + launch)
-    subprocess.run([compiler, "-std=c++20", "-O0", "-w", "-shared", "-fPIC", "-pthread",
-                    str(work / "k.cpp"), "-o", str(work / "k.so")], check=True)
-    fn = ctypes.CDLL(str(work / "k.so")).host_launch
-    kinds = {"float": ctypes.c_float, "int": ctypes.c_int, "long long": ctypes.c_longlong}
-    fn.argtypes = [ctypes.c_int] * 3 + [kinds.get(t, ctypes.c_void_p) for t, _ in params]
-    fn.restype = None
-    _HOST_BUILDS[spec] = fn
-    return fn
+    if spec not in _HOST_BUILDS:
+        plan = spec.plan if isinstance(spec, S.AddNormBackwardSpec) else None
+        _HOST_BUILDS[spec] = host_emulation.build(
+            (render or S.render)(spec), spec.kernel_name, spec.params(),
+            plan.cluster if plan else 1, plan.smem_bytes if plan else 0)
+    return _HOST_BUILDS[spec]
 
 
 def _p(t):

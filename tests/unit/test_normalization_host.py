@@ -12,20 +12,14 @@ written into a slot still to be read would show as a wrong row.
 
 from __future__ import annotations
 
-import ctypes
-import shutil
-import subprocess
-import tempfile
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from lowering.kernels.normalization import NormalizationSpec, render_normalization  # noqa: E402
-from lowering.kernels.render import SNIPPETS  # noqa: E402
 from runtime import normalization as rn  # noqa: E402
-from .host_emulation import HOST_LAUNCH, HOST_PRELUDE  # noqa: E402
+
+from . import host_emulation  # noqa: E402
 
 # what the normalization kernels use beyond the seams' kernels, as plain host code
 HOST_EXTRAS = r"""
@@ -49,32 +43,15 @@ _BUILDS: dict = {}
 
 def _host_kernel(spec):
     """``spec``'s kernel built for the host: host_launch(grid, bx, by, tensors..., rows)."""
-    if spec in _BUILDS:
-        return _BUILDS[spec]
-    compiler = shutil.which("g++")
-    if compiler is None:
-        pytest.skip("no host C++ compiler")
-    plan = spec.plan
-    src = render_normalization(spec).replace(SNIPPETS["convert"].strip(), "")
-    src = src.replace('extern "C" ', "")
-    names, dtypes = spec.parameter_names(), spec.parameter_dtypes()
-    params = [("const unsigned short*", f"in_{n}") for n in names[:-1]]
-    params += [("unsigned short*", "out_y"), ("int", "rows")]
-    assert all(d in ("bfloat16", "float16") for d in dtypes)
-    launch = (HOST_LAUNCH.replace("@PARAMS@", ", ".join(f"{t} {n}" for t, n in params))
-              .replace("@CLUSTER@", str(plan.cluster))
-              .replace("@SMEM@", str(plan.dynamic_shared_bytes))
-              .replace("@KERNEL@", spec.kernel_name)
-              .replace("@ARGS@", ", ".join(n for _, n in params)))
-    work = Path(tempfile.mkdtemp(prefix="norm_host_"))
-    (work / "k.cpp").write_text(HOST_PRELUDE + HOST_EXTRAS + src + launch)
-    subprocess.run([compiler, "-std=c++20", "-O0", "-w", "-shared", "-fPIC", "-pthread",
-                    str(work / "k.cpp"), "-o", str(work / "k.so")], check=True)
-    fn = ctypes.CDLL(str(work / "k.so")).host_launch
-    fn.argtypes = [ctypes.c_int] * 3 + [ctypes.c_void_p] * (len(params) - 1) + [ctypes.c_int]
-    fn.restype = None
-    _BUILDS[spec] = fn
-    return fn
+    if spec not in _BUILDS:
+        plan = spec.plan
+        assert all(d in ("bfloat16", "float16") for d in spec.parameter_dtypes())
+        params = [("const unsigned short*", f"in_{n}") for n in spec.parameter_names()[:-1]]
+        params += [("unsigned short*", "out_y"), ("int", "rows")]
+        _BUILDS[spec] = host_emulation.build(render_normalization(spec), spec.kernel_name,
+                                             params, plan.cluster, plan.dynamic_shared_bytes,
+                                             HOST_EXTRAS)
+    return _BUILDS[spec]
 
 
 @pytest.mark.parametrize("kind, dtype, hidden, cluster, rows, teams, offset, threads", [
