@@ -357,9 +357,8 @@ def _backward_record(kind, dtype, hidden: int, dh: bool, alignment: int, index: 
                  _resident_blocks(kernel, plan.block_threads, plan.smem_bytes))
     cap = _sm_count(index) * per_sm
     if plan.cluster > 1:
-        cap = _active_clusters(kernel, plan.cluster, plan.block_threads, plan.smem_bytes)
-        if cap <= 0:  # no answer: the GPCs' SMs hold about 3 in 4 of the even split
-            cap = max(1, _sm_count(index) * per_sm // plan.cluster * 3 // 4)
+        cap = jit.cluster_cap(_active_clusters(kernel, plan.cluster, plan.block_threads,
+                                               plan.smem_bytes), cap, plan.cluster)
     rows = _Launch(spec, index, kernel, plan.block, plan.smem_bytes,
                    plan.cluster == 1 and _dependent_launch(index), plan.rows_per_block, cap,
                    plan.cluster)

@@ -674,6 +674,14 @@ def precompile(units: Sequence[tuple[str, Sequence[str], str]], workers: int | N
     return errors
 
 
+def cluster_cap(active: int, blocks: int, cluster: int) -> int:
+    """Clusters of ``cluster`` CTAs a persistent grid takes: ``active``, what the driver
+    said (`active_clusters`), else, where it could not say (0), about 3 in 4 of the even
+    split of the ``blocks`` the device holds at once (a GPC's SMs hold whole clusters
+    only), at least one."""
+    return active if active > 0 else max(1, blocks // cluster * 3 // 4)
+
+
 def active_clusters(kernel, cluster: int, threads: int, smem: int) -> int:
     """cuOccupancyMaxActiveClusters of a kernel with compiled-in cluster dims; 0 where
     the driver cannot say."""

@@ -31,11 +31,12 @@ def _normalization(defn: ir.KernelDef, device: torch.device):
 
     spec = spec_from_params(defn.params)
     plan = spec.plan
-    if plan.cluster > 1 and torch.cuda.get_device_capability(device)[0] < 9:
+    major, minor = torch.cuda.get_device_capability(device)
+    if plan.cluster > 1 and major < 9:
         raise ExecutionError(
             f"kernel {defn.name}: its plan splits each row over a cluster of {plan.cluster} "
-            f"CTAs, which this GPU (sm_{''.join(map(str, torch.cuda.get_device_capability(device)))}) "
-            "lacks; lower it with a normalization_plan that pins cluster=1 or envelope=False")
+            f"CTAs, which this GPU (sm_{major}{minor}) lacks; lower it with a "
+            "normalization_plan that pins cluster=1 or envelope=False")
     kernel = _kernel(spec, device.index or 0)
     # a cluster kernel launches plainly (see runtime.normalization._prepare)
     dependent = plan.cluster == 1 and dependent_launch(device.index or 0)

@@ -436,10 +436,10 @@ def launch_grid(spec: NormalizationSpec, kernel, device, rows: int | None = None
         from runtime import jit
 
         kernel.ensure_smem(plan.dynamic_shared_bytes)  # the query counts the opt-in
-        cap = jit.active_clusters(kernel, plan.cluster, plan.block_threads,
-                                  plan.dynamic_shared_bytes)
-        if cap <= 0:  # no answer: the GPCs' SMs hold about 3 in 4 of the even split
-            cap = max(1, sm_count(device) * resident_blocks(kernel, plan) // plan.cluster * 3 // 4)
+        active = jit.active_clusters(kernel, plan.cluster, plan.block_threads,
+                                     plan.dynamic_shared_bytes)
+        cap = jit.cluster_cap(active, sm_count(device) * resident_blocks(kernel, plan),
+                              plan.cluster)
         return min(rows, cap) * plan.cluster
     if not plan.persistent:
         return plan.grid(rows)
