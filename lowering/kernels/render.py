@@ -29,6 +29,8 @@ TO_FLOAT: dict[str, str] = {"bf16": "bf16_to_f32", "fp16": "f16_to_f32", "fp32":
 FROM_FLOAT: dict[str, str] = {"bf16": "f32_to_bf16", "fp16": "f32_to_f16", "fp32": "f32_to_f32"}
 # Packs two floats into one 32-bit word of two 16-bit values (low half = first).
 PACK2: dict[str, str] = {"bf16": "pack_bf16x2", "fp16": "pack_f16x2"}
+# And back: one word to two floats.
+UNPACK2: dict[str, str] = {"bf16": "unpack_bf16x2", "fp16": "unpack_f16x2"}
 
 # Snippets shared by every generated kernel. Each is self-contained device code.
 SNIPPETS: dict[str, str] = {
@@ -52,6 +54,15 @@ __device__ __forceinline__ unsigned int pack_bf16x2(float lo, float hi) {
 }
 __device__ __forceinline__ unsigned int pack_f16x2(float lo, float hi) {
   unsigned int r; asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo)); return r;
+}
+// One 32-bit word of two 16-bit values to two floats (low half = first), one instruction
+// each: taking the halves out one at a time costs a byte permute more for the high one.
+__device__ __forceinline__ void unpack_bf16x2(unsigned int w, float& lo, float& hi) {
+  lo = __uint_as_float(w << 16); hi = __uint_as_float(w & 0xffff0000u);
+}
+__device__ __forceinline__ void unpack_f16x2(unsigned int w, float& lo, float& hi) {
+  asm("{.reg .f16 l, h; mov.b32 {l, h}, %2; cvt.f32.f16 %0, l; cvt.f32.f16 %1, h;}"
+      : "=f"(lo), "=f"(hi) : "r"(w));
 }
 """,
     "min_max": r"""

@@ -20,6 +20,8 @@ CTA (or cluster of CTAs, for rows wider than one CTA holds).
 
 from __future__ import annotations
 
+from lowering.kernels import render
+
 # The kernels' only view of their dtype: to_f / from_f / pack2 over render's conversions
 # (@TO@, @FROM@, @PACK@ filled per dtype), unpack2 from `UNPACK2`.
 DTYPE_FUNCTIONS = r"""
@@ -28,11 +30,7 @@ __device__ __forceinline__ unsigned short from_f(float x) { return @FROM@(x); }
 __device__ __forceinline__ unsigned int pack2(float lo, float hi) { return @PACK@(lo, hi); }
 __device__ __forceinline__ void unpack2(unsigned int w, float& lo, float& hi) { @UNPACK@ }
 """
-UNPACK2 = {
-    "bf16": "lo = __uint_as_float(w << 16); hi = __uint_as_float(w & 0xffff0000u);",
-    "fp16": "lo = f16_to_f32((unsigned short)(w & 0xffffu)); "
-            "hi = f16_to_f32((unsigned short)(w >> 16));",
-}
+UNPACK2 = {d: f"{name}(w, lo, hi);" for d, name in render.UNPACK2.items()}
 
 VEC_IO = r"""
 // V consecutive 16-bit values as one access of 2*V bytes (the caller keeps it aligned).

@@ -50,6 +50,41 @@ def test_normalization_program_matches_float64(rows, hidden, dtype):
     assert torch.isfinite(y).all() and err < 1e-2, err
 
 
+@pytest.mark.parametrize("rows", [1031, 3])
+def test_cluster_plan_program_matches_float64(rows):
+    """A plain layer norm too wide for one block (40000 values, bf16) lowers to the
+    envelope kernel split over a cluster; its LaunchKernel re-sizes the nominal grid to the
+    clusters this device holds (also with fewer rows than clusters) and launches without
+    the dependent launch: every row against float64."""
+    pytest.importorskip("cupy")
+    from lowering.kernels.normalization import spec_from_params
+    from runtime.device import CudaBackend
+    from runtime.interpreter import Interpreter
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("thread-block clusters need an sm_90 part")
+    hidden = 40000
+    fd = Fusion()
+    x = fd.define_tensor([rows, hidden], "bfloat16")
+    w, b = (fd.define_tensor([hidden], "bfloat16") for _ in range(2))
+    fd.add_output(fd.cast(fd.layer_norm(x, w, b, 1e-5), "bfloat16"))
+    p = lower(fd, 1)
+    (defn,) = p.kernels
+    assert spec_from_params(defn.params).plan.cluster > 1
+    run = Interpreter(p, CudaBackend())
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    xs = (torch.randn(rows, hidden, device="cuda", generator=g) * 3 + 5).bfloat16()
+    ws, bs = (torch.randn(hidden, device="cuda", generator=g).bfloat16() for _ in range(2))
+    run.prepare(xs, ws, bs)
+    for _ in range(2):
+        (y,) = run(xs, ws, bs)
+        ref = torch.nn.functional.layer_norm(xs.double(), (hidden,), ws.double(), bs.double(),
+                                             1e-5)
+        assert torch.isfinite(y).all()
+        rows_err = (y.double() - ref).norm(dim=1) / ref.norm(dim=1)
+        assert rows_err.max() < 1e-2, rows_err.argmax().item()
+
+
 def test_normalization_program_runs_the_stored_winner(tmp_path):
     """A program lowered with ``normalization_plan=choose`` on this device names and runs
     the plan the autotuner stored (here stored by hand: a twin of the heuristic's pick)."""

@@ -489,3 +489,37 @@ def test_envelope_plans_on_unaligned_slices(hidden, offsets, norm):
     assert _rel(y, ref) < 1e-2
     start = 16 - yo
     assert (big[:start] == 7.0).all() and (big[start + rows * hidden:] == 7.0).all()
+
+
+def test_warmup_leaves_a_first_call_nothing_to_compile(tmp_path):
+    """``warmup layer_norm|rms_norm`` on this GPU compiles the kernels that a later
+    process's calls run (their specs planned with this device's model, a cluster plan
+    among them): that process compiles none."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, HOSTIR_CACHE_DIR=str(tmp_path))
+    widths = "4096,12345,40000"
+    for kind in ("layer_norm", "rms_norm"):
+        done = subprocess.run([sys.executable, "-m", "hostir.run", "warmup", kind, "--hidden",
+                               widths, "--dtype", "bfloat16"], env=env, capture_output=True,
+                              text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+    probe = (
+        "import torch\n"
+        "from runtime import jit, normalization as rn\n"
+        f"for h in ({widths},):\n"
+        "    x = torch.randn(64, h, device='cuda', dtype=torch.bfloat16)\n"
+        "    w = torch.randn(h, device='cuda', dtype=torch.bfloat16)\n"
+        "    b = torch.randn(h, device='cuda', dtype=torch.bfloat16)\n"
+        "    rn.layer_norm(x, w, b)\n"
+        "    rn.rms_norm(x, w)\n"
+        "torch.cuda.synchronize()\n"
+        "s = jit.kernel_cache().stats\n"
+        "print(s.compiles, s.disk_hits)\n")
+    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    compiles, disk_hits = map(int, done.stdout.split()[-2:])
+    assert (compiles, disk_hits) == (0, 6)

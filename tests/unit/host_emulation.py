@@ -155,6 +155,12 @@ static unsigned short f32_to_bf16(float x) {
 static unsigned short f32_to_f16(float x) { _Float16 h = (_Float16)x; unsigned short r; std::memcpy(&r, &h, 2); return r; }
 static unsigned pack_bf16x2(float lo, float hi) { return f32_to_bf16(lo) | ((unsigned)f32_to_bf16(hi) << 16); }
 static unsigned pack_f16x2(float lo, float hi) { return f32_to_f16(lo) | ((unsigned)f32_to_f16(hi) << 16); }
+static void unpack_bf16x2(unsigned w, float& lo, float& hi) {
+  lo = bf16_to_f32((unsigned short)(w & 0xffffu)); hi = bf16_to_f32((unsigned short)(w >> 16));
+}
+static void unpack_f16x2(unsigned w, float& lo, float& hi) {
+  lo = f16_to_f32((unsigned short)(w & 0xffffu)); hi = f16_to_f32((unsigned short)(w >> 16));
+}
 """
 
 HOST_LAUNCH = r"""

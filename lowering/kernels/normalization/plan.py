@@ -362,3 +362,18 @@ def register_budget(block_threads: int) -> int:
 
 def round_up(n: int, m: int) -> int:
     return -(-n // m) * m
+
+
+def blocks_by_registers(block_threads: int, registers: int) -> int:
+    """The most blocks of ``block_threads`` threads one SM holds at ``registers`` a thread
+    (rounded up to 8), the way the hardware and ptxas count them: the SM's registers are
+    four sub-partitions of a quarter each, every warp in one, the warps of all resident
+    blocks spread over them; so B blocks of W warps fit where ceil(B x W / 4) warps fit
+    a quarter. (Three blocks of 10 warps hold at 64 registers a thread, 30 warps in
+    quarters of 8, where counting each block's warps rounded up to 4 allowed two.)"""
+    warps = -(-block_threads // WARP)
+    per_warp = WARP * round_up(registers, 8)
+    blocks = 0
+    while -(-(blocks + 1) * warps // 4) * per_warp <= REGISTERS_PER_SM // 4:
+        blocks += 1
+    return blocks

@@ -26,7 +26,7 @@ from lowering.kernels.normalization.plan import (
     L2_HINTS, MAX_BLOCKS_PER_SM, MAX_STAGES, MAX_THREADS_PER_BLOCK, MAX_THREADS_PER_SM,
     MAX_VALUES_PER_THREAD, MIN_THREADS_PER_BLOCK, PARAM_CACHES, REGISTERS_PER_SM,
     SHARED_PER_BLOCK, SHARED_PER_SM,
-    SM90, WARP, Hardware, LaunchPlan, register_budget, round_up,
+    SM90, WARP, Hardware, LaunchPlan, blocks_by_registers, register_budget, round_up,
 )
 
 # Rule 1 of `choose_persistent`: bytes of x an SM must have requested at once.
@@ -435,7 +435,8 @@ def plan_launch(
         best = fallback = None
         for size in sizes:  # the smallest cluster with a plan the default allows
             plans = envelope_candidates(hidden, layer_norm, rows_per_block, size, bf16,
-                                        base_aligned)
+                                        base_aligned, plain_tensors(param_sizes, layer_norm,
+                                                                    out_bytes))
             pinned = [p for p in plans if threads_per_row in (None, p.threads_per_row)
                       and batch in (None, p.batch)]
             fallback = fallback or (pinned[0] if pinned else None)
@@ -696,32 +697,49 @@ ENVELOPE_PADDING_STEP = 0.1  # padding compared in steps of this
 ENVELOPE_ROW_THREADS = 160  # threads a row preferred where the row allows
 ENVELOPE_ALIGNED_MIN = 8192  # aligned rows from this many values
 ENVELOPE_LAYER_MIN = 6144  # unaligned layer norms from this many values
-# Registers of the envelope kernel besides 4 a chunk (a layer norm 8 more), fitted to
-# ptxas (sm_90, no promise: rms_norm 32-62 at 1-6 chunks, layer_norm 38-70). The block
-# promise leaves ptxas at least the estimate rounded up to 8, counting its allotment by
-# sub-partition (a block's warps rounded up to four); held 4-8 registers lower it
-# spilled 8-42 bytes. The unit tests compile the default plans of a sweep and check.
+# Registers of the envelope kernel besides 4 a chunk, fitted to ptxas (sm_90, no
+# promise: rms_norm 32-62 at 1-6 chunks). The block promise leaves ptxas at least the
+# estimate rounded up to 8 (`blocks_by_registers`); held 4-8 registers lower it spilled
+# 8-42 bytes. The unit tests compile the default plans of a sweep and check.
 ENVELOPE_REGISTERS = 40
+# A layer norm's one block holds as few: at 56 registers (4 chunks), 64 (5 and 6) none of
+# its default plans spilled, bf16 or fp16 (7001-16385), where ptxas left alone took 64-78.
+# Held to them, more blocks an SM fit, which the layer norm's longer arithmetic a row
+# needs: side by side on an H200, 7001 (5 blocks of 224 threads, not 4) ran 0.885 of
+# copy bandwidth against 0.815, 12345 (3 of 320, not 2) 0.893 against 0.732.
+# A cluster's layer norm takes 8 more.
+ENVELOPE_LAYER_REGISTERS = 0
+ENVELOPE_CLUSTER_LAYER_REGISTERS = 8
 # Registers a cluster's CTA takes beyond them (its rank and slice offset, the exchange).
 ENVELOPE_CLUSTER_REGISTERS = 4
-# And a cluster's layer norm, for fp16 values and again for base pointers off 16 bytes:
-# at the bf16 estimate ptxas spilled 8-16 bytes there (80 registers: six chunks a thread
-# at 92K-131K fp16 values, 54272-110592 bf16 two bytes off; five at fp16 two bytes off).
+# And a layer norm's, for base pointers off 16 bytes (the tensors' general shifts), and a
+# cluster's again for fp16 values: at the bf16 estimate ptxas spilled 8-16 bytes there
+# (one block: 12288 and 14336 two bytes off; clusters: six chunks a thread at 92K-131K
+# fp16 values, 54272-110592 bf16 two bytes off; five at fp16 two bytes off).
 ENVELOPE_CLUSTER_SPARE = 8
 # CTAs a row at most: the portable cluster size.
 MAX_CLUSTER = 8
 
 
+def plain_tensors(param_sizes: tuple[int, ...], layer_norm: bool, out_bytes: int) -> bool:
+    """Whether a norm's 1-D tensors are its weight (and a layer norm's bias) alone, 16-bit,
+    and its output 16-bit: what the envelope kernel's register estimate counts."""
+    return (len(param_sizes) <= (2 if layer_norm else 1)
+            and all(size == 2 for size in param_sizes) and out_bytes == 2)
+
+
 def envelope_candidates(hidden: int, layer_norm: bool, rows_per_block: int | None = None,
                         cluster: int = 1, bf16: bool = True,
-                        base_aligned: bool = True) -> list[LaunchPlan]:
+                        base_aligned: bool = True, plain: bool = True) -> list[LaunchPlan]:
     """Every envelope plan of a row on ``cluster`` CTAs: T threads a CTA's slice (a warp
     multiple; several rows a block below `MIN_THREADS_PER_BLOCK`, or ``rows_per_block``,
     where the row is one CTA's) and K chunks a thread, no slot empty for every thread, up
     to `MAX_ENVELOPE_CHUNKS`; in a cluster, one row a block and every CTA's slice holding
     chunks of every row. The block promise: the most blocks an SM holds at the register
     estimate (a cluster's layer norm of fp16 values, and on base pointers off 16 bytes,
-    counts `ENVELOPE_CLUSTER_SPARE` more for each: ``bf16``, ``base_aligned``)."""
+    counts `ENVELOPE_CLUSTER_SPARE` more for each: ``bf16``, ``base_aligned``; a layer
+    norm's one block `ENVELOPE_LAYER_REGISTERS`, or as a cluster's where its tensors or
+    output are not ``plain``, `plain_tensors`)."""
     chunks = row_chunks(hidden, 2, False)
     least = -(-hidden // 8)  # the chunks of the row whose envelope starts aligned
     share = -(-chunks // cluster)  # a CTA's chunks at most
@@ -733,13 +751,16 @@ def envelope_candidates(hidden: int, layer_norm: bool, rows_per_block: int | Non
         r = rows_per_block or (max(1, MIN_THREADS_PER_BLOCK // t) if cluster == 1 else 1)
         if t * r > MAX_THREADS_PER_BLOCK or (cluster > 1 and r != 1):
             continue
-        est = ENVELOPE_REGISTERS + 4 * k + 8 * layer_norm
+        est = ENVELOPE_REGISTERS + 4 * k
+        if layer_norm:
+            est += ENVELOPE_CLUSTER_SPARE * (not base_aligned)
         if cluster > 1:
             est += ENVELOPE_CLUSTER_REGISTERS
-            est += ENVELOPE_CLUSTER_SPARE * layer_norm * ((not bf16) + (not base_aligned))
-        allotted = round_up(t * r // WARP, 4) * WARP  # threads, by sub-partition
-        blocks = min(MAX_THREADS_PER_SM // (t * r),
-                     REGISTERS_PER_SM // (allotted * round_up(est, 8)), MAX_BLOCKS_PER_SM)
+            est += (ENVELOPE_CLUSTER_LAYER_REGISTERS + ENVELOPE_CLUSTER_SPARE * (not bf16)) * layer_norm
+        elif layer_norm:
+            est += ENVELOPE_LAYER_REGISTERS if plain else ENVELOPE_CLUSTER_LAYER_REGISTERS
+        blocks = min(MAX_THREADS_PER_SM // (t * r), blocks_by_registers(t * r, est),
+                     MAX_BLOCKS_PER_SM)
         if cluster > 1:  # its ring of the next row's chunks, its shares and mbarriers
             smem = t * k * 16 + 16 + 16 * cluster + t // WARP * 16
             blocks = min(blocks, SHARED_PER_SM // (smem + 1024))
@@ -804,8 +825,7 @@ def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int,
     over the registers at every width measured)."""
     layer = wide["layer_norm"]
     # plain norms: the register estimate counts the weight and bias alone, 16-bit
-    plain = (len(param_sizes) <= (2 if layer else 1) and all(size == 2 for size in param_sizes)
-             and wide["out_bytes"] == 2)
+    plain = plain_tensors(param_sizes, layer, wide["out_bytes"])
     if not ENVELOPE_ROWWISE or wide["prologue"] or value_bytes != 2 or not plain:
         return None
     if wide["rows_aligned"]:
@@ -813,7 +833,7 @@ def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int,
             return None
     elif vector_width * value_bytes >= 8 or (layer and hidden < ENVELOPE_LAYER_MIN):
         return None
-    plan = _choose_envelope(envelope_candidates(hidden, layer))
+    plan = _choose_envelope(envelope_candidates(hidden, layer, base_aligned=wide["base_aligned"]))
     if plan is None and wide["hardware"].clusters and _cluster_beats_shared_row(
             hidden, layer, sum(param_sizes), wide):
         for cluster in range(2, MAX_CLUSTER + 1):  # the smallest cluster that holds the row

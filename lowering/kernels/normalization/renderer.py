@@ -470,11 +470,15 @@ class SharedRowRenderer:
         return SHARED_ROW_SNIPPETS[key].format(name=name)
 
     @staticmethod
-    def _ops(ops, tensor_dtypes: dict[str, str]) -> str:
+    def _value(name: str, dtype: str) -> str:
+        """Value e of a 1-D tensor's chunk as loaded (`_load`): raw 16-bit values, fp32."""
+        return f"elem8_{SHORT_NAMES[dtype]}(t_{name}, e)" if DTYPE_BYTES[dtype] == 2 else f"t_{name}[e]"
+
+    def _ops(self, ops, tensor_dtypes: dict[str, str]) -> str:
         out = []
         for op in ops:
             if isinstance(op, AddBroadcast):
-                value = TO_FLOAT[op.dtype].format(f"t_{op.name}[e]")
+                value = self._value(op.name, op.dtype)
                 out.append(SHARED_ROW_SNIPPETS["add"].format(value=value))
             else:
                 value = TO_FLOAT[op.dtype].format(FROM_FLOAT[op.dtype].format("a"))
@@ -491,7 +495,7 @@ class SharedRowRenderer:
         outs = tail_tensors(self.spec)
         values = S["values"].format(
             tensor_params=self._tensor_params(pro), loads="".join(self._load(n, d) for n, d in pro),
-            first=TO_FLOAT[s.input_dtype].format("xv.e[e]"), ops=self._ops(s.prologue, dict(pro)))
+            x=SHORT_NAMES[s.input_dtype], first="xf[e]", ops=self._ops(s.prologue, dict(pro)))
         output = S["output"].format(
             out_t=CUDA_TYPES[s.output_dtype], tensor_params=self._tensor_params(outs),
             loads="".join(self._load(n, d) for n, d in outs), **self._output_parts(outs))
@@ -503,16 +507,13 @@ class SharedRowRenderer:
         s, S = self.spec, SHARED_ROW_SNIPPETS
         norm_ops = []
         if s.norm.weight:
-            norm_ops.append(S["mul"].format(value=TO_FLOAT[s.norm.weight_dtype].format("t_weight[e]")))
+            norm_ops.append(S["mul"].format(value=self._value("weight", s.norm.weight_dtype)))
         if isinstance(s.norm, LayerNorm) and s.norm.bias:
-            norm_ops.append(S["add"].format(value=TO_FLOAT[s.norm.bias_dtype].format("t_bias[e]")))
-        if DTYPE_BYTES[s.output_dtype] == 4:
-            decl, assign = "float o[8];", "o[e] = a;"
-            store = "store32<kFull, kRowsAligned>(y, o, col0, lo, hi);"
-        else:
-            decl = "Vec<unsigned short, 8> o;"
-            assign = f"o.e[e] = {FROM_FLOAT[s.output_dtype].format('a')};"
-            store = "store16<kFull, kRowsAligned>(y, o, col0, lo, hi);"
+            norm_ops.append(S["add"].format(value=self._value("bias", s.norm.bias_dtype)))
+        decl, assign = "float o[8];", "o[e] = a;"
+        out = "o" if DTYPE_BYTES[s.output_dtype] == 4 else f"pack8_{SHORT_NAMES[s.output_dtype]}(o)"
+        bits = 8 * DTYPE_BYTES[s.output_dtype]  # 16-bit values packed two a conversion
+        store = f"store{bits}<kFull, kRowsAligned>(y, {out}, col0, lo, hi);"
         return dict(out_decl=decl, ops="".join(norm_ops) + self._ops(s.epilogue, dict(outs)),
                     out_assign=assign, store=store)
 

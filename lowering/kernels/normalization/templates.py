@@ -584,8 +584,8 @@ __device__ __forceinline__ float block_sum(float v, float (*partials)[32], int& 
 // vectors around it funnel-shifted into place (every byte read lies in a 16-byte
 // granule holding an element of the tensor, so in its allocation's pages).
 template <bool kFull, bool kAligned>
-__device__ __forceinline__ void cols16(unsigned short (&r)[8], const unsigned short* __restrict__ p,
-                                       int col0, int lo, int hi) {{
+__device__ __forceinline__ uint4 cols16(const unsigned short* __restrict__ p, int col0, int lo,
+                                        int hi) {{
   if (kFull) {{
     const size_t a = (size_t)(p + col0);
     const uint4* q = reinterpret_cast<const uint4*>(a & ~(size_t)15);
@@ -609,14 +609,49 @@ __device__ __forceinline__ void cols16(unsigned short (&r)[8], const unsigned sh
       u.z = __funnelshift_r(s[2], s[3], f);
       u.w = __funnelshift_r(s[3], s[4], f);
     }}
-    Vec<unsigned short, 8> v;
-    v.raw = u;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) r[e] = v.e[e];
+    return u;
   }} else {{
+    Vec<unsigned short, 8> v;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) r[e] = (e >= lo && e < hi) ? p[col0 + e] : (unsigned short)0;
+    for (int e = 0; e < 8; ++e) v.e[e] = (e >= lo && e < hi) ? p[col0 + e] : (unsigned short)0;
+    return v.raw;
   }}
+}}
+// A chunk's eight 16-bit values as floats, two a word (`unpack_*x2`), and back, two a
+// conversion (`pack_*x2`): one instruction for each value in, one for two out, where
+// taking the values out of the vector one by one cost a permute more for every other
+// value in and one for every two out (8-12% of a layer norm's instructions).
+__device__ __forceinline__ void unpack8_bf16(float (&f)[8], const uint4 r) {{
+  unpack_bf16x2(r.x, f[0], f[1]); unpack_bf16x2(r.y, f[2], f[3]);
+  unpack_bf16x2(r.z, f[4], f[5]); unpack_bf16x2(r.w, f[6], f[7]);
+}}
+__device__ __forceinline__ void unpack8_fp16(float (&f)[8], const uint4 r) {{
+  unpack_f16x2(r.x, f[0], f[1]); unpack_f16x2(r.y, f[2], f[3]);
+  unpack_f16x2(r.z, f[4], f[5]); unpack_f16x2(r.w, f[6], f[7]);
+}}
+// Value e (a constant once unrolled) of a raw chunk as a float, one instruction: what a
+// 1-D tensor's chunk is read with, so that it stays four registers until used.
+__device__ __forceinline__ float elem8_bf16(const uint4 r, const int e) {{
+  const unsigned w = e < 2 ? r.x : e < 4 ? r.y : e < 6 ? r.z : r.w;
+  return __uint_as_float((e & 1) ? (w & 0xffff0000u) : (w << 16));
+}}
+__device__ __forceinline__ float elem8_fp16(const uint4 r, const int e) {{
+  const unsigned w = e < 2 ? r.x : e < 4 ? r.y : e < 6 ? r.z : r.w;
+  float lo, hi;
+  unpack_f16x2(w, lo, hi);
+  return (e & 1) ? hi : lo;
+}}
+__device__ __forceinline__ Vec<unsigned short, 8> pack8_bf16(const float (&o)[8]) {{
+  Vec<unsigned short, 8> v;
+  v.raw = make_uint4(pack_bf16x2(o[0], o[1]), pack_bf16x2(o[2], o[3]), pack_bf16x2(o[4], o[5]),
+                     pack_bf16x2(o[6], o[7]));
+  return v;
+}}
+__device__ __forceinline__ Vec<unsigned short, 8> pack8_fp16(const float (&o)[8]) {{
+  Vec<unsigned short, 8> v;
+  v.raw = make_uint4(pack_f16x2(o[0], o[1]), pack_f16x2(o[2], o[3]), pack_f16x2(o[4], o[5]),
+                     pack_f16x2(o[6], o[7]));
+  return v;
 }}
 // The same for fp32 tensors: two 16-byte loads where aligned, else element by element.
 template <bool kFull, bool kAligned>
@@ -677,8 +712,8 @@ __device__ __forceinline__ void copy_wait_pending(int n) {{
 template <bool kFull>
 __device__ __forceinline__ void chunk_values(float (&v)[8], const uint4 raw, const int col0,
                                              const int lo, const int hi{tensor_params}) {{
-  Vec<unsigned short, 8> xv;
-  xv.raw = raw;
+  float xf[8];
+  unpack8_{x}(xf, raw);
 {loads}#pragma unroll
   for (int e = 0; e < 8; ++e) {{
     float a = {first};
@@ -702,7 +737,7 @@ __device__ __forceinline__ void chunk_output(const float (&v)[8], const float ce
 }}
 """,
     "tensor_param": ", const {t}* __restrict__ in_{name}",
-    "load16": "  unsigned short t_{name}[8];\n  cols16<kFull, kRowsAligned>(t_{name}, in_{name}, col0, lo, hi);\n",
+    "load16": "  const uint4 t_{name} = cols16<kFull, kRowsAligned>(in_{name}, col0, lo, hi);\n",
     "load32": "  float t_{name}[8];\n  cols32<kFull, kRowsAligned>(t_{name}, in_{name}, col0, lo, hi);\n",
     "add": "    a += {value};\n",
     "mul": "    a *= {value};\n",
@@ -887,19 +922,13 @@ constexpr int kRowsPerBlock = {rows_per_block};{cluster}
 // words and f bits (0 or 16) past the aligned vector at p + col0 (a granule past it
 // only where the chunk straddles two).
 template <int kK>
-__device__ __forceinline__ void cols16k(unsigned short (&r)[8], const unsigned short* __restrict__ p,
-                                        int col0, unsigned f) {{
+__device__ __forceinline__ uint4 cols16k(const unsigned short* __restrict__ p, int col0, unsigned f) {{
   const uint4* q = reinterpret_cast<const uint4*>((size_t)(p + col0) & ~(size_t)15);
   const uint4 u = __ldg(q);
   const uint4 n = (kK != 0 || f != 0) ? __ldg(q + 1) : u;
   const unsigned w[8] = {{u.x, u.y, u.z, u.w, n.x, n.y, n.z, n.w}};
-  Vec<unsigned short, 8> v;
-  v.raw.x = __funnelshift_r(w[kK], w[kK + 1], f);
-  v.raw.y = __funnelshift_r(w[kK + 1], w[kK + 2], f);
-  v.raw.z = __funnelshift_r(w[kK + 2], w[kK + 3], f);
-  v.raw.w = __funnelshift_r(w[kK + 3], w[kK + 4], f);
-#pragma unroll
-  for (int e = 0; e < 8; ++e) r[e] = v.e[e];
+  return make_uint4(__funnelshift_r(w[kK], w[kK + 1], f), __funnelshift_r(w[kK + 1], w[kK + 2], f),
+                    __funnelshift_r(w[kK + 2], w[kK + 3], f), __funnelshift_r(w[kK + 3], w[kK + 4], f));
 }}
 // normalize one whole chunk, the norm's weight and bias, the epilogue, store
 template <int kK>
@@ -978,7 +1007,7 @@ __device__ __forceinline__ void row_sum2(float& a, float& b, float (*partials)[2
   b = warp_sum(lane < kT / 32 ? partials[lane][1] : 0.f);
 }}
 """,
-    "load16": "  unsigned short t_{name}[8];\n  cols16k<kK>(t_{name}, in_{name}, col0, f);\n",
+    "load16": "  const uint4 t_{name} = cols16k<kK>(in_{name}, col0, f);\n",
     # a pass over the row's chunks: the whole ones in the unrolled loop, then the edges
     # a pass over the row's chunks (the envelope's ends hold 0: see mask_chunk)
     "pass": """\

@@ -15,7 +15,8 @@ from lowering.kernels.normalization.candidates import (
 )
 from lowering.kernels.normalization.plan import SM90, LaunchPlan
 from lowering.kernels.normalization.planner import (
-    CACHE_ORDER, choose_persistent, choose_shared_row, envelope_candidates, rank_envelope,
+    CACHE_ORDER, choose_persistent, choose_shared_row, envelope_candidates, plain_tensors,
+    rank_envelope,
 )
 from lowering.kernels.normalization.spec import (
     DTYPE_BYTES, PLAN_FIELDS, AddBroadcast, LayerNorm, NormalizationSpec,
@@ -73,7 +74,10 @@ def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]
                   rank_envelope(envelope_candidates(
                       spec.hidden, layer, cluster=chosen.cluster,
                       bf16="bfloat16" in spec.parameter_dtypes(),
-                      base_aligned=spec.alignment >= 16))[:ENVELOPE_TUNE]]
+                      base_aligned=spec.alignment >= 16,
+                      plain=plain_tensors(tuple(DTYPE_BYTES[d] for d in
+                                                spec.parameter_dtypes()[1:-1]), layer,
+                                          DTYPE_BYTES[spec.output_dtype])))[:ENVELOPE_TUNE]]
         try:
             rest = tune_plans(dataclasses.replace(spec, envelope=False, cluster=None),
                               geometries)
