@@ -476,9 +476,8 @@ def test_envelope_plans_on_unaligned_slices(hidden, offsets, norm):
     big = torch.full((rows * hidden + 32,), 7.0, device="cuda", dtype=torch.bfloat16)
     out = big[16 - yo:16 - yo + rows * hidden].reshape(rows, hidden)
     spec = getattr(NormalizationSpec, norm)(rows, hidden, 1e-5, "bfloat16", alignment=2)
-    # (an RMS norm's rows past one block's at two an SM: the shared-row family, see
-    # planner._cluster_beats_shared_row)
-    if (norm == "rms_norm" and hidden < 24000) or (norm == "layer_norm" and hidden >= 6144):
+    # (rows past one block's at two an SM: split over a cluster, planner._envelope_rowwise)
+    if norm == "rms_norm" or hidden >= 6144:
         assert spec.plan.envelope, spec.plan.describe()
     if norm == "layer_norm":
         ref = rn.reference(spec, {"x": xs, "weight": ws, "bias": bs})

@@ -110,16 +110,12 @@ def test_rows_that_are_not_16_byte_aligned_take_16_byte_chunks(hidden):
 def test_rows_wider_than_one_block_split_over_the_smallest_cluster(hidden):
     """The default of a row no block holds at two blocks an SM: the envelope kernel on
     the smallest cluster that does (a CTA's slice of the row on each), every CTA's slice
-    holding chunks of the row, for layer norms, and for RMS norms where the shared-row
-    plan would hold one block an SM (else that plan); the shared-row family still plans
-    the row when asked."""
+    holding chunks of the row, for layer and RMS norms alike; the shared-row family still
+    plans the row when asked."""
     from lowering.kernels.normalization import envelope_candidates, rank_envelope
 
     for name, make in KINDS.items():
         plan = make(ROWS, hidden, dtype="bfloat16").plan
-        if name == "rms_norm" and hidden < 57000:
-            assert plan.shared_row and plan.min_blocks_per_sm >= 2, plan.describe()
-            continue
         assert plan.envelope and plan.cluster > 1 and plan.rows_per_block == 1
         assert plan.blocks_per_sm >= 2 and plan.one_pass == (name == "layer_norm")
         per_cta = plan.threads_per_row * plan.batch

@@ -715,7 +715,8 @@ ENVELOPE_CLUSTER_REGISTERS = 4
 # And a layer norm's, for base pointers off 16 bytes (the tensors' general shifts), and a
 # cluster's again for fp16 values: at the bf16 estimate ptxas spilled 8-16 bytes there
 # (one block: 12288 and 14336 two bytes off; clusters: six chunks a thread at 92K-131K
-# fp16 values, 54272-110592 bf16 two bytes off; five at fp16 two bytes off).
+# fp16 values, 54272-110592 bf16 two bytes off; five at fp16 two bytes off; an RMS
+# norm's five at 40001 fp16).
 ENVELOPE_CLUSTER_SPARE = 8
 # CTAs a row at most: the portable cluster size.
 MAX_CLUSTER = 8
@@ -736,7 +737,7 @@ def envelope_candidates(hidden: int, layer_norm: bool, rows_per_block: int | Non
     where the row is one CTA's) and K chunks a thread, no slot empty for every thread, up
     to `MAX_ENVELOPE_CHUNKS`; in a cluster, one row a block and every CTA's slice holding
     chunks of every row. The block promise: the most blocks an SM holds at the register
-    estimate (a cluster's layer norm of fp16 values, and on base pointers off 16 bytes,
+    estimate (a cluster of fp16 values, and a layer norm on base pointers off 16 bytes,
     counts `ENVELOPE_CLUSTER_SPARE` more for each: ``bf16``, ``base_aligned``; a layer
     norm's one block `ENVELOPE_LAYER_REGISTERS`, or as a cluster's where its tensors or
     output are not ``plain``, `plain_tensors`)."""
@@ -755,8 +756,8 @@ def envelope_candidates(hidden: int, layer_norm: bool, rows_per_block: int | Non
         if layer_norm:
             est += ENVELOPE_CLUSTER_SPARE * (not base_aligned)
         if cluster > 1:
-            est += ENVELOPE_CLUSTER_REGISTERS
-            est += (ENVELOPE_CLUSTER_LAYER_REGISTERS + ENVELOPE_CLUSTER_SPARE * (not bf16)) * layer_norm
+            est += ENVELOPE_CLUSTER_REGISTERS + ENVELOPE_CLUSTER_SPARE * (not bf16)
+            est += ENVELOPE_CLUSTER_LAYER_REGISTERS * layer_norm
         elif layer_norm:
             est += ENVELOPE_LAYER_REGISTERS if plain else ENVELOPE_CLUSTER_LAYER_REGISTERS
         blocks = min(MAX_THREADS_PER_SM // (t * r), blocks_by_registers(t * r, est),
@@ -821,6 +822,16 @@ def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int,
       still fit past 16K values (14848-20992: rms_norm 0.95-0.97 against 0.88-0.91 on
       the shared-row kernel, layer_norm 0.92-0.94 against 0.88-0.90).
 
+    - Rows no one-block plan holds at two blocks an SM, where the GPU has clusters: split
+      over the smallest cluster with a plan (`envelope_candidates`' ``cluster``) rather
+      than on the shared-row family, which takes a layer norm's two statistics in two
+      passes over shared memory and two block barriers a row, the cluster in one pass and
+      one exchange. Side by side (default plans of each, same code generator): RMS norms
+      at 25088-55808 H200 0.90-0.94 against 0.87-0.90, H100 0.95 against 0.93-0.95;
+      unaligned 24575-50001 H200 0.80-0.86 against 0.79, H100 0.86-0.90 against
+      0.85-0.87. (A layer norm's shared-row plans ran 0.54-0.77 on the H200 at
+      20001-65536, its clusters 0.70-0.82, before the clusters' register model.)
+
     Layer norms take the one-pass statistics (``one_pass``: 2-14% faster than two passes
     over the registers at every width measured)."""
     layer = wide["layer_norm"]
@@ -834,36 +845,13 @@ def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int,
     elif vector_width * value_bytes >= 8 or (layer and hidden < ENVELOPE_LAYER_MIN):
         return None
     plan = _choose_envelope(envelope_candidates(hidden, layer, base_aligned=wide["base_aligned"]))
-    if plan is None and wide["hardware"].clusters and _cluster_beats_shared_row(
-            hidden, layer, sum(param_sizes), wide):
+    if plan is None and wide["hardware"].clusters:
         for cluster in range(2, MAX_CLUSTER + 1):  # the smallest cluster that holds the row
             plan = _choose_envelope(envelope_candidates(
                 hidden, layer, cluster=cluster, bf16=bf16, base_aligned=wide["base_aligned"]))
             if plan is not None:
                 break
     return dataclasses.replace(plan, one_pass=True) if plan and layer else plan
-
-
-def _cluster_beats_shared_row(hidden: int, layer: bool, param_bytes: int, wide: dict) -> bool:
-    """Whether a row no block holds at two blocks an SM runs split over a cluster (the
-    envelope kernel's ``cluster``) rather than on the shared-row family. Measured side by
-    side (bf16, 8192 rows, H100 and H200):
-
-    - Layer norms: the shared-row kernel takes their two statistics in two passes over
-      shared memory and two block barriers a row, the cluster in one pass and one
-      exchange: 0.70-0.82 of copy bandwidth against 0.54-0.77 on the H200 at 20001-65536
-      and 0.82-0.91 against 0.68-0.89 on the H100, but for a few widths 2-7% slower.
-    - RMS norms only where the shared-row plan holds one block an SM (its passes and
-      barriers uncovered): 57856-98304 0.87-0.91 against 0.82-0.83 (H200), 0.93-0.94
-      against 0.90-0.91 (H100). With two or more blocks an SM the two were within +-8%
-      either way, with no rule to tell which wins (the shared-row family stays)."""
-    if layer:
-        return True
-    shared = shared_row_candidates(hidden, 2, param_bytes, wide["rows_aligned"],
-                                   wide["hardware"], wide["prologue_bytes"], layer)
-    if not shared:
-        return True
-    return shared_row_blocks(choose_shared_row(shared, wide["hardware"]), wide["hardware"]) < 2
 
 
 def _route(hidden, vector_width, value_bytes, param_bytes, bf16, param_sizes, wide):
