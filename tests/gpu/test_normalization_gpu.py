@@ -522,3 +522,18 @@ def test_warmup_leaves_a_first_call_nothing_to_compile(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     compiles, disk_hits = map(int, done.stdout.split()[-2:])
     assert (compiles, disk_hits) == (0, 6)
+
+
+@pytest.mark.parametrize("hidden", [4097, 24575])
+def test_output_of_a_slice_off_16_bytes_lines_up_with_it(hidden):
+    """x a batch cut from a wider tensor (its base 6 bytes past a 16-byte boundary): the
+    output the call allocates has the same phase (whole-vector stores) and the values."""
+    rows = 257
+    x, _, _, w, b = _inputs(rows + 1, hidden, torch.bfloat16, seed=hidden)
+    xs = x.reshape(-1)[3:3 + rows * hidden].view(rows, hidden)
+    for y, ref in ((rn.rms_norm(xs, w, 1e-5), torch.nn.functional.rms_norm(
+                        xs.double(), (hidden,), w.double(), 1e-5)),
+                   (rn.layer_norm(xs, w, b, 1e-5), torch.nn.functional.layer_norm(
+                        xs.double(), (hidden,), w.double(), b.double(), 1e-5))):
+        assert y.data_ptr() % 16 == xs.data_ptr() % 16
+        assert _rel(y, ref) < 1e-2

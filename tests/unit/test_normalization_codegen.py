@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from hostir.errors import LoweringError
 from lowering.kernels.normalization import (
@@ -860,3 +861,22 @@ def test_render_refuses_a_plan_beyond_the_switches():
     switched = dataclasses.replace(base.plan, balanced_grid=True, lean_addresses=False)
     assert "balanced" in switched.describe() and "slot-addresses" in switched.describe()
     assert base.plan.describe() == dataclasses.replace(base.plan).describe()
+
+
+@pytest.mark.parametrize("x_dtype,y_dtype", [(torch.bfloat16, torch.bfloat16),
+                                             (torch.float16, torch.float32)])
+def test_outputs_are_allocated_at_the_inputs_16_byte_phase(x_dtype, y_dtype):
+    """y (when the caller passes none) starts as many elements past a 16-byte boundary as
+    x: a slice of x off 16 bytes keeps its rows' chunks lined up with y's, so that the
+    kernels' stores stay whole vectors."""
+    from runtime.normalization import empty_in_phase
+
+    big = torch.zeros(3 * 1001 + 16, dtype=x_dtype)
+    for start in range(8):
+        x = big[start:start + 3 * 1001].view(3, 1001)
+        y = empty_in_phase(x, y_dtype)
+        assert y.shape == x.shape and y.dtype == y_dtype and y.is_contiguous()
+        x_phase = x.data_ptr() % 16 // x.element_size()
+        # a row chunk of x (8 elements from a 16-byte boundary) is whole in y too
+        assert (y.data_ptr() // y.element_size() - x_phase) % (16 // y.element_size()) == 0
+        y.fill_(1)  # the storage holds every element
