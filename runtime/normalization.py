@@ -433,7 +433,7 @@ def empty_in_phase(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     phase = x.data_ptr() % 16 // x.element_size()
     if phase == 0:
         return torch.empty(x.shape, dtype=dtype, device=x.device)
-    spare = 16 // torch.empty((), dtype=dtype).element_size()
+    spare = 16 // dtype.itemsize
     buf = torch.empty(x.numel() + spare, dtype=dtype, device=x.device)
     start = (phase - buf.data_ptr() % 16 // buf.element_size()) % spare
     return buf[start:start + x.numel()].view(x.shape)

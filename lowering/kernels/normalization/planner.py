@@ -702,14 +702,14 @@ ENVELOPE_LAYER_MIN = 6144  # unaligned layer norms from this many values
 # estimate rounded up to 8 (`blocks_by_registers`); held 4-8 registers lower it spilled
 # 8-42 bytes. The unit tests compile the default plans of a sweep and check.
 ENVELOPE_REGISTERS = 40
-# A layer norm's one block holds as few: at 56 registers (4 chunks), 64 (5 and 6) none of
-# its default plans spilled, bf16 or fp16 (7001-16385), where ptxas left alone took 64-78.
-# Held to them, more blocks an SM fit, which the layer norm's longer arithmetic a row
-# needs: side by side on an H200, 7001 (5 blocks of 224 threads, not 4) ran 0.885 of
-# copy bandwidth against 0.815, 12345 (3 of 320, not 2) 0.893 against 0.732.
-# A cluster's layer norm takes 8 more.
-ENVELOPE_LAYER_REGISTERS = 0
-ENVELOPE_CLUSTER_LAYER_REGISTERS = 8
+# A layer norm takes 8 more on a cluster, or with other tensors or output than a plain
+# norm's (`plain_tensors`). On one block, a plain layer norm holds as few as an RMS norm:
+# at 56 registers (4 chunks), 64 (5 and 6) none of its default plans spilled, bf16 or
+# fp16 (7001-16385), where ptxas left alone took 64-78. Held to them, more blocks an SM
+# fit, which the layer norm's longer arithmetic a row needs: side by side on an H200,
+# 7001 (5 blocks of 224 threads, not 4) ran 0.885 of copy bandwidth against 0.815, 12345
+# (3 of 320, not 2) 0.893 against 0.732.
+ENVELOPE_LAYER_REGISTERS = 8
 # Registers a cluster's CTA takes beyond them (its rank and slice offset, the exchange).
 ENVELOPE_CLUSTER_REGISTERS = 4
 # And a layer norm's, for base pointers off 16 bytes (the tensors' general shifts), and a
@@ -739,8 +739,8 @@ def envelope_candidates(hidden: int, layer_norm: bool, rows_per_block: int | Non
     chunks of every row. The block promise: the most blocks an SM holds at the register
     estimate (a cluster of fp16 values, and a layer norm on base pointers off 16 bytes,
     counts `ENVELOPE_CLUSTER_SPARE` more for each: ``bf16``, ``base_aligned``; a layer
-    norm's one block `ENVELOPE_LAYER_REGISTERS`, or as a cluster's where its tensors or
-    output are not ``plain``, `plain_tensors`)."""
+    norm `ENVELOPE_LAYER_REGISTERS` more on a cluster, or where its tensors or output are
+    not ``plain``, `plain_tensors`)."""
     chunks = row_chunks(hidden, 2, False)
     least = -(-hidden // 8)  # the chunks of the row whose envelope starts aligned
     share = -(-chunks // cluster)  # a CTA's chunks at most
@@ -755,11 +755,9 @@ def envelope_candidates(hidden: int, layer_norm: bool, rows_per_block: int | Non
         est = ENVELOPE_REGISTERS + 4 * k
         if layer_norm:
             est += ENVELOPE_CLUSTER_SPARE * (not base_aligned)
+            est += ENVELOPE_LAYER_REGISTERS * (cluster > 1 or not plain)
         if cluster > 1:
             est += ENVELOPE_CLUSTER_REGISTERS + ENVELOPE_CLUSTER_SPARE * (not bf16)
-            est += ENVELOPE_CLUSTER_LAYER_REGISTERS * layer_norm
-        elif layer_norm:
-            est += ENVELOPE_LAYER_REGISTERS if plain else ENVELOPE_CLUSTER_LAYER_REGISTERS
         blocks = min(MAX_THREADS_PER_SM // (t * r), blocks_by_registers(t * r, est),
                      MAX_BLOCKS_PER_SM)
         if cluster > 1:  # its ring of the next row's chunks, its shares and mbarriers

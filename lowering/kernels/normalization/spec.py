@@ -195,11 +195,14 @@ class NormalizationSpec:
         dtypes.append(self.output_dtype)
         return tuple(dtypes)
 
+    def tensor_sizes(self) -> tuple[int, ...]:
+        """Bytes an element of each 1-D tensor (the parameters between x and y), in order."""
+        return tuple(DTYPE_BYTES[d] for d in self.parameter_dtypes()[1:-1])
+
     def bytes_moved(self) -> int:
         """Bytes the fusion must read and write once: x, y and each 1-D tensor."""
-        dtypes = self.parameter_dtypes()
-        big = (DTYPE_BYTES[dtypes[0]] + DTYPE_BYTES[dtypes[-1]]) * self.rows * self.hidden
-        return big + sum(DTYPE_BYTES[d] for d in dtypes[1:-1]) * self.hidden
+        big = (DTYPE_BYTES[self.input_dtype] + DTYPE_BYTES[self.output_dtype]) * self.rows * self.hidden
+        return big + sum(self.tensor_sizes()) * self.hidden
 
     @property
     def rows_aligned(self) -> bool:
@@ -231,7 +234,7 @@ class NormalizationSpec:
             rows_per_block=self.rows_per_block,
             param_cache=self.param_cache,
             prefetch=self.prefetch,
-            param_bytes=sum(DTYPE_BYTES[d] for d in dtypes[1:-1]),
+            param_bytes=sum(self.tensor_sizes()),
             x_staged=self.x_staged,
             bf16="bfloat16" in dtypes,
             stages=self.stages,
@@ -240,7 +243,7 @@ class NormalizationSpec:
             packed=self.packed,
             x_bulk=self.x_bulk,
             shared_param_bytes=self.shared_param_bytes,
-            param_sizes=tuple(DTYPE_BYTES[d] for d in dtypes[1:-1]),
+            param_sizes=self.tensor_sizes(),
             blocks_per_sm=self.blocks_per_sm,
             # a pinned vector width is a register-family plan unless shared_row says otherwise
             shared_row=(False if self.shared_row is None and self.vector_width is not None

@@ -75,8 +75,7 @@ def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]
                       spec.hidden, layer, cluster=chosen.cluster,
                       bf16="bfloat16" in spec.parameter_dtypes(),
                       base_aligned=spec.alignment >= 16,
-                      plain=plain_tensors(tuple(DTYPE_BYTES[d] for d in
-                                                spec.parameter_dtypes()[1:-1]), layer,
+                      plain=plain_tensors(spec.tensor_sizes(), layer,
                                           DTYPE_BYTES[spec.output_dtype])))[:ENVELOPE_TUNE]]
         try:
             rest = tune_plans(dataclasses.replace(spec, envelope=False, cluster=None),
@@ -94,7 +93,7 @@ def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]
         return _unique([chosen, *wide, *registers])
     dtypes = spec.parameter_dtypes()
     value_bytes = DTYPE_BYTES[spec.input_dtype]
-    sizes = tuple(DTYPE_BYTES[d] for d in dtypes[1:-1])
+    sizes = spec.tensor_sizes()
     plans = [p for p in persistent_candidates(spec.hidden, chosen.vector_width, value_bytes,
                                               sum(sizes), "bfloat16" in dtypes, sizes)
              if not p.one_pass]
@@ -176,10 +175,9 @@ ENVELOPE_TUNE = 4
 def _shared_row_plans(spec: NormalizationSpec) -> list[LaunchPlan]:
     """The shared-row plans worth timing for ``spec``: its model's first
     `SHARED_ROW_TUNE` in `choose_shared_row`'s order (none for rows it does not take)."""
-    dtypes = spec.parameter_dtypes()
     hardware = spec.hardware or SM90
     plans = shared_row_candidates(
-        spec.hidden, DTYPE_BYTES[spec.input_dtype], sum(DTYPE_BYTES[d] for d in dtypes[1:-1]),
+        spec.hidden, DTYPE_BYTES[spec.input_dtype], sum(spec.tensor_sizes()),
         spec.rows_aligned, hardware,
         sum(DTYPE_BYTES[op.dtype] for op in spec.prologue if isinstance(op, AddBroadcast)),
         isinstance(spec.norm, LayerNorm))
