@@ -133,17 +133,32 @@ __device__ __forceinline__ void row_part(float (&v)[N], float* red) {
     }
   }
 }
+// The N sums over the S rows of `src` ([S][N] floats in shared memory, N dividing 32) in
+// every lane of the warp: lane l adds the entries l, l + 32, ... (all of one column, as
+// 32 is a multiple of N), then a butterfly over the lanes of each column, then lane i's
+// total is column i's. One load a lane where S * N <= 32 and log2 of the lanes in use
+// shuffles, where a thread adding the S rows itself paid S * N loads and adds a row (16
+// warps of two sums: 32 of each, about two instructions a value of a LayerNorm
+// backward's row of 8704). Every warp adds the same pairs in the same order, so every
+// thread of every warp holds the same bits.
+__host__ __device__ constexpr int lanes_in_use(int n) { return n >= 32 ? 32 : n <= 1 ? 1 : 2 * lanes_in_use((n + 1) / 2); }
+template <int N, int S>
+__device__ __forceinline__ void lanes_sum(float (&v)[N], const float* src) {
+  static_assert(32 % N == 0, "a column's entries one lane's");
+  const int lane = threadIdx.x & 31;
+  float t = 0.f;
+#pragma unroll
+  for (int p = 0; p < (S * N + 31) / 32; ++p) {
+    if ((S * N) % 32 == 0 || lane + 32 * p < S * N) t += src[lane + 32 * p];
+  }
+#pragma unroll
+  for (int o = N; o < lanes_in_use(S * N); o <<= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+#pragma unroll
+  for (int i = 0; i < N; ++i) v[i] = __shfl_sync(0xffffffffu, t, i);
+}
 template <int N>
 __device__ __forceinline__ void row_total(float (&v)[N], const float* red) {
-  if constexpr (WARPS > 1) {
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      float s = 0.f;
-#pragma unroll
-      for (int w = 0; w < WARPS; ++w) s += red[w * N + i];
-      v[i] = s;
-    }
-  }
+  if constexpr (WARPS > 1) lanes_sum<N, WARPS>(v, red);
 }
 // Both halves with the barrier between: every thread gets the totals. All threads of the
 // block call it the same number of times (rows past the end contribute zeros), so the
@@ -400,20 +415,31 @@ float* red = reinterpret_cast<float*>(smem + RED_OFF);            // [2][RPB][WA
 float* cslot = reinterpret_cast<float*>(smem + CSLOT_OFF);  // [NSLOT][CLUSTER * WARPS][2]
 unsigned long long* sbars = reinterpret_cast<unsigned long long*>(smem + SBAR_OFF);  // [NSLOT]
 unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + BAR_OFF);  // [STAGES]
-// BULK: where a tile is one row (or a cluster's slice of it), its whole common span
-// (below) is copied by one bulk copy a stream, issued by thread 0 and counted on its
-// stage's mbarrier, instead of 16-byte cp.asyncs from every thread, which filled the
-// load queue ahead of the row's own loads and stores (on the H200 0.6-1.5% faster at
-// 5120-16384 columns, 3-9% at 24576-65536; 0.5-1.3% slower on tiles of 4-8 rows).
-constexpr bool BULK_SPANS = BULK && SEAM_BULK && VS == 8 && RPB == 1;
+// BULK: each stream's span of a tile (its 16-byte cover where rows do not start aligned)
+// is copied by one bulk copy, issued by thread 0 and counted on its stage's mbarrier,
+// instead of 16-byte cp.asyncs from every thread, which filled the load queue ahead of
+// the row's own loads and stores (rows aligned, on the H200: 0.6-1.5% faster at
+// 5120-16384 columns, 3-9% at 24576-65536; 0.5-1.3% slower on tiles of 4-8 rows, which
+// keep the cp.asyncs). Where rows do not start aligned the cp.asyncs' loop over the
+// cover's chunks cost more still: there every tile is copied in bulk.
+constexpr bool BULK_SPANS = BULK && SEAM_BULK && (RPB == 1 || VS < 8);
 const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * TPR + tx;
 const int rank = CLUSTER > 1 ? (int)cluster_rank() : 0;
 const int team = blockIdx.x / CLUSTER, teams = gridDim.x / CLUSTER;
 const int c0 = rank * SL;
 const int len = HIDDEN - c0 < SL ? HIDDEN - c0 : SL;  // columns of this CTA's slice
-// every tile of this CTA bulk-copied: one row a tile is never partial, and a cluster's
-// shorter last slice takes the cp.asyncs
-const bool bulk = BULK_SPANS && (CLUSTER == 1 || len == SL);
+// Narrow accesses (VS < 8: 9-32 of them a thread a row) fold their bounds checks where
+// they are known to hold: accesses k < FULL_K lie within every CTA's slice for every
+// thread (the shortest slice, a cluster's last, holds FULL_K whole rounds of TPR
+// accesses), and a tile of one row is one of the rows. On the H200, LayerNorm at 4097-65535
+// columns on a slice 2 bytes off ran 0.52-0.70 of copy bandwidth with the checks,
+// 0.62-0.79 without; at VS 8 (K <= 4) the folds were as fast in one CTA and 4-10% slower
+// in clusters (RMS norm 37376: 0.94 -> 0.85), so they stay there.
+constexpr bool FOLD = VS < 8;
+constexpr int FULL_K = FOLD ? (HIDDEN - (CLUSTER - 1) * SL) / (TPR * VS) : 0;
+// every tile of this CTA bulk-copied: at VS 8 a tile's span has a constant length (one
+// row a tile is never partial, and a cluster's shorter last slice takes the cp.asyncs)
+const bool bulk = BULK_SPANS && (VS < 8 || CLUSTER == 1 || len == SL);
 const int tiles = (rows + RPB - 1) / RPB;
 // the weight's slice, copied like a stream's span
 const unsigned short* w_src = weight + c0;
@@ -443,13 +469,31 @@ auto issue = [&](int tile, int stage) {
     const int nrows = rows - row0 < RPB ? rows - row0 : RPB;
     const size_t first = (size_t)row0 * HIDDEN + c0;
     if (bulk) {
-      constexpr unsigned SPAN = 2 * (CLUSTER > 1 ? SL : RPB * HIDDEN);
-      if (tid == 0) {
+      if (tid == 0 && VS == 8) {
+        constexpr unsigned SPAN = 2 * (CLUSTER > 1 ? SL : RPB * HIDDEN);
         mbar_expect(bars + stage, NSTREAM * SPAN);
 #pragma unroll
         for (int s = 0; s < NSTREAM; ++s)
           bulk_copy(smem + (size_t)(stage * NSTREAM + s) * STREAM_BYTES, srcs[s] + first, SPAN,
                     bars + stage);
+      } else if (tid == 0) {
+        // each stream's span's 16-byte cover, of a length known only here (measured on
+        // the H200, this reckoning in aligned clusters' tiles cost 2%: they keep SPAN)
+        const int count = CLUSTER > 1 ? len : nrows * HIDDEN;
+        unsigned long long lo[NSTREAM > 2 ? 3 : 2];
+        unsigned bytes[NSTREAM > 2 ? 3 : 2], total = 0;
+#pragma unroll
+        for (int s = 0; s < NSTREAM; ++s) {
+          const unsigned long long a = (unsigned long long)(srcs[s] + first);
+          lo[s] = a & ~15ull;
+          bytes[s] = (unsigned)(((a + 2ull * count + 15ull) & ~15ull) - lo[s]);
+          total += bytes[s];
+        }
+        mbar_expect(bars + stage, total);
+#pragma unroll
+        for (int s = 0; s < NSTREAM; ++s)
+          bulk_copy(smem + (size_t)(stage * NSTREAM + s) * STREAM_BYTES,
+                    reinterpret_cast<const void*>(lo[s]), bytes[s], bars + stage);
       }
     } else if (VS == 8 && (CLUSTER > 1 ? len == SL : nrows == RPB)) {
       // The common span (a whole tile, or a whole slice): 16-byte aligned (every row
@@ -517,7 +561,7 @@ auto begin = [&](int tile, int it, RowState& q) {
   q.it = it;
   q.pending = true;
   q.row = tile * RPB + ty;
-  q.live = q.row < rows;
+  q.live = (FOLD && RPB == 1) || q.row < rows;
   q.r = q.live ? stats[(q.stage * 2) * RPB + ty] : 0.f;
   const float m = (LAYER && q.live) ? stats[(q.stage * 2 + 1) * RPB + ty] : 0.f;
   // n = (h - m) * r, not the one fma h * r - m * r: that leaves the rounding of m * r in
@@ -535,7 +579,7 @@ auto begin = [&](int tile, int it, RowState& q) {
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const int col = (tx + k * TPR) * VS;
-    if (q.live && col < len) {
+    if (q.live && (k < FULL_K || col < len)) {
       float d[VS], n[VS], wl[VS];
       load_vec<VS>(q.st[0] + col, d);
       load_vec<VS>(q.st[1] + col, n);
@@ -608,7 +652,7 @@ auto finish = [&](int it, RowState& q) {
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const int col = (tx + k * TPR) * VS;
-    if (q.live && col < len) {
+    if (q.live && (k < FULL_K || col < len)) {
       float n[VS], g[VS], out[VS];
       if constexpr (HOLD) {
 #pragma unroll

@@ -119,6 +119,7 @@ static void share_push(float* dst, unsigned rank, float a, float b, void* bar) {
 }
 #define __global__
 #define __device__
+#define __host__
 #define __forceinline__ inline
 #define __restrict__ __restrict
 #define __shared__ static
@@ -137,6 +138,12 @@ static float __shfl_xor_sync(unsigned, float v, int o) {
   WarpExchange& w = g_warps[t_warp];
   w.buf[t_lane] = v; w.bar.arrive_and_wait();
   float r = w.buf[t_lane ^ o]; w.bar.arrive_and_wait();
+  return r;
+}
+static float __shfl_sync(unsigned, float v, int src) {
+  WarpExchange& w = g_warps[t_warp];
+  w.buf[t_lane] = v; w.bar.arrive_and_wait();
+  float r = w.buf[src & 31]; w.bar.arrive_and_wait();
   return r;
 }
 static float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
