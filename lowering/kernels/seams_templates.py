@@ -137,10 +137,9 @@ __device__ __forceinline__ void row_part(float (&v)[N], float* red) {
 // every lane of the warp: lane l adds the entries l, l + 32, ... (all of one column, as
 // 32 is a multiple of N), then a butterfly over the lanes of each column, then lane i's
 // total is column i's. One load a lane where S * N <= 32 and log2 of the lanes in use
-// shuffles, where a thread adding the S rows itself paid S * N loads and adds a row (16
-// warps of two sums: 32 of each, about two instructions a value of a LayerNorm
-// backward's row of 8704). Every warp adds the same pairs in the same order, so every
-// thread of every warp holds the same bits.
+// shuffles, where a thread adding the S rows itself pays S * N loads and adds a row (16
+// warps of two sums: 32 of each). Every warp adds the same pairs in the same order, so
+// every thread of every warp holds the same bits.
 __host__ __device__ constexpr int lanes_in_use(int n) { return n >= 32 ? 32 : n <= 1 ? 1 : 2 * lanes_in_use((n + 1) / 2); }
 template <int N, int S>
 __device__ __forceinline__ void lanes_sum(float (&v)[N], const float* src) {
@@ -156,9 +155,22 @@ __device__ __forceinline__ void lanes_sum(float (&v)[N], const float* src) {
 #pragma unroll
   for (int i = 0; i < N; ++i) v[i] = __shfl_sync(0xffffffffu, t, i);
 }
-template <int N>
+// LANES: by `lanes_sum` (the backward: LayerNorm 4608 on the H200 0.82 -> 0.85 of copy,
+// the other widths within 1%), else each thread adds the slot's entries itself (the
+// forward: lanes cost it up to 0.7%, docs/EXPERIMENTS.md).
+template <int N, bool LANES = false>
 __device__ __forceinline__ void row_total(float (&v)[N], const float* red) {
-  if constexpr (WARPS > 1) lanes_sum<N, WARPS>(v, red);
+  if constexpr (WARPS > 1 && LANES) {
+    lanes_sum<N, WARPS>(v, red);
+  } else if constexpr (WARPS > 1) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      float s = 0.f;
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) s += red[w * N + i];
+      v[i] = s;
+    }
+  }
 }
 // Both halves with the barrier between: every thread gets the totals. All threads of the
 // block call it the same number of times (rows past the end contribute zeros), so the
@@ -166,12 +178,12 @@ __device__ __forceinline__ void row_total(float (&v)[N], const float* red) {
 // waits until every thread has read it out; a caller alternating between two slots
 // passes false (a slot is written again only two calls on, after every thread passed
 // the call between).
-template <int N, bool REUSED_NEXT = true>
+template <int N, bool REUSED_NEXT = true, bool LANES = false>
 __device__ __forceinline__ void row_sum(float (&v)[N], float* red) {
   row_part<N>(v, red);
   if constexpr (WARPS > 1) {
     __syncthreads();
-    row_total<N>(v, red);
+    row_total<N, LANES>(v, red);
     if constexpr (REUSED_NEXT) __syncthreads();
   }
 }
@@ -617,14 +629,14 @@ auto begin = [&](int tile, int it, RowState& q) {
   } else {
     float* slot = red + ((it & 1) * RPB + ty) * WARPS * 2;
     if constexpr (DEFER) row_part<NS>(q.s, slot);
-    else row_sum<NS, false>(q.s, slot);
+    else row_sum<NS, false, true>(q.s, slot);
   }
 };
 // Phase 2 (in a cluster, once the partners' shares of the row have landed): the row's
 // totals, dx.
 auto finish = [&](int it, RowState& q) {
   if constexpr (CLUSTER == 1 && DEFER)  // past the barrier at the next tile's top
-    row_total<LAYER ? 2 : 1>(q.s, red + ((it & 1) * RPB + ty) * WARPS * 2);
+    row_total<LAYER ? 2 : 1, true>(q.s, red + ((it & 1) * RPB + ty) * WARPS * 2);
   if constexpr (CLUSTER > 1) {
     // the row's CLUSTER x WARPS shares, once all have arrived: each warp sums them over
     // its lanes then across them, in one order in every warp of every CTA
