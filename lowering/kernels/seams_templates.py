@@ -133,35 +133,24 @@ __device__ __forceinline__ void row_part(float (&v)[N], float* red) {
     }
   }
 }
-// The N sums over the S rows of `src` ([S][N] floats in shared memory, N dividing 32) in
-// every lane of the warp: lane l adds the entries l, l + 32, ... (all of one column, as
-// 32 is a multiple of N), then a butterfly over the lanes of each column, then lane i's
-// total is column i's. One load a lane where S * N <= 32 and log2 of the lanes in use
-// shuffles, where a thread adding the S rows itself pays S * N loads and adds a row (16
-// warps of two sums: 32 of each). Every warp adds the same pairs in the same order, so
-// every thread of every warp holds the same bits.
+// Lanes in use for n entries, one a lane: n rounded up to a power of two.
 __host__ __device__ constexpr int lanes_in_use(int n) { return n >= 32 ? 32 : n <= 1 ? 1 : 2 * lanes_in_use((n + 1) / 2); }
-template <int N, int S>
-__device__ __forceinline__ void lanes_sum(float (&v)[N], const float* src) {
-  static_assert(32 % N == 0, "a column's entries one lane's");
-  const int lane = threadIdx.x & 31;
-  float t = 0.f;
-#pragma unroll
-  for (int p = 0; p < (S * N + 31) / 32; ++p) {
-    if ((S * N) % 32 == 0 || lane + 32 * p < S * N) t += src[lane + 32 * p];
-  }
-#pragma unroll
-  for (int o = N; o < lanes_in_use(S * N); o <<= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-#pragma unroll
-  for (int i = 0; i < N; ++i) v[i] = __shfl_sync(0xffffffffu, t, i);
-}
-// LANES: by `lanes_sum` (the backward: LayerNorm 4608 on the H200 0.82 -> 0.85 of copy,
-// the other widths within 1%), else each thread adds the slot's entries itself (the
-// forward: lanes cost it up to 0.7%, docs/EXPERIMENTS.md).
 template <int N, bool LANES = false>
 __device__ __forceinline__ void row_total(float (&v)[N], const float* red) {
   if constexpr (WARPS > 1 && LANES) {
-    lanes_sum<N, WARPS>(v, red);
+    // the slot's WARPS x N entries one a lane (lane l: column l % N), a butterfly over
+    // the lanes of each column, then lane i's total is column i's: one load and log2 of
+    // the lanes in use shuffles, where each thread adding the entries itself pays WARPS
+    // x N loads and adds (16 warps of two sums: 32 of each). Every warp adds the same
+    // pairs in the same order, so every thread holds the same bits.
+    static_assert(WARPS * N <= 32 && 32 % N == 0, "one entry a lane, a column's lanes alike");
+    const int lane = threadIdx.x & 31;
+    float t = 0.f;
+    if (lane < WARPS * N) t += red[lane];
+#pragma unroll
+    for (int o = N; o < lanes_in_use(WARPS * N); o <<= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = __shfl_sync(0xffffffffu, t, i);
   } else if constexpr (WARPS > 1) {
 #pragma unroll
     for (int i = 0; i < N; ++i) {
