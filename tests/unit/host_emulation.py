@@ -134,6 +134,7 @@ static void __syncthreads() {
   if (g_sync_lag_us > 0 && (t_warp & 1))
     std::this_thread::sleep_for(std::chrono::microseconds(g_sync_lag_us));
 }
+static void __syncwarp(unsigned = 0xffffffffu) { g_warps[t_warp].bar.arrive_and_wait(); }
 static float __shfl_xor_sync(unsigned, float v, int o) {
   WarpExchange& w = g_warps[t_warp];
   w.buf[t_lane] = v; w.bar.arrive_and_wait();

@@ -134,6 +134,9 @@ def test_vector_width_follows_pointer_alignment():
     assert NormalizationSpec.layer_norm(16, 4096, alignment=4, shared_row=False).plan.vector_width == 2
     assert NormalizationSpec.rms_norm(16, 4096, alignment=4).plan.envelope
     assert NormalizationSpec.layer_norm(16, 4096, alignment=4).plan.vector_width == 2
+    # a layer norm's rows of 2-byte vectors take the envelope kernel from 3000 values
+    assert NormalizationSpec.layer_norm(16, 4096, alignment=2).plan.envelope
+    assert NormalizationSpec.layer_norm(16, 2048, alignment=2).plan.vector_width == 1
     # an fp32 tensor in the fusion halves the elements a 16-byte access holds
     assert vector_width_for(4096, (2, 4, 2), 16) == 4
 

@@ -292,9 +292,10 @@ class LaunchPlan:
         then, with ``x_staged``, ``stages + 1`` buffers of x for each row of the block."""
         if self.shared_row:
             return self.threads_per_row * self.batch * 16
-        if self.cluster > 1:  # the next row's chunks; two mbarriers, two rows' shares and sums
+        if self.cluster > 1:  # the next row's chunks; two mbarriers, two rows' shares and
+            # sums; a layer norm's (one pass) two rows' first granules, a copy a warp
             return (self.threads_per_row * self.batch * 16 + 2 * 8 + 2 * self.cluster * 8
-                    + 2 * self.warps_per_row * 8)
+                    + 2 * self.warps_per_row * (8 + 16 * self.one_pass))
         slots = self.threads_per_row * self.batch * self.vector_width
         params = (self.param_bytes if self.param_cache == "shared"
                   else self.shared_param_bytes) * slots

@@ -481,8 +481,9 @@ def plan_launch(
     if (shared_row is None and threads_per_row is None and batch is None
             and rows_per_block is None and all(v is None for v in register_pins)):
         plain = _plain_rowwise(hidden, vector_width, value_bytes, wide)
-        if plain is None and envelope is None:
-            plain = _envelope_rowwise(hidden, vector_width, value_bytes, param_sizes, wide, bf16)
+        if envelope is None and (plain is None or _envelope_over(plain, hidden, wide)):
+            plain = (_envelope_rowwise(hidden, vector_width, value_bytes, param_sizes, wide, bf16)
+                     or plain)
         if plain is not None:
             return plain
         routed = _route(hidden, vector_width, value_bytes, param_bytes, bf16, param_sizes, wide)
@@ -696,7 +697,9 @@ ENVELOPE_CHUNKS = 3  # chunks a thread at least
 ENVELOPE_PADDING_STEP = 0.1  # padding compared in steps of this
 ENVELOPE_ROW_THREADS = 160  # threads a row preferred where the row allows
 ENVELOPE_ALIGNED_MIN = 8192  # aligned rows from this many values
-ENVELOPE_LAYER_MIN = 6144  # unaligned layer norms from this many values
+ENVELOPE_LAYER_MIN = 3000  # unaligned layer norms from this many values (2-byte vectors)
+ENVELOPE_LAYER_MIN_V2 = 6144  # and rows of 4-byte vectors (2 mod 8 values)
+ENVELOPE_OVER_BLOCKS = 3  # aligned RMS norms' row-wise plans of fewer blocks an SM yield
 # Registers of the envelope kernel besides 4 a chunk, fitted to ptxas (sm_90, no
 # promise: rms_norm 32-62 at 1-6 chunks). The block promise leaves ptxas at least the
 # estimate rounded up to 8 (`blocks_by_registers`); held 4-8 registers lower it spilled
@@ -718,14 +721,30 @@ ENVELOPE_CLUSTER_REGISTERS = 4
 # fp16 values, 54272-110592 bf16 two bytes off; five at fp16 two bytes off; an RMS
 # norm's five at 40001 fp16).
 ENVELOPE_CLUSTER_SPARE = 8
-# A plain layer norm on a cluster (bf16, every row on 16 bytes) held to this many
-# registers where that fits three blocks an SM (rows of up to 384 threads): side by side on an
-# H200 at 25088-64000 columns, three blocks ran 1-7% faster than two on 320-384 threads
-# (37376 0.82 -> 0.88 of copy bandwidth, 57856 0.83 -> 0.89; ptxas kept 55-62 registers,
-# no spills), and 4% slower to 1% faster on 416-448 threads, held to 40-48.
+# A plain layer norm on a cluster (bf16, every row on 16 bytes) held to the most
+# registers, from _LEAST to _HELD, that fit three blocks an SM (56 on rows of up to 384
+# threads, 48 on 416; 448 fit two): side by side on an H200 at 25088-64000 columns, three
+# blocks ran 1-7% faster than two on 320-384 threads (37376 0.82 -> 0.88 of copy
+# bandwidth; ptxas kept 55-62 registers, no spills). On 416 threads at 48 registers they
+# ran 4% slower while the row's shift was loaded from global memory a row ahead (ptxas
+# waited on that load at once); with the shift copied with the ring, 2-10% faster (H200:
+# 39424 0.83 -> 0.92, 61952 0.83 -> 0.86, and two-CTA clusters of six chunks a thread
+# where three CTAs of four or five had been chosen; H100 within 1%, 39424 +4%).
 ENVELOPE_LAYER_CLUSTER_HELD = 56
+ENVELOPE_LAYER_CLUSTER_LEAST = 48
 # CTAs a row at most: the portable cluster size.
 MAX_CLUSTER = 8
+
+
+def _envelope_over(rowwise: LaunchPlan, hidden: int, wide: dict) -> bool:
+    """Whether the envelope kernel takes an aligned row from `_plain_rowwise`: from
+    `ENVELOPE_ALIGNED_MIN` values, a layer norm's always (its one-pass statistics), an RMS
+    norm's where the row-wise plan holds fewer than `ENVELOPE_OVER_BLOCKS` blocks an SM.
+    Side by side on an H200 (bf16, 8192 rows) at 8192-13824: layer norms 0.75-0.90 of
+    copy bandwidth row-wise against 0.92-0.95 (9216 0.93 against 0.92); RMS norms on two
+    blocks 0.83-0.92 against 0.93-0.94, on three 0.95-0.97 against 0.94."""
+    return hidden >= ENVELOPE_ALIGNED_MIN and (
+        wide["layer_norm"] or rowwise.blocks_per_sm < ENVELOPE_OVER_BLOCKS)
 
 
 def plain_tensors(param_sizes: tuple[int, ...], layer_norm: bool, out_bytes: int) -> bool:
@@ -765,14 +784,17 @@ def envelope_candidates(hidden: int, layer_norm: bool, rows_per_block: int | Non
             est += ENVELOPE_LAYER_REGISTERS * (cluster > 1 or not plain)
         if cluster > 1:
             est += ENVELOPE_CLUSTER_REGISTERS + ENVELOPE_CLUSTER_SPARE * (not bf16)
-            held = min(est, ENVELOPE_LAYER_CLUSTER_HELD)
+            held = min(est, max((r for r in range(ENVELOPE_LAYER_CLUSTER_LEAST,
+                                                  ENVELOPE_LAYER_CLUSTER_HELD + 1, 8)
+                                 if blocks_by_registers(t, r) >= 3), default=0))
             if (layer_norm and plain and base_aligned and bf16 and hidden % 8 == 0
-                    and min(MAX_THREADS_PER_SM // t, blocks_by_registers(t, held)) >= 3):
+                    and held and MAX_THREADS_PER_SM // t >= 3):
                 est = held
         blocks = min(MAX_THREADS_PER_SM // (t * r), blocks_by_registers(t * r, est),
                      MAX_BLOCKS_PER_SM)
         if cluster > 1:  # its ring of the next row's chunks, its shares and mbarriers
-            smem = t * k * 16 + 16 + 16 * cluster + t // WARP * 16
+            # (and a layer norm's copies of the rows' first granules)
+            smem = t * k * 16 + 16 + 16 * cluster + t // WARP * (16 + 32 * layer_norm)
             blocks = min(blocks, SHARED_PER_SM // (smem + 1024))
         if blocks < 1:
             continue
@@ -823,9 +845,13 @@ def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int,
       bytes: rms_norm 0.69-0.94 of copy bandwidth at 513-20001 (0.55-0.78 on the
       shared-row kernel). A layer norm from `ENVELOPE_LAYER_MIN` values: 0.78-0.79 at
       7001-16385 (0.55-0.69 on the register kernels' narrow vectors, the shared-row
-      kernel past 16K); shorter ones lost to those (513-4097: 0.46-0.72 against
-      0.65-0.78). 8-byte vectors (5140) run as fast either way (0.90 rms_norm): they keep
-      their plans.
+      kernel past 16K). Shorter ones, after the one-pass statistics and the output pass
+      instantiated for each shift: H200 3001-6001 0.73-0.89 against 0.65-0.71, H100
+      0.89-0.95 against 0.75-0.79; under 3000 the register kernels' (2501 H200 0.67
+      against 0.65, 513-2050 0.71-0.78 against 0.56-0.77). Rows of 4-byte vectors (2 mod
+      8 values) from `ENVELOPE_LAYER_MIN_V2`: H200 3002 0.73 against 0.79, 4098 0.78
+      against 0.82, 6002 0.85 against 0.80, 7002 0.85 against 0.82. 8-byte vectors (5140) run as
+      fast either way (0.90 rms_norm): they keep their plans.
     - Aligned rows from `ENVELOPE_ALIGNED_MIN` values that `_plain_rowwise` declined: the
       raw 16-bit chunks take half the registers of its fp32 values, so two blocks an SM
       still fit past 16K values (14848-20992: rms_norm 0.95-0.97 against 0.88-0.91 on
@@ -851,7 +877,8 @@ def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int,
     if wide["rows_aligned"]:
         if hidden < ENVELOPE_ALIGNED_MIN:
             return None
-    elif vector_width * value_bytes >= 8 or (layer and hidden < ENVELOPE_LAYER_MIN):
+    elif vector_width * value_bytes >= 8 or (layer and hidden < (
+            ENVELOPE_LAYER_MIN if vector_width == 1 else ENVELOPE_LAYER_MIN_V2)):
         return None
     plan = _choose_envelope(envelope_candidates(hidden, layer, base_aligned=wide["base_aligned"]))
     if plan is None and wide["hardware"].clusters:

@@ -575,17 +575,18 @@ class EnvelopeRenderer(SharedRowRenderer):
         several = p.warps_per_row > 1
         clustered = p.cluster > 1
         exchange = E["cluster_exchange"].format() if clustered else ""
-        pivot_init = pivot_next = ""
+        pivots = {"pivots_doc": "", "pivots_decl": "", "pivot_copy": "", "pivot_read": ""}
         if one_pass:
             row_sum = E["row_sum2_block" if several else "row_sum2_warp"].format()
             partials = (f"__shared__ float partials[{p.rows_per_block}][{p.warps_per_row}][2];"
                         if several else "")
             first = TO_FLOAT[s.input_dtype].format("in_x[(size_t)row * kHidden]")
-            if clustered:  # the shift loaded a row ahead: `pivot_next`
-                pivot_init = E["pivot_init"].format(first=TO_FLOAT[s.input_dtype].format(
-                    "in_x[(size_t)(blockIdx.x / kCluster) * kHidden]"))
-                pivot_next = E["pivot_next"].format(first=TO_FLOAT[s.input_dtype].format(
-                    "in_x[(size_t)(row + teams) * kHidden]"))
+            if clustered:  # the shift copied a row ahead with the ring: `pivot_read`
+                slot = (f"reinterpret_cast<const {CUDA_TYPES[s.input_dtype]}*>"
+                        "(&pivots[set][threadIdx.x >> 5])[hx]")
+                pivots = {k: E[k] for k in pivots}
+                pivots["pivot_read"] = E["pivot_read"].format(
+                    first=TO_FLOAT[s.input_dtype].format(slot))
                 first = "pivot_now"
             passes = (E["shift_init"].format(first=first)
                       + E["pass"].format(whole=E["shifted_whole"]))
@@ -624,14 +625,15 @@ class EnvelopeRenderer(SharedRowRenderer):
             same = " && ".join(f"(((size_t)in_{n} ^ (size_t)in_{halves[0]}) & 15) == 0"
                                for n in halves[1:]) or "true"
             dispatch = E["dispatch"].format(phase=phase, same=same, out_args=out_args)
-        load = (E["load_ring"].format(pivot_next=pivot_next) if clustered
+        load = (E["load_ring"].format(pivot_read=pivots["pivot_read"]) if clustered
                 else E["load"].format())
         row = E["row"].format(out_t=out_t, load=load, first_pass=passes, stats=stats,
                               dispatch=dispatch)
         kernel = E["kernel_cluster" if clustered else "kernel"].format(
             block_threads=p.block_threads, min_blocks=p.min_blocks_per_sm, name=s.kernel_name,
             params=", ".join(kernel_params(s)), partials_decl=partials, row=row,
-            pivot_init=pivot_init)
+            pivots_doc=pivots["pivots_doc"], pivots_decl=pivots["pivots_decl"],
+            pivot_copy=pivots["pivot_copy"])
         constants = E["constants"].format(threads=p.threads_per_row, hidden=s.hidden,
                                           slots=p.batch, rows_per_block=p.rows_per_block,
                                           cluster=f"\nconstexpr int kCluster = {p.cluster};"

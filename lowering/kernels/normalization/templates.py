@@ -1049,12 +1049,12 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks}) __cl
   dependent_launch_entry();
   // dynamic shared memory (`LaunchPlan.dynamic_shared_bytes`): the ring of this CTA's
   // chunks of the next row, then by the parity of the row: the mbarriers counting its
-  // shares, the shares (every CTA's sums of the row), the warps' sums
+  // shares, the shares (every CTA's sums of the row), the warps' sums{pivots_doc}
   uint4* const ring = reinterpret_cast<uint4*>(seam_dynamic_smem());  // kSlots x kT chunks
   unsigned long long* const bars = reinterpret_cast<unsigned long long*>(ring + kSlots * kT);
   float (*const slots)[kCluster][2] = reinterpret_cast<float (*)[kCluster][2]>(bars + 2);
   float (*const partials)[kT / 32][2] = reinterpret_cast<float (*)[kT / 32][2]>(slots + 2);
-  const int rank = (int)cluster_rank();
+{pivots_decl}  const int rank = (int)cluster_rank();
   const int tid = threadIdx.x + rank * (kT * kSlots);  // chunk i * kT + tid of slot i
   if (threadIdx.x == 0) {{
     mbar_init(&bars[0]);
@@ -1063,7 +1063,7 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks}) __cl
   cluster_sync();  // every CTA's mbarriers initialized before a share is pushed to them
   const int teams = gridDim.x / kCluster;
   // this thread's chunks of a row, by cp.async into its slots of the ring (a row ahead)
-  const auto prefetch = [&](const int r) {{
+  const auto prefetch = [&](const int r, const int set) {{
     if (r < rows) {{
       const size_t a = (size_t)(in_x + (size_t)r * kHidden);
       const int h = kRowsAligned ? 0 : (int)(a & 15) >> 1;
@@ -1074,11 +1074,11 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks}) __cl
         const int c = i * kT + tid;
         if (c < chunks) cp_async16(ring + i * kT + threadIdx.x, from + c);
       }}
-    }}
+{pivot_copy}    }}
     cp_async_commit();
   }};
-  prefetch(blockIdx.x / kCluster);
-{pivot_init}  int n = 0;
+  prefetch(blockIdx.x / kCluster, 0);
+  int n = 0;
 #pragma unroll 1
   for (int row = blockIdx.x / kCluster; row < rows; row += teams, ++n) {{
     const int set = n & 1;
@@ -1148,9 +1148,9 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks}) __cl
     const int c = i * kT + tid;
     xr[i] = c < nch ? ring[i * kT + threadIdx.x] : make_uint4(0u, 0u, 0u, 0u);
   }}
-  asm volatile("" ::: "memory");  // those reads stay before the copies into their slots
-  prefetch(row + teams);
-{pivot_next}""",
+{pivot_read}  asm volatile("" ::: "memory");  // those reads stay before the copies into their slots
+  prefetch(row + teams, set ^ 1);
+""",
     "dispatch": """\
   // the 1-D tensors' chunks sit sh elements into their aligned vectors, for every whole
   // chunk of the row alike where the tensors share their 16-byte phase
@@ -1187,10 +1187,16 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks}) __cl
     # layer norm, one pass (``LaunchPlan.one_pass``): the sums of d and d^2 for d the
     # values less the row's first one (shifted data: no cancellation of a large mean)
     "shift_init": "  const float shift = row_ok ? {first} : 0.f;\n  float s = 0.f, q = 0.f;\n",
-    "pivot_init": "  float pivot = blockIdx.x / kCluster < rows ? {first} : 0.f;\n",
-    "pivot_next": """\
-  const float pivot_now = pivot;
-  if (row + teams < rows) pivot = {first};
+    # a cluster's layer norm: the shift (the row's first value) is copied a row ahead with
+    # the ring, the 16 bytes holding it into a slot of each warp (by the row's parity), so
+    # that it waits with the ring's copies; a load of it from global memory a row ahead
+    # had ptxas move it to a uniform register at once, waiting on the load every row
+    "pivots_doc": ", the\n  // granule holding each row's first value, a copy for each warp",
+    "pivots_decl": "  uint4 (*const pivots)[kT / 32] = reinterpret_cast<uint4 (*)[kT / 32]>(partials + 2);\n",
+    "pivot_copy": "      if ((threadIdx.x & 31) == 0) cp_async16(&pivots[set][threadIdx.x >> 5], from);\n",
+    "pivot_read": """\
+  __syncwarp();  // lane 0's copy of the granule, waited for above, seen by its warp
+  const float pivot_now = {first};
 """,
     "shifted_whole": "        const float d = v[e] - shift;\n        s += d;\n        q += d * d;\n",
     "one_pass_stats": """\
