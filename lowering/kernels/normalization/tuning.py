@@ -76,7 +76,9 @@ def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]
                       bf16="bfloat16" in spec.parameter_dtypes(),
                       base_aligned=spec.alignment >= 16,
                       plain=plain_tensors(spec.tensor_sizes(), layer,
-                                          DTYPE_BYTES[spec.output_dtype])))[:ENVELOPE_TUNE]]
+                                          DTYPE_BYTES[spec.output_dtype])),
+                      layer and spec.rows_aligned and spec.alignment >= 16
+                      and "bfloat16" in spec.parameter_dtypes())[:ENVELOPE_TUNE]]
         try:
             rest = tune_plans(dataclasses.replace(spec, envelope=False, cluster=None),
                               geometries)
