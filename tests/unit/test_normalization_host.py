@@ -76,6 +76,8 @@ def test_cluster_rows_match_float64_on_the_host(kind, dtype, hidden, cluster, ro
     assert plan.cluster == cluster and plan.rows_per_block == 1
     assert plan.threads_per_row == (threads or 32)
     assert plan.one_pass == (kind == "layer_norm")
+    # rows off 16 bytes read the weight (and bias) from the CTA's staged copies
+    assert plan.staged == (0 if spec.rows_aligned else 2 * len(spec.tensor_sizes()))
     _check_on_the_host(spec, teams * cluster, offset)
 
 

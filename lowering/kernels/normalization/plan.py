@@ -211,6 +211,8 @@ class LaunchPlan:
     row_chunks: int = 0  # shared_row, envelope: 16-byte chunks a row may span (its bound)
     envelope: bool = False  # the envelope row-wise kernel (see below): batch is chunks a thread
     cluster: int = 1  # envelope: CTAs a row is split over (a thread-block cluster, see below)
+    staged: int = 0  # envelope cluster, rows off 16 bytes: bytes a column of the 16-bit 1-D
+    #                  tensors each CTA copies into shared memory once (its slice)
 
     @property
     def persistent(self) -> bool:
@@ -295,7 +297,8 @@ class LaunchPlan:
         if self.cluster > 1:  # the next row's chunks; two mbarriers, two rows' shares and
             # sums; a layer norm's (one pass) two rows' first granules, a copy a warp
             return (self.threads_per_row * self.batch * 16 + 2 * 8 + 2 * self.cluster * 8
-                    + 2 * self.warps_per_row * (8 + 16 * self.one_pass))
+                    + 2 * self.warps_per_row * (8 + 16 * self.one_pass)
+                    + staged_bytes(self.threads_per_row, self.batch, self.staged))
         slots = self.threads_per_row * self.batch * self.vector_width
         params = (self.param_bytes if self.param_cache == "shared"
                   else self.shared_param_bytes) * slots
@@ -337,7 +340,7 @@ class LaunchPlan:
         if self.envelope:
             return (f"envelope t{self.threads_per_row} k{self.batch} r{self.rows_per_block} "
                     f"c{self.row_chunks}" + (f" cluster{self.cluster}" if self.cluster > 1 else "")
-                    + (" 1pass" if self.one_pass else "")
+                    + (" 1pass" if self.one_pass else "") + (" staged" if self.staged else "")
                     + (f" x{self.blocks_per_sm}" if self.blocks_per_sm else ""))
         kind = "rowwise" if not self.persistent else f"persistent/{self.param_cache}"
         if self.shared_param_bytes:
@@ -363,6 +366,13 @@ def register_budget(block_threads: int) -> int:
 
 def round_up(n: int, m: int) -> int:
     return -(-n // m) * m
+
+
+def staged_bytes(threads: int, chunks: int, staged: int) -> int:
+    """Shared memory of a cluster CTA's staged 1-D tensors (`LaunchPlan.staged` bytes a
+    column): the columns of its chunks at any shift of the row, threads x chunks + 2
+    granules of 8 columns each."""
+    return (threads * chunks + 2) * 8 * staged
 
 
 def blocks_by_registers(block_threads: int, registers: int) -> int:

@@ -618,7 +618,10 @@ class EnvelopeRenderer(SharedRowRenderer):
                                       loads=loads, **self._output_parts(outs))
         # the row's shift is the first 16-bit tensor's; the switch needs all of theirs alike
         halves = [n for n, d in outs if DTYPE_BYTES[d] == 2]
-        if s.rows_aligned:  # every base pointer on 16 bytes: no shift
+        if p.staged:  # the 16-bit tensors read from their staged copies, on 16 bytes
+            row_args = "".join(f", s_{n}" if DTYPE_BYTES[d] == 2 else f", in_{n}" for n, d in outs)
+            dispatch = E["dispatch"].format(phase="0", same="true", out_args=row_args)
+        elif s.rows_aligned:  # every base pointer on 16 bytes: no shift
             dispatch = E["dispatch_aligned"].format(out_args=out_args)
         else:
             phase = f"((int)((size_t)in_{halves[0]} & 15) >> 1)" if halves else "hx"
@@ -629,15 +632,26 @@ class EnvelopeRenderer(SharedRowRenderer):
                 else E["load"].format())
         row = E["row"].format(out_t=out_t, load=load, first_pass=passes, stats=stats,
                               dispatch=dispatch)
+        staging = ""
+        if p.staged:  # after the pivots' slots (a layer norm's), else after the sums
+            if not clustered or s.rows_aligned or p.staged != 2 * len(halves):
+                raise LoweringError("normalization kernel: staged 1-D tensors are a cluster's, "
+                                    "on rows off 16 bytes, every 16-bit one")
+            staging = E["staging"].format(
+                base="pivots + 2" if one_pass else "partials + 2",
+                copies="".join(E["staging_copy"].format(k=k, name=n) for k, n in enumerate(halves)),
+                pointers="".join(E["staging_pointer"].format(k=k, name=n)
+                                 for k, n in enumerate(halves)))
         kernel = E["kernel_cluster" if clustered else "kernel"].format(
             block_threads=p.block_threads, min_blocks=p.min_blocks_per_sm, name=s.kernel_name,
             params=", ".join(kernel_params(s)), partials_decl=partials, row=row,
             pivots_doc=pivots["pivots_doc"], pivots_decl=pivots["pivots_decl"],
-            pivot_copy=pivots["pivot_copy"])
+            pivot_copy=pivots["pivot_copy"], staging=staging)
         constants = E["constants"].format(threads=p.threads_per_row, hidden=s.hidden,
                                           slots=p.batch, rows_per_block=p.rows_per_block,
                                           cluster=f"\nconstexpr int kCluster = {p.cluster};"
-                                          if clustered else "")
+                                          if clustered else "",
+                                          staged="true" if p.staged else "false")
         aligned = S["aligned_flag"].format(aligned="true" if s.rows_aligned else "false")
         shared_helpers = S["helpers"].format(warps=p.threads_per_row // 32, wait_cases="")
         # a cluster's mbarriers, asynchronous shared stores and cluster barrier: the seam

@@ -916,16 +916,21 @@ ENVELOPE_SNIPPETS = {
     "constants": """\
 constexpr int kT = {threads}, kHidden = {hidden}, kSlots = {slots};
 constexpr int kRowsPerBlock = {rows_per_block};{cluster}
+constexpr bool kStaged = {staged};  // a cluster's 1-D tensors in shared memory (`staging`)
 """,
     "helpers": """\
+// A 16-byte vector of a 1-D tensor: from shared memory where the cluster staged them
+// (a plain load: the pointer derives from the shared array, so ptxas emits LDS), else
+// by the read-only path.
+__device__ __forceinline__ uint4 cols_vector(const uint4* q) {{ return kStaged ? *q : __ldg(q); }}
 // Columns col0 .. col0+7 of a 16-bit 1-D tensor for a whole chunk, with the chunk kK
 // words and f bits (0 or 16) past the aligned vector at p + col0 (a granule past it
 // only where the chunk straddles two).
 template <int kK>
 __device__ __forceinline__ uint4 cols16k(const unsigned short* __restrict__ p, int col0, unsigned f) {{
   const uint4* q = reinterpret_cast<const uint4*>((size_t)(p + col0) & ~(size_t)15);
-  const uint4 u = __ldg(q);
-  const uint4 n = (kK != 0 || f != 0) ? __ldg(q + 1) : u;
+  const uint4 u = cols_vector(q);
+  const uint4 n = (kK != 0 || f != 0) ? cols_vector(q + 1) : u;
   const unsigned w[8] = {{u.x, u.y, u.z, u.w, n.x, n.y, n.z, n.w}};
   return make_uint4(__funnelshift_r(w[kK], w[kK + 1], f), __funnelshift_r(w[kK + 1], w[kK + 2], f),
                     __funnelshift_r(w[kK + 2], w[kK + 3], f), __funnelshift_r(w[kK + 3], w[kK + 4], f));
@@ -1060,7 +1065,7 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks}) __cl
     mbar_init(&bars[0]);
     mbar_init(&bars[1]);
   }}
-  cluster_sync();  // every CTA's mbarriers initialized before a share is pushed to them
+{staging}  cluster_sync();  // every CTA's mbarriers initialized before a share is pushed to them
   const int teams = gridDim.x / kCluster;
   // this thread's chunks of a row, by cp.async into its slots of the ring (a row ahead)
   const auto prefetch = [&](const int r, const int set) {{
@@ -1187,6 +1192,22 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks}) __cl
     # layer norm, one pass (``LaunchPlan.one_pass``): the sums of d and d^2 for d the
     # values less the row's first one (shifted data: no cancellation of a large mean)
     "shift_init": "  const float shift = row_ok ? {first} : 0.f;\n  float s = 0.f, q = 0.f;\n",
+    # rows off 16 bytes on a cluster (`LaunchPlan.staged`): the CTA's columns of each
+    # 16-bit 1-D tensor, at any shift of the row, copied once into shared memory on 16
+    # bytes; the row reads them through s_<name> (phase 0: the dispatch takes every row's
+    # shift from x alone), two shared vectors a chunk where it read two global ones
+    # (`cols_vector`)
+    "staging": """\
+  constexpr int kStagedColumns = 8 * (kT * kSlots + 2);  // 16-byte granules a tensor
+  unsigned short* const staged = reinterpret_cast<unsigned short*>({base});
+  const int staged_lo = 8 * (rank * (kT * kSlots) - 1);  // the first column staged
+  for (int e = threadIdx.x; e < kStagedColumns; e += kT) {{
+    const int col = staged_lo + e;
+    const bool in = col >= 0 && col < kHidden;
+{copies}  }}
+{pointers}""",
+    "staging_copy": "    staged[{k} * kStagedColumns + e] = in ? in_{name}[col] : (unsigned short)0;\n",
+    "staging_pointer": "  const unsigned short* const s_{name} = staged + {k} * kStagedColumns - staged_lo;\n",
     # a cluster's layer norm: the shift (the row's first value) is copied a row ahead with
     # the ring, the 16 bytes holding it into a slot of each warp (by the row's parity), so
     # that it waits with the ring's copies; a load of it from global memory a row ahead
