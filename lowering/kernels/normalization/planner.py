@@ -873,8 +873,8 @@ def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int,
       0.89-0.95 against 0.75-0.79; under 3000 the register kernels' (2501 H200 0.67
       against 0.65, 513-2050 0.71-0.78 against 0.56-0.77). Rows of 4-byte vectors (2 mod
       8 values) from `ENVELOPE_LAYER_MIN_V2`: H200 3002 0.73 against 0.79, 4098 0.78
-      against 0.82, 6002 0.85 against 0.80, 7002 0.85 against 0.82. 8-byte vectors (5140) run as
-      fast either way (0.90 rms_norm): they keep their plans.
+      against 0.82, 6002 0.85 against 0.80, 7002 0.85 against 0.82. 8-byte vectors
+      (5140) run as fast either way (0.90 rms_norm): they keep their plans.
     - Aligned rows from `ENVELOPE_ALIGNED_MIN` values that `_plain_rowwise` declined: the
       raw 16-bit chunks take half the registers of its fp32 values, so two blocks an SM
       still fit past 16K values (14848-20992: rms_norm 0.95-0.97 against 0.88-0.91 on

@@ -919,9 +919,9 @@ constexpr int kRowsPerBlock = {rows_per_block};{cluster}
 constexpr bool kStaged = {staged};  // a cluster's 1-D tensors in shared memory (`staging`)
 """,
     "helpers": """\
-// A 16-byte vector of a 1-D tensor: from shared memory where the cluster staged them
-// (a plain load: the pointer derives from the shared array, so ptxas emits LDS), else
-// by the read-only path.
+// A 16-byte vector of a 1-D tensor: where the cluster staged them, a plain (generic)
+// load from shared memory (NVVM leaves it generic; an explicit ld.shared cost the
+// kernel 8 registers and spilled), else by the read-only path.
 __device__ __forceinline__ uint4 cols_vector(const uint4* q) {{ return kStaged ? *q : __ldg(q); }}
 // Columns col0 .. col0+7 of a 16-bit 1-D tensor for a whole chunk, with the chunk kK
 // words and f bits (0 or 16) past the aligned vector at p + col0 (a granule past it
