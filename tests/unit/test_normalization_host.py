@@ -81,6 +81,21 @@ def test_cluster_rows_match_float64_on_the_host(kind, dtype, hidden, cluster, ro
     _check_on_the_host(spec, teams * cluster, offset)
 
 
+@pytest.mark.parametrize("kind, hidden, cluster, offset, tensor_offset", [
+    ("layer_norm", 2001, 3, 0, 3),   # rows at every phase; weight and bias at others
+    ("rms_norm", 1999, 2, 1, 5),
+])
+def test_staged_cluster_rows_with_tensors_off_16_bytes_match_float64(kind, hidden, cluster,
+                                                                      offset, tensor_offset):
+    """`LaunchPlan.staged`: a cluster on rows off 16 bytes copies its columns of the
+    weight (and bias) into shared memory at one phase, whatever the tensors' own (here
+    each at another), and reads them there."""
+    spec = getattr(NormalizationSpec, kind)(7, hidden, 1e-5, "bfloat16", envelope=True,
+                                            cluster=cluster, alignment=2)
+    assert spec.plan.staged and "s_weight" in render_normalization(spec)
+    _check_on_the_host(spec, 2 * cluster, offset, tensor_offset)
+
+
 @pytest.mark.parametrize("kind, hidden, rows, offset, one_pass", [
     ("layer_norm", 2001, 9, 0, True),    # one row a block of 96 threads, rows at every phase
     ("layer_norm", 7001, 5, 1, None),    # the two-pass statistics, bases 2 bytes off
@@ -97,17 +112,17 @@ def test_one_block_envelope_rows_match_float64_on_the_host(kind, hidden, rows, o
     _check_on_the_host(spec, -(-rows // plan.rows_per_block), offset)
 
 
-def _check_on_the_host(spec, grid: int, offset: int) -> None:
+def _check_on_the_host(spec, grid: int, offset: int, tensor_offset: int = 0) -> None:
     """Runs ``spec``'s kernel on the host over ``grid`` blocks, x and y ``offset`` elements
-    into their buffers, and checks y against float64 and that nothing around it was
-    written."""
+    into their buffers (the weight ``tensor_offset``, the bias one more if any), and checks y
+    against float64 and that nothing around it was written."""
     plan, rows, hidden = spec.plan, spec.rows, spec.hidden
     tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[spec.input_dtype]
     g = torch.Generator().manual_seed(hidden + rows + plan.cluster)
 
-    def placed(t):  # ``offset`` elements into a larger buffer
+    def placed(t, at=offset):  # ``at`` elements into a larger buffer
         buf = torch.full((t.numel() + 16,), float("nan"), dtype=tdt)
-        view = buf[offset:offset + t.numel()].view(t.shape)
+        view = buf[at:at + t.numel()].view(t.shape)
         view.copy_(t)
         return buf, view
 
@@ -116,8 +131,8 @@ def _check_on_the_host(spec, grid: int, offset: int) -> None:
     x0 = (torch.randn(rows, hidden, generator=g) * (1 + torch.arange(rows) % 4)[:, None]
           + 40 * (torch.arange(rows) % 3)[:, None])
     _, x = placed(x0.to(tdt))
-    w = (torch.rand(hidden, generator=g) + 0.5).to(tdt)
-    b = torch.randn(hidden, generator=g).to(tdt)
+    _, w = placed((torch.rand(hidden, generator=g) + 0.5).to(tdt), tensor_offset)
+    _, b = placed(torch.randn(hidden, generator=g).to(tdt), tensor_offset and tensor_offset + 1)
     ybuf, y = placed(torch.full((rows, hidden), float("nan")).to(tdt))
     guard = ybuf.clone()
     layer = "bias" in spec.parameter_names()
