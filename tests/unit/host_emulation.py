@@ -135,18 +135,13 @@ static void __syncthreads() {
     std::this_thread::sleep_for(std::chrono::microseconds(g_sync_lag_us));
 }
 static void __syncwarp(unsigned = 0xffffffffu) { g_warps[t_warp].bar.arrive_and_wait(); }
-static float __shfl_xor_sync(unsigned, float v, int o) {
-  WarpExchange& w = g_warps[t_warp];
-  w.buf[t_lane] = v; w.bar.arrive_and_wait();
-  float r = w.buf[t_lane ^ o]; w.bar.arrive_and_wait();
-  return r;
-}
 static float __shfl_sync(unsigned, float v, int src) {
   WarpExchange& w = g_warps[t_warp];
   w.buf[t_lane] = v; w.bar.arrive_and_wait();
   float r = w.buf[src & 31]; w.bar.arrive_and_wait();
   return r;
 }
+static float __shfl_xor_sync(unsigned mask, float v, int o) { return __shfl_sync(mask, v, t_lane ^ o); }
 static float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 #define __expf(x) std::exp(x)  // glibc declares its own __expf
 #define __fdividef(a, b) ((a) / (b))  // the device's fast divide; exact here

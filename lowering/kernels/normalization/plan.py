@@ -298,7 +298,8 @@ class LaunchPlan:
             # sums; a layer norm's (one pass) two rows' first granules, a copy a warp
             return (self.threads_per_row * self.batch * 16 + 2 * 8 + 2 * self.cluster * 8
                     + 2 * self.warps_per_row * (8 + 16 * self.one_pass)
-                    + staged_bytes(self.threads_per_row, self.batch, self.staged))
+                    # the staged tensors: the columns of the CTA's chunks at any shift
+                    + (self.threads_per_row * self.batch + 2) * 8 * self.staged)
         slots = self.threads_per_row * self.batch * self.vector_width
         params = (self.param_bytes if self.param_cache == "shared"
                   else self.shared_param_bytes) * slots
@@ -366,13 +367,6 @@ def register_budget(block_threads: int) -> int:
 
 def round_up(n: int, m: int) -> int:
     return -(-n // m) * m
-
-
-def staged_bytes(threads: int, chunks: int, staged: int) -> int:
-    """Shared memory of a cluster CTA's staged 1-D tensors (`LaunchPlan.staged` bytes a
-    column): the columns of its chunks at any shift of the row, threads x chunks + 2
-    granules of 8 columns each."""
-    return (threads * chunks + 2) * 8 * staged
 
 
 def blocks_by_registers(block_threads: int, registers: int) -> int:

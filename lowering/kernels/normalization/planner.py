@@ -27,7 +27,6 @@ from lowering.kernels.normalization.plan import (
     MAX_VALUES_PER_THREAD, MIN_THREADS_PER_BLOCK, PARAM_CACHES, REGISTERS_PER_SM,
     SHARED_PER_BLOCK, SHARED_PER_SM,
     SM90, WARP, Hardware, LaunchPlan, blocks_by_registers, register_budget, round_up,
-    staged_bytes,
 )
 
 # Rule 1 of `choose_persistent`: bytes of x an SM must have requested at once.
@@ -442,7 +441,7 @@ def plan_launch(
             pinned = [p for p in plans if threads_per_row in (None, p.threads_per_row)
                       and batch in (None, p.batch)]
             fallback = fallback or (pinned[0] if pinned else None)
-            best = _choose_envelope(pinned, layer_norm and rows_aligned and bf16 and base_aligned)
+            best = _choose_envelope(pinned, most_chunks(layer_norm, rows_aligned, bf16))
             if best is not None:
                 break
         best = best or fallback
@@ -756,6 +755,12 @@ def plain_tensors(param_sizes: tuple[int, ...], layer_norm: bool, out_bytes: int
             and all(size == 2 for size in param_sizes) and out_bytes == 2)
 
 
+def most_chunks(layer_norm: bool, rows_aligned: bool, bf16: bool) -> bool:
+    """`rank_envelope`'s ``most_chunks``: a bf16 layer norm's aligned rows (where it was
+    measured; `_choose_envelope`)."""
+    return layer_norm and rows_aligned and bf16
+
+
 def staged_columns(rows_aligned: bool, param_sizes: tuple[int, ...]) -> int:
     """`LaunchPlan.staged` of a cluster's plan: on rows off 16 bytes, the bytes a column
     of its 16-bit 1-D tensors. Read from global memory at each row's shift, two loads a
@@ -797,24 +802,22 @@ def envelope_candidates(hidden: int, layer_norm: bool, rows_per_block: int | Non
             est += ENVELOPE_LAYER_REGISTERS * (cluster > 1 or not plain)
         if cluster > 1:
             est += ENVELOPE_CLUSTER_REGISTERS + ENVELOPE_CLUSTER_SPARE * (not bf16)
-            held = min(est, max((r for r in range(ENVELOPE_LAYER_CLUSTER_LEAST,
-                                                  ENVELOPE_LAYER_CLUSTER_HELD + 1, 8)
-                                 if blocks_by_registers(t, r) >= 3), default=0))
+            held = min(est, max((regs for regs in range(ENVELOPE_LAYER_CLUSTER_LEAST,
+                                                        ENVELOPE_LAYER_CLUSTER_HELD + 1, 8)
+                                 if blocks_by_registers(t, regs) >= 3), default=0))
             if (layer_norm and plain and base_aligned and bf16 and hidden % 8 == 0
                     and held and MAX_THREADS_PER_SM // t >= 3):
                 est = held
         blocks = min(MAX_THREADS_PER_SM // (t * r), blocks_by_registers(t * r, est),
                      MAX_BLOCKS_PER_SM)
-        if cluster > 1:  # its ring of the next row's chunks, its shares and mbarriers
-            # (a layer norm's copies of the rows' first granules, the staged tensors)
-            smem = (t * k * 16 + 16 + 16 * cluster + t // WARP * (16 + 32 * layer_norm)
-                    + staged_bytes(t, k, staged))
+        plan = LaunchPlan(8, t, k, r, est, "none", row_chunks=chunks, envelope=True,
+                          cluster=cluster, staged=staged if cluster > 1 else 0)
+        if cluster > 1:  # its shared memory (a layer norm's: the one-pass kernel's)
+            smem = dataclasses.replace(plan, one_pass=layer_norm).dynamic_shared_bytes
             blocks = min(blocks, SHARED_PER_SM // (smem + 1024))
         if blocks < 1:
             continue
-        plans.append(LaunchPlan(8, t, k, r, est, "none", row_chunks=chunks, envelope=True,
-                                blocks_per_sm=blocks, cluster=cluster,
-                                staged=staged if cluster > 1 else 0))
+        plans.append(dataclasses.replace(plan, blocks_per_sm=blocks))
     return plans
 
 
@@ -909,7 +912,7 @@ def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int,
             plan = _choose_envelope(envelope_candidates(
                 hidden, layer, cluster=cluster, bf16=bf16, base_aligned=wide["base_aligned"],
                 staged=staged_columns(wide["rows_aligned"], param_sizes)),
-                layer and wide["rows_aligned"] and bf16 and wide["base_aligned"])
+                most_chunks(layer, wide["rows_aligned"], bf16))
             if plan is not None:
                 break
     return dataclasses.replace(plan, one_pass=True) if plan and layer else plan
