@@ -16,7 +16,8 @@ Kernels (one fused kernel per op; the norm backward adds a small column reduce):
 - `AddNormBackwardSpec`: dx (+ dh) in one pass over dy and the saved h, mean, rstd, and
   the weight (and bias) gradient. Persistent, one CTA an SM, its tiles of rows copied by
   cp.async into shared-memory stages a few tiles ahead (`plan_backward` sizes them from a
-  `Hardware` model: shared memory, SMs, bandwidth x latency); rows wider than a CTA holds
+  `Hardware` model: shared memory, SMs, bandwidth x latency; as few as keep twice bandwidth
+  x latency in flight, as deeper ran slower); rows wider than a CTA holds
   are split over a thread-block cluster: each warp pushes its share of a row's sums into
   every CTA's shared memory by asynchronous stores counted on that CTA's mbarrier
   (`st.async`), which a CTA waits on a row later, when it finishes the row. Each thread
@@ -163,8 +164,8 @@ SM90 = Hardware()  # an H100 SXM (an H200 differs in bandwidth only)
 SM80 = Hardware(108, 166912, 167936, 65536, 2048, False, 2.0e12)  # an A100
 # A loaded DRAM access's latency, about: with the bandwidth, the bytes in flight needed.
 LOAD_LATENCY_S = 1.0e-6
-# The backward's block: one CTA an SM (its stages take the shared memory), 512 threads,
-# each holding at most `BACKWARD_HELD_FLOATS` of a row's columns (their dweight / dbias
+# The backward's block: one CTA an SM (padded to half its shared memory at least), 512
+# threads, each holding at most `BACKWARD_HELD_FLOATS` of a row's columns (their dweight / dbias
 # sums, and the row's n and g between its two phases) or up to twice that without the
 # held n and g where a cluster of 8 cannot split the row finer.
 BACKWARD_THREADS = 512
@@ -218,7 +219,7 @@ class BackwardPlan(_RowBlock):
         four, as its block barrier is cheap and a second tile in flight is not (at three
         stages, not deferring ran 15-32% faster at 9216-16384 columns on the H200).
         Measured on the H200 and H100 only; the A100 model (`SM80`) follows the rule."""
-        return self.slack > 0 if self.cluster > 1 else self.stages >= 4
+        return _deferred(self.stages, self.cluster, self.slack)
 
     @property
     def slots(self) -> int:
@@ -232,14 +233,38 @@ class BackwardPlan(_RowBlock):
     @property
     def lookahead(self) -> int:
         """Tiles a team has in flight while it reduces one."""
-        if self.cluster > 1:
-            return self.stages - 1 - self.slack
-        return self.stages - (2 if self.deferred else 1)
+        return _lookahead(self.stages, self.cluster, self.slack)
 
     def describe(self) -> str:
         return (f"v{self.vector} t{self.threads_per_row}x{self.rows_per_block} k"
                 f"{self.vectors_per_thread} c{self.cluster} s{self.stages}"
                 + (" hold" if self.hold else ""))
+
+
+def _deferred(stages: int, cluster: int, slack: int) -> bool:
+    return slack > 0 if cluster > 1 else stages >= 4
+
+
+def _lookahead(stages: int, cluster: int, slack: int) -> int:
+    if cluster > 1:
+        return stages - 1 - slack
+    return stages - (2 if _deferred(stages, cluster, slack) else 1)
+
+
+def _enough_stages(most: int, tile: int, cluster: int, slack: int, hw: Hardware) -> int:
+    """The stages of a layout: of the counts up to ``most`` (what fits), those with the
+    fewest tiles in flight that still keep `Hardware.in_flight_target` bytes in flight,
+    two tiles at least, and of those the most (one CTA defers its rows from four stages
+    at no cost in lookahead); ``most`` where none does. Deeper ran slower on the H200:
+    LayerNorm at 1024-4608 columns 0.65-0.84 of copy bandwidth at eight stages against
+    0.68-0.86 at five or six, 16896-33280 in clusters 2% slower at six than at four; one
+    tile in flight (three stages in a cluster) 7% slower at 41472."""
+    need = max(2, -(-hw.in_flight_target // tile))
+    enough = [s for s in range(2, most + 1) if _lookahead(s, cluster, slack) >= need]
+    if not enough:
+        return most
+    fewest = min(_lookahead(s, cluster, slack) for s in enough)
+    return max(s for s in enough if _lookahead(s, cluster, slack) == fewest)
 
 
 def _ceil(a: int, b: int) -> int:
@@ -298,13 +323,12 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held, fit=False):
         sbar_bytes = _ceil(8 * slots, 16)
         fixed = weight_bytes + red_bytes + cslot_bytes + sbar_bytes + 8 * BACKWARD_MAX_STAGES
         fit = (hw.smem_per_block - fixed - 16) // per_stage
-        # As many stages as fit: with one CTA an SM the shared memory has no other use,
-        # and deeper is never slower; `plan_backward` checks them against the bandwidth.
         stages = min(fit, BACKWARD_MAX_STAGES)
         if stages >= slack + 2:
             break
     if stages < 2:
         return None
+    stages = _enough_stages(stages, tile, cluster, slack, hw)
     stats = stages * tile
     weight = _ceil(stats + stages * 8 * rpb, 16)
     red = weight + weight_bytes
@@ -312,9 +336,13 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held, fit=False):
     sbar = cslot + cslot_bytes
     # a row's n and g held in registers till its second phase: across one row at most
     hold = k * vs * (4 if layer else 3) <= 4 * BACKWARD_HELD_FLOATS and slack <= 1
+    # One CTA an SM (a grid of one a SM): a block that takes less than half an SM's shared
+    # memory is padded to it, else the block scheduler may place two on one SM and leave
+    # another idle (RMSNorm at 4097 columns on the H100, 107 KB and 59 registers a thread:
+    # 0.59 of copy bandwidth against 0.85 at 140 KB).
+    smem = max(sbar + sbar_bytes + 8 * stages, min(hw.smem_per_sm // 2, hw.smem_per_block))
     return BackwardPlan(vs, tpr, rpb, k, sl, cluster, stages, streams, stream_bytes, hold,
-                        (stats, weight, red, cslot, sbar, sbar + sbar_bytes),
-                        sbar + sbar_bytes + 8 * stages, slack)
+                        (stats, weight, red, cslot, sbar, sbar + sbar_bytes), smem, slack)
 
 
 # How `plan_backward` trades a row's cluster barriers against bytes in flight:
