@@ -730,7 +730,11 @@ ENVELOPE_CLUSTER_SPARE = 8
 # ran 4% slower while the row's shift was loaded from global memory a row ahead (ptxas
 # waited on that load at once); with the shift copied with the ring, 2-10% faster (H200:
 # 39424 0.83 -> 0.92, 61952 0.83 -> 0.86, and two-CTA clusters of six chunks a thread
-# where three CTAs of four or five had been chosen; H100 within 1%, 39424 +4%).
+# where three CTAs of four or five had been chosen; H100 within 1%, 39424 +4%). Rows too
+# long for three blocks of a two-CTA cluster are held so at two blocks (448-640 threads,
+# 48-56 registers: ptxas kept 48-64, no spills) rather than split over three CTAs of three
+# blocks: H200 41472-57856 0.91-0.92 of copy bandwidth against 0.88-0.89. Three or four
+# CTAs a row at two blocks ran slower than at three (0.78-0.89), so they keep three.
 ENVELOPE_LAYER_CLUSTER_HELD = 56
 ENVELOPE_LAYER_CLUSTER_LEAST = 48
 # CTAs a row at most: the portable cluster size.
@@ -802,11 +806,16 @@ def envelope_candidates(hidden: int, layer_norm: bool, rows_per_block: int | Non
             est += ENVELOPE_LAYER_REGISTERS * (cluster > 1 or not plain)
         if cluster > 1:
             est += ENVELOPE_CLUSTER_REGISTERS + ENVELOPE_CLUSTER_SPARE * (not bf16)
-            held = min(est, max((regs for regs in range(ENVELOPE_LAYER_CLUSTER_LEAST,
-                                                        ENVELOPE_LAYER_CLUSTER_HELD + 1, 8)
-                                 if blocks_by_registers(t, regs) >= 3), default=0))
+            # three blocks an SM where the held registers fit them, else, on a cluster
+            # of two, two (`ENVELOPE_LAYER_CLUSTER_HELD`)
+            for want in ((3, 2) if cluster == 2 else (3,)):
+                held = min(est, max((regs for regs in range(ENVELOPE_LAYER_CLUSTER_LEAST,
+                                                            ENVELOPE_LAYER_CLUSTER_HELD + 1, 8)
+                                     if blocks_by_registers(t, regs) >= want), default=0))
+                if held and MAX_THREADS_PER_SM // t >= want:
+                    break
             if (layer_norm and plain and base_aligned and bf16 and hidden % 8 == 0
-                    and held and MAX_THREADS_PER_SM // t >= 3):
+                    and held and MAX_THREADS_PER_SM // t >= want):
                 est = held
         blocks = min(MAX_THREADS_PER_SM // (t * r), blocks_by_registers(t * r, est),
                      MAX_BLOCKS_PER_SM)
