@@ -439,6 +439,12 @@ def _backward_spec(kind, dtype, hidden: int, dh: bool, alignment: int, index: in
                                      _hardware(index), rule)
 
 
+def device_hardware(index: int):
+    """`lowering.kernels.seams.Hardware` of device ``index``: what its seam kernels' plans
+    follow (`hostir.jobs.warmup` compiles them so)."""
+    return _hardware(index)
+
+
 @functools.lru_cache(maxsize=16)
 def _hardware(index: int):
     """`lowering.kernels.seams.Hardware` of a device, from the driver's attributes (the

@@ -79,6 +79,20 @@ def _arch(args) -> tuple[str, int, int]:
     return "sm_90", 9, 0
 
 
+def seam_hardware():
+    """The seam kernels' model of this machine's GPU (`runtime.fused.device_hardware`: the
+    norm backward's stages follow its bandwidth), SM90's without a GPU."""
+    import torch
+
+    from lowering.kernels.seams import SM90
+
+    if not torch.cuda.is_available():
+        return SM90
+    from runtime import fused
+
+    return fused.device_hardware(0)
+
+
 def transformer_units(widths, ffn, world, dtype, arch, head_dim: int = 128) -> list:
     """Every seam kernel of a block: both norms (a Llama block uses RMSNorm, GPT-2 style
     LayerNorm), with and without residual, bias and dh; the column reduces; SwiGLU and
@@ -87,9 +101,10 @@ def transformer_units(widths, ffn, world, dtype, arch, head_dim: int = 128) -> l
     from lowering.kernels import rotary
     from lowering.kernels.seams import every_variant, render
 
+    hw = seam_hardware()
     specs = []
     for hidden in widths:
-        specs += every_variant(hidden, SHORT[dtype])
+        specs += every_variant(hidden, SHORT[dtype], hw=hw)
     del ffn, world  # the MLP's seams are elementwise: one kernel for any width
     unique = {render(s): s for s in specs}
     unique.update({rotary.render(s): s for s in rotary.every_variant(head_dim, SHORT[dtype])})

@@ -661,16 +661,18 @@ def render(spec: Spec) -> str:
     raise LoweringError(f"seam kernel: no renderer for {type(spec).__name__}")
 
 
-def every_variant(hidden: int, dtype: str = "bf16", alignment: int = 16) -> list[Spec]:
+def every_variant(hidden: int, dtype: str = "bf16", alignment: int = 16,
+                  hw: Hardware = SM90) -> list[Spec]:
     """Every kernel a width needs (both norms, with and without residual / bias / dh),
-    the column reduces and the elementwise ops: what the unit tests compile."""
+    the column reduces and the elementwise ops: what the unit tests compile. ``hw``: the
+    GPU model the backward's plans follow (its stages depend on the bandwidth)."""
     specs: list[Spec] = []
     for kind in NORM_KINDS:
         for residual in (False, True):
             for bias in ((False, True) if kind == "layer_norm" else (False,)):
                 specs.append(AddNormForwardSpec(kind, dtype, hidden, residual, bias, alignment))
         for dh in (False, True):
-            specs.append(AddNormBackwardSpec(kind, dtype, hidden, dh, alignment))
+            specs.append(AddNormBackwardSpec(kind, dtype, hidden, dh, alignment, hw))
     specs += [ColumnReduceSpec(dtype, s) for s in (1, 2)]
     specs += [ElementwiseSpec(op, dtype, alignment, rows) for op in ELEMENTWISE_OPS
               for rows in (False, True)]

@@ -92,3 +92,26 @@ def test_norm_warmup_compiles_the_kernels_the_calls_run():
     assert render_normalization(a) == render_normalization(b)
     other = dataclasses.replace(b, threads_per_row=256)
     assert other.plan != b.plan and other.kernel_name != b.kernel_name
+
+
+def test_the_seam_kernels_are_planned_for_this_machines_gpu(monkeypatch):
+    """The norm backward's stages follow the GPU's bandwidth, so `train_transformer`
+    plans its seam kernels with this machine's model (an H200's here): a cache warmed
+    with the H100's would miss them."""
+    from hostir.jobs import warmup
+    from lowering.kernels import seams as S
+
+    h200 = S.Hardware(dram_bytes_per_s=4.8e12)
+    monkeypatch.setattr(warmup, "seam_hardware", lambda: h200)
+    names = {n for _, ns, _ in warmup.transformer_units([2560], 0, 1, "bfloat16", "sm_90")
+             for n in ns}
+    for kind in S.NORM_KINDS:
+        for dh in (False, True):
+            assert S.AddNormBackwardSpec(kind, "bf16", 2560, dh, 16, h200).kernel_name in names
+    h100 = S.AddNormBackwardSpec("rms_norm", "bf16", 2560, False, 16, S.SM90).kernel_name
+    assert h100 not in names
+    monkeypatch.undo()
+    import torch
+
+    if not torch.cuda.is_available():  # without a GPU: the H100's model
+        assert warmup.seam_hardware() == S.SM90
