@@ -322,30 +322,18 @@ def test_warmup_of_a_transformer_leaves_its_norms_nothing_to_compile(tmp_path):
     """``warmup train_transformer`` plans the seam kernels with this GPU's model (the norm
     backward's stages follow its bandwidth: an H200's differ from an H100's at 2560), so
     a later process's norm forward and backward, both kinds, compile nothing."""
-    import os
-    import subprocess
-    import sys
+    from tests.gpu.warm_cache import compiles_after_warmup
 
-    env = dict(os.environ, HOSTIR_CACHE_DIR=str(tmp_path))
-    done = subprocess.run([sys.executable, "-m", "hostir.run", "warmup", "train_transformer",
-                           "--hidden", "2560,8192"], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    probe = (
+    calls = (
         "import torch\n"
-        "from runtime import fused, jit\n"
+        "from runtime import fused\n"
         "for h in (2560, 8192):\n"
         "    x = torch.randn(512, h, device='cuda', dtype=torch.bfloat16)\n"
         "    dy = torch.randn_like(x)\n"
         "    w = torch.randn(h, device='cuda', dtype=torch.bfloat16)\n"
         "    for kind in ('layer_norm', 'rms_norm'):\n"
         "        _, _, mean, rstd = fused.add_norm_forward(x, None, w, None, 1e-5, kind)\n"
-        "        fused.add_norm_backward(dy, x, w, mean, rstd, kind)\n"
-        "torch.cuda.synchronize()\n"
-        "s = jit.kernel_cache().stats\n"
-        "print(s.compiles, s.disk_hits)\n")
-    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    compiles, disk_hits = map(int, done.stdout.split()[-2:])
+        "        fused.add_norm_backward(dy, x, w, mean, rstd, kind)\n")
+    compiles, disk_hits = compiles_after_warmup(
+        tmp_path, [["train_transformer", "--hidden", "2560,8192"]], calls)
     assert compiles == 0 and disk_hits >= 8, (compiles, disk_hits)

@@ -494,33 +494,21 @@ def test_warmup_leaves_a_first_call_nothing_to_compile(tmp_path):
     """``warmup layer_norm|rms_norm`` on this GPU compiles the kernels that a later
     process's calls run (their specs planned with this device's model, a cluster plan
     among them): that process compiles none."""
-    import os
-    import subprocess
-    import sys
+    from tests.gpu.warm_cache import compiles_after_warmup
 
-    env = dict(os.environ, HOSTIR_CACHE_DIR=str(tmp_path))
     widths = "4096,12345,40000"
-    for kind in ("layer_norm", "rms_norm"):
-        done = subprocess.run([sys.executable, "-m", "hostir.run", "warmup", kind, "--hidden",
-                               widths, "--dtype", "bfloat16"], env=env, capture_output=True,
-                              text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-2000:]
-    probe = (
+    calls = (
         "import torch\n"
-        "from runtime import jit, normalization as rn\n"
+        "from runtime import normalization as rn\n"
         f"for h in ({widths},):\n"
         "    x = torch.randn(64, h, device='cuda', dtype=torch.bfloat16)\n"
         "    w = torch.randn(h, device='cuda', dtype=torch.bfloat16)\n"
         "    b = torch.randn(h, device='cuda', dtype=torch.bfloat16)\n"
         "    rn.layer_norm(x, w, b)\n"
-        "    rn.rms_norm(x, w)\n"
-        "torch.cuda.synchronize()\n"
-        "s = jit.kernel_cache().stats\n"
-        "print(s.compiles, s.disk_hits)\n")
-    done = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    compiles, disk_hits = map(int, done.stdout.split()[-2:])
+        "    rn.rms_norm(x, w)\n")
+    compiles, disk_hits = compiles_after_warmup(
+        tmp_path, [[kind, "--hidden", widths, "--dtype", "bfloat16"]
+                   for kind in ("layer_norm", "rms_norm")], calls, warmup_timeout=300)
     assert (compiles, disk_hits) == (0, 6)
 
 
