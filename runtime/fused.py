@@ -436,19 +436,14 @@ def add_norm_backward_fused(dy, h, weight, mean, rstd, kind: str, dh=None,
 def _backward_spec(kind, dtype, hidden: int, dh: bool, alignment: int, index: int,
                    rule: str = seams.DEFAULT_BACKWARD_RULE):
     return seams.AddNormBackwardSpec(kind, _KERNEL_DTYPES[dtype], hidden, dh, alignment,
-                                     _hardware(index), rule)
-
-
-def device_hardware(index: int):
-    """`lowering.kernels.seams.Hardware` of device ``index``: what its seam kernels' plans
-    follow (`hostir.jobs.warmup` compiles them so)."""
-    return _hardware(index)
+                                     device_hardware(index), rule)
 
 
 @functools.lru_cache(maxsize=16)
-def _hardware(index: int):
+def device_hardware(index: int):
     """`lowering.kernels.seams.Hardware` of a device, from the driver's attributes (the
-    DRAM bandwidth from the memory clock and bus width where the driver reports them)."""
+    DRAM bandwidth from the memory clock and bus width where the driver reports them):
+    what its seam kernels' plans follow (`hostir.jobs.warmup` compiles them so)."""
     from cupy.cuda import runtime
 
     def attr(name: str, default):

@@ -597,7 +597,7 @@ def _host_dispatch(monkeypatch, sm_count=3):
     monkeypatch.setattr(fused, "_resident_blocks", lambda kernel, threads, smem=0: 1)
     monkeypatch.setattr(fused, "_active_clusters", lambda kernel, cluster, threads, smem: 0)
     monkeypatch.setattr(fused, "_sm_count", lambda index: sm_count)
-    monkeypatch.setattr(fused, "_hardware", lambda index: S.SM90)
+    monkeypatch.setattr(fused, "device_hardware", lambda index: S.SM90)
     monkeypatch.setattr(fused, "_dependent_launch", lambda index: True)
 
 

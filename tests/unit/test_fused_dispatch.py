@@ -59,7 +59,7 @@ def launches(monkeypatch):
     monkeypatch.setattr(fused, "_resident_blocks", _resident)
     monkeypatch.setattr(fused, "_active_clusters", lambda kernel, cluster, threads, smem: 0)
     monkeypatch.setattr(fused, "_sm_count", lambda index: SMS)
-    monkeypatch.setattr(fused, "_hardware", lambda index: S.SM90)
+    monkeypatch.setattr(fused, "device_hardware", lambda index: S.SM90)
     monkeypatch.setattr(fused, "_dependent_launch", lambda index: True)
     return got
 
