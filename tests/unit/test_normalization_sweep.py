@@ -670,7 +670,8 @@ def test_aligned_cluster_layer_norms_promise_three_blocks_on_rows_of_up_to_416_t
     (rows of up to 416 threads: 56 up to 384, 48 at 416; three ran 1-7% faster on the
     H200 at 320-384, 2-10% at 416), four where 56 fit them; on two CTAs a row too long
     for three blocks, two held to 48-56 (448-640 threads: the smallest cluster, 2-4%
-    faster than three CTAs of three blocks); three or more CTAs a row keep three blocks.
+    faster than three CTAs of three blocks; past 60928 at seven chunks a thread); three or
+    more CTAs a row keep three blocks.
     RMS norms, fp16 values and rows off 16 bytes keep their estimates. The held plans
     compile without spills."""
     three, two = [], []
@@ -683,16 +684,20 @@ def test_aligned_cluster_layer_norms_promise_three_blocks_on_rows_of_up_to_416_t
             three += [hidden] * (plan.blocks_per_sm >= 3)
             two += [hidden] * (plan.blocks_per_sm == 2)
     # with six chunks a thread preferred on a cluster (`rank_envelope`'s most_chunks), rows
-    # to 39424 fit three blocks of two CTAs; 39936-60928 two blocks of two CTAs; wider
-    # rows three blocks of four
-    assert 37376 in three and 39424 in three and 33280 in three and 64000 in three
-    assert two == list(range(39936, 61440, 512)), two
+    # to 39424 fit three blocks of two CTAs; 39936-60928 two blocks of two CTAs; 61440-65536
+    # too, at seven chunks (`MAX_HELD_ENVELOPE_CHUNKS`: not six on four CTAs)
+    assert 37376 in three and 39424 in three and 33280 in three
+    assert two == list(range(39936, 65537, 512)), two
     assert NormalizationSpec.layer_norm(ROWS, 33280, dtype="bfloat16").plan.batch == 6
+    assert [NormalizationSpec.layer_norm(ROWS, h, dtype="bfloat16").plan.batch
+            for h in (59904, 60928, 61440, 65536)] == [6, 6, 7, 7]
+    wider = NormalizationSpec.layer_norm(ROWS, 71680, dtype="bfloat16").plan
+    assert (wider.cluster, wider.batch, wider.blocks_per_sm) == (4, 6, 3), wider.describe()
     for spec in (NormalizationSpec.rms_norm(ROWS, 37376, dtype="bfloat16"),
                  NormalizationSpec.layer_norm(ROWS, 37376, dtype="float16"),
                  NormalizationSpec.layer_norm(ROWS, 37376, dtype="bfloat16", alignment=2),
                  NormalizationSpec.layer_norm(ROWS, 40001, dtype="bfloat16")):
         assert spec.plan.cluster > 1 and spec.plan.blocks_per_sm == 2, spec.plan.describe()
-    for hidden in (37376, 40960, 49664, 59904, 64000):
+    for hidden in (37376, 40960, 49664, 59904, 64000, 65536):
         ck = _compile(NormalizationSpec.layer_norm(ROWS, hidden, dtype="bfloat16"))
         assert sum(ck.spill_bytes.values()) == 0 and sum(ck.local_bytes.values()) == 0, ck.log

@@ -40,8 +40,14 @@ STAGED_MIN_VALUES = 16
 CACHE_ORDER = ("registers", "shared", "global")
 # Rule 7: bytes in flight compared in steps of this (the block counts are estimates).
 FLIGHT_STEP = 4 * 1024
-# The envelope kernel's chunks a thread at most (its passes are unrolled over them).
+# The envelope kernel's chunks a thread at most (its passes are unrolled over them), and
+# on a plain layer norm's two-CTA cluster held at two blocks (`ENVELOPE_LAYER_CLUSTER_HELD`)
+# where six do not cover the row: side by side on an H200 (bf16, 8192 rows), seven chunks
+# on 576-640 threads ran 0.905-0.918 of copy bandwidth at 61952-65536 against 0.884-0.888
+# for four CTAs of six at three blocks; where six fit (57856, 59904) they ran 1% faster
+# than seven or eight, so past six a plan ranks last (`rank_envelope`).
 MAX_ENVELOPE_CHUNKS = 6
+MAX_HELD_ENVELOPE_CHUNKS = 7
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -781,7 +787,8 @@ def envelope_candidates(hidden: int, layer_norm: bool, rows_per_block: int | Non
     """Every envelope plan of a row on ``cluster`` CTAs: T threads a CTA's slice (a warp
     multiple; several rows a block below `MIN_THREADS_PER_BLOCK`, or ``rows_per_block``,
     where the row is one CTA's) and K chunks a thread, no slot empty for every thread, up
-    to `MAX_ENVELOPE_CHUNKS`; in a cluster, one row a block and every CTA's slice holding
+    to `MAX_ENVELOPE_CHUNKS` (`MAX_HELD_ENVELOPE_CHUNKS` on a held layer norm's two-CTA
+    row); in a cluster, one row a block and every CTA's slice holding
     chunks of every row. The block promise: the most blocks an SM holds at the register
     estimate (a cluster of fp16 values, and a layer norm on base pointers off 16 bytes,
     counts `ENVELOPE_CLUSTER_SPARE` more for each: ``bf16``, ``base_aligned``; a layer
@@ -795,7 +802,8 @@ def envelope_candidates(hidden: int, layer_norm: bool, rows_per_block: int | Non
     plans = []
     for t in range(WARP, MAX_THREADS_PER_BLOCK + 1, WARP):
         k = -(-share // t)
-        if k > MAX_ENVELOPE_CHUNKS or (k - 1) * t >= share or (cluster - 1) * t * k >= least:
+        most = MAX_HELD_ENVELOPE_CHUNKS if cluster == 2 else MAX_ENVELOPE_CHUNKS
+        if k > most or (k - 1) * t >= share or (cluster - 1) * t * k >= least:
             continue
         r = rows_per_block or (max(1, MIN_THREADS_PER_BLOCK // t) if cluster == 1 else 1)
         if t * r > MAX_THREADS_PER_BLOCK or (cluster > 1 and r != 1):
@@ -817,6 +825,8 @@ def envelope_candidates(hidden: int, layer_norm: bool, rows_per_block: int | Non
             if (layer_norm and plain and base_aligned and bf16 and hidden % 8 == 0
                     and held and MAX_THREADS_PER_SM // t >= want):
                 est = held
+            elif k > MAX_ENVELOPE_CHUNKS:  # past six only on a held layer norm's row
+                continue
         blocks = min(MAX_THREADS_PER_SM // (t * r), blocks_by_registers(t * r, est),
                      MAX_BLOCKS_PER_SM)
         plan = LaunchPlan(8, t, k, r, est, "none", row_chunks=chunks, envelope=True,
@@ -862,8 +872,10 @@ def rank_envelope(plans: list[LaunchPlan], most_chunks: bool = False) -> list[La
         return 0 if t >= ENVELOPE_ROW_THREADS else 1 if t >= 96 else 2
 
     ok = [p for p in plans if p.blocks_per_sm >= 2 and p.batch >= ENVELOPE_CHUNKS]
-    def chunks(p: LaunchPlan) -> int:
-        return -p.batch if most_chunks and p.cluster > 1 else p.batch not in (4, 5)
+    def chunks(p: LaunchPlan) -> tuple[int, int]:
+        if p.batch > MAX_ENVELOPE_CHUNKS:  # a held row's, last and the fewest first
+            return 1, p.batch
+        return 0, -p.batch if most_chunks and p.cluster > 1 else p.batch not in (4, 5)
 
     return sorted(ok, key=lambda p: (tier(p), chunks(p),
                                      round(pad(p) / ENVELOPE_PADDING_STEP), -p.batch))
