@@ -60,6 +60,12 @@ PROBE_BEST = {
                           "256x128 ptma": 0.999},
     (1600, 13568, 8000): {"128x256 ptma tail4": 0.945, "128x256 ptma": 0.926,
                           "256x128 ptma": 0.920},
+    # skinny grids the wave rule held to a full wave, though their stream of B saturates
+    # DRAM from about 100 CTAs (`streams_the_device`; H200, the pick against the old one)
+    (82, 9250, 3832): {"128x256 tma serial3": 1.149},
+    (185, 9628, 4864): {"64x256 pptma": 2.846},
+    (44, 7748, 10984): {"128x128 sync serial2": 1.278},
+    (162, 12674, 4016): {"128x256 ctma": 2.386},
 }
 # The old default's picks on those shapes, which the probe measured worse.
 PROBE_OLD_DEFAULT = {
@@ -67,6 +73,8 @@ PROBE_OLD_DEFAULT = {
     (19, 3904, 11456): "128x128 ptma serial6", (167, 15296, 712): "128x128 ptma",
     (1600, 16320, 1528): "256x128 ptma", (512, 9920, 5248): "128x128 ptma",
     (3392, 4608, 7488): "256x128 ptma", (12288, 6144, 1264): "256x128 ptma",
+    (82, 9250, 3832): "128x128 pptma serial3", (185, 9628, 4864): "64x256 pptma serial2",
+    (44, 7748, 10984): "64x256 pptma serial4", (162, 12674, 4016): "128x128 ctma",
 }
 
 
@@ -175,6 +183,22 @@ def test_small_m_rule_streams_b_with_cp_async_and_four_slices_in_one_wave():
     # the model's time here is the stream of B (90 MB), not the MMAs
     stream_us = 2 * N * K / heuristics.STREAM_BYTES_PER_US
     assert heuristics.gpu_estimate_us(spec, M, N, K, SMS) >= stream_us
+
+
+def test_the_wave_rule_does_not_hold_a_grid_that_streams_at_the_device_rate():
+    # 82x9250x3832: 37 tiles of 128x256 in 3 slices are 111 CTAs, under a full wave, but
+    # their B stream takes longer than their MMAs and together they stream at the device's
+    # rate, not each at one SM's: idle SMs idle no bandwidth there
+    M, N, K = 82, 9250, 3832
+    spec = variant(M, N, K, "128x256 tma serial3")
+    assert not heuristics.fills_a_wave(111, SMS)
+    assert heuristics.streams_the_device(spec, M, N, K, SMS)
+    assert name(pick(M, N, K)) == "128x256 tma serial3"
+    # a short grid bound by its MMAs, or by what few SMs stream, is still held
+    assert not heuristics.streams_the_device(variant(4096, 4096, 8192, "128x256 ptma"),
+                                             4096, 4096, 8192, SMS)
+    few = variant(M, N, K, "128x256 tma")  # 37 CTAs: each streams at one SM's rate
+    assert not heuristics.streams_the_device(few, M, N, K, SMS)
 
 
 def test_host_bound_products_avoid_the_tensor_map_feeds():
