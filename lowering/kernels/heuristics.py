@@ -292,6 +292,16 @@ def _stream_bytes(spec: MatmulSpec, M: int, N: int, kslice: int, ctas: int) -> f
     return (a_rows + b_rows) * kslice * 2
 
 
+def _grid(spec: MatmulSpec, M: int, N: int, K: int, sm_count: int):
+    """``(kslice, units, slots, cta_us)``: a CTA's K-slice, the grid's CTAs (units), the
+    CTAs a wave holds, and one CTA's MMA time (`occ` CTAs share one SM, so each runs at
+    1/occ of its rate)."""
+    kslice = math.ceil(math.ceil(K / spec.tile_k) / spec.split_k) * spec.tile_k
+    occ = ctas_per_sm(spec)
+    cta_us = 2.0 * spec.tile_m * spec.tile_n * kslice / _rate(spec, K) * occ
+    return kslice, tiles(spec, M, N) * spec.split_k, sm_count * occ, cta_us
+
+
 def _stream_us(spec: MatmulSpec, M: int, N: int, kslice: int, ctas: int,
                device_only: bool = False) -> float:
     """Time a wave of `ctas` CTAs takes to stream their operands' DRAM bytes: at the
@@ -310,11 +320,8 @@ def streams_the_device(spec: MatmulSpec, M: int, N: int, K: int, sm_count: int) 
     does not hold it (`choose`)."""
     if spec.split_mode == "tail":
         return False
-    ktiles = math.ceil(K / spec.tile_k)
-    kslice = math.ceil(ktiles / spec.split_k) * spec.tile_k
-    occ = ctas_per_sm(spec)
-    ctas = min(tiles(spec, M, N) * spec.split_k, sm_count * occ)
-    cta_us = 2.0 * spec.tile_m * spec.tile_n * kslice / _rate(spec, K) * occ
+    kslice, units, slots, cta_us = _grid(spec, M, N, K, sm_count)
+    ctas = min(units, slots)
     stream_us = _stream_us(spec, M, N, kslice, ctas)
     return stream_us > cta_us and _stream_us(spec, M, N, kslice, ctas, True) >= stream_us
 
@@ -354,16 +361,9 @@ def gpu_estimate_us(spec: MatmulSpec, M: int, N: int, K: int, sm_count: int) -> 
         chain = (spec.split_k - 1) * 2 * spec.tile_m * spec.tile_n * 4 / L2_BYTES_PER_SM_US
         return (gpu_estimate_us(whole, M, N, K, sm_count)
                 - tile_us * (1 - 1 / spec.split_k) + chain + TAIL_FIXED_US)
-    t = tiles(spec, M, N)
-    ktiles = math.ceil(K / spec.tile_k)
-    kslice = math.ceil(ktiles / spec.split_k) * spec.tile_k
-    occ = ctas_per_sm(spec)
-    units = t * spec.split_k
-    slots = sm_count * occ
+    kslice, units, slots, cta_us = _grid(spec, M, N, K, sm_count)
+    occ = slots // sm_count
     waves = math.ceil(units / slots)
-    # `occ` CTAs share one SM, so each runs at 1/occ of its rate.
-    rate = _rate(spec, K)
-    cta_us = 2.0 * spec.tile_m * spec.tile_n * kslice / rate * occ
     # The wave's CTAs stream their operands' DRAM bytes (`_stream_us`): a wave of skinny
     # tiles (M of a few rows) is bound by that, not by its MMAs. The pipeline overlaps
     # most of the shorter of the two, not all.
