@@ -14,7 +14,8 @@ ours_tflops, cublas_tflops, ratio (ours over cuBLAS throughput), choice (the spe
 heuristics picked), fallback ("cublas" where the default path runs cuBLAS because the
 model predicts the pick under `runtime.matmul.CUBLAS_BELOW`, else null), predicted_ratio
 (the model's), kernel_ratio (the pick itself, timed in the same rounds), first_call_ms
-(compile or cache load included), tuned false.
+(compile or cache load included), tuned false, dtype (bf16 for every shape; fp16 again for
+every third drawn shape and the bench's, `fp16_shapes`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,12 @@ def shapes(seed: int = 23, count: int = 42) -> list[tuple[int, int, int]]:
     return out + BENCH_SHAPES
 
 
+def fp16_shapes() -> list[tuple[int, int, int]]:
+    """The shapes timed in fp16 as well: every third drawn shape and the bench's."""
+    drawn = shapes()[:-len(BENCH_SHAPES)]
+    return drawn[::3] + BENCH_SHAPES
+
+
 def choice(spec) -> str:
     """The picked kernel in a few words: instruction, feed, tile, split."""
     feed = ("pptma" if spec.pingpong else "ptma" if spec.persistent else
@@ -54,7 +61,7 @@ def choice(spec) -> str:
             + (f" split {spec.split_mode} {spec.split_k}" if spec.split_k > 1 else ""))
 
 
-def measure(M: int, N: int, K: int, reps: int) -> dict:
+def measure(M: int, N: int, K: int, reps: int, dtype: str = "bf16") -> dict:
     import torch
 
     from lowering.kernels.heuristics import predicted_ratio
@@ -64,14 +71,15 @@ def measure(M: int, N: int, K: int, reps: int) -> dict:
 
     dev = torch.cuda.current_device()
     sets = input_copies((M * K + N * K + M * N) * 2, dev)
-    a = [torch.randn(M, K, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
-    b = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) for _ in range(sets)]
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    a = [torch.randn(M, K, device="cuda", dtype=dt) for _ in range(sets)]
+    b = [torch.randn(N, K, device="cuda", dtype=dt) for _ in range(sets)]
     start = time.perf_counter()
     out = matmul(a[0], b[0], layout="TN")
     torch.cuda.synchronize()
     first_ms = (time.perf_counter() - start) * 1e3
     ref = a[0].double() @ b[0].double().T
-    p = Problem(M, N, K, "bf16", "bf16", "TN", False)
+    p = Problem(M, N, K, dtype, dtype, "TN", False)
     spec = choose_spec(p, "auto", dev)
     fallback = uses_cublas(p, "auto", dev) is not None
     outs = [out] + ([matmul(a[0], b[0], layout="TN", spec=spec)] if fallback else [])
@@ -95,7 +103,26 @@ def measure(M: int, N: int, K: int, reps: int) -> dict:
             "fallback": "cublas" if fallback else None,
             "predicted_ratio": predicted_ratio(spec, M, N, K, sm_count(dev)),
             "kernel_ratio": times["cublas"] / times.get("kernel", times["ours"]),
-            "first_call_ms": first_ms, "rel_err": err, "tuned": False}
+            "first_call_ms": first_ms, "rel_err": err, "tuned": False, "dtype": dtype}
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Rows measured, the ratios' least and median, how many reach 0.90, the cuBLAS
+    fallbacks; per dtype where there are several."""
+    def of(part: list[dict]) -> dict:
+        ok = sorted(r["ratio"] for r in part if "ratio" in r)
+        return {"shapes": len(part), "measured": len(ok),
+                "ratio_min": ok[0] if ok else None,
+                "ratio_median": ok[len(ok) // 2] if ok else None,
+                "at_least_0.90": sum(r >= 0.9 for r in ok),
+                "cublas_fallbacks": sum(bool(r.get("fallback")) for r in part)}
+
+    dtypes = sorted({r.get("dtype", "bf16") for r in rows})
+    summary = of([r for r in rows if r.get("dtype", "bf16") == "bf16"])
+    for dtype in dtypes:
+        if dtype != "bf16":
+            summary[dtype] = of([r for r in rows if r.get("dtype") == dtype])
+    return summary
 
 
 def main(argv=None) -> int:
@@ -112,30 +139,28 @@ def main(argv=None) -> int:
         print("matmul_shapes: error: needs a CUDA GPU", file=sys.stderr)
         return 7
     rows, start = [], time.perf_counter()
-    for M, N, K in shapes():
+    jobs = [(shape, "bf16") for shape in shapes()] + [(shape, "fp16") for shape in fp16_shapes()]
+    for (M, N, K), dtype in jobs:
         if time.perf_counter() - start > args.budget_s:
-            rows.append({"shape": f"{M}x{N}x{K}", "skipped": "over --budget-s"})
+            rows.append({"shape": f"{M}x{N}x{K}", "dtype": dtype, "skipped": "over --budget-s"})
             continue
         try:
-            rows.append(measure(M, N, K, args.reps))
+            rows.append(measure(M, N, K, args.reps, dtype))
         except Exception as e:  # noqa: BLE001 -- a row that failed is evidence too
-            rows.append({"shape": f"{M}x{N}x{K}", "error": f"{type(e).__name__}: {str(e)[:200]}"})
+            rows.append({"shape": f"{M}x{N}x{K}", "dtype": dtype,
+                         "error": f"{type(e).__name__}: {str(e)[:200]}"})
         torch.cuda.empty_cache()
         r = rows[-1]
-        print(f"{r['shape']:>20} " + (f"ratio {r['ratio']:.3f} ours {r['ours_tflops']:.0f} "
+        print(f"{r['shape']:>20} {dtype} " + (f"ratio {r['ratio']:.3f} ours {r['ours_tflops']:.0f} "
               f"cuBLAS {r['cublas_tflops']:.0f} TFLOP/s, {r['choice']} (kernel "
               f"{r['kernel_ratio']:.3f}, model {r['predicted_ratio']:.3f})"
               + (" -> cuBLAS" if r["fallback"] else "") if "ratio" in r else str(r)), flush=True)
-    ok = sorted(r["ratio"] for r in rows if "ratio" in r)
-    summary = {"shapes": len(rows), "measured": len(ok),
-               "ratio_min": ok[0] if ok else None, "ratio_median": ok[len(ok) // 2] if ok else None,
-               "at_least_0.90": sum(r >= 0.9 for r in ok),
-               "cublas_fallbacks": sum(bool(r.get("fallback")) for r in rows)}
+    summary = summarize(rows)
     print(summary)
     if args.json:
         doc = {"bench": "matmul_shapes", "device": torch.cuda.get_device_name(),
                "date": datetime.date.today().isoformat(), "commit": commit(),
-               "method": "bf16 TN, the default path (the heuristics' pick, or cuBLAS where "
+               "method": "bf16 (and fp16 on a third of the shapes) TN, the default path (the heuristics' pick, or cuBLAS where "
                          "the model predicts the pick loses; no tuning, fresh cache) vs "
                          "torch.matmul, side by side as CUDA-graph replays on rotated inputs, medians",
                "summary": summary, "rows": rows}
