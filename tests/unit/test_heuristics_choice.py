@@ -313,21 +313,6 @@ def test_matmul_runs_cublas_where_the_rule_says(monkeypatch):
     assert len(launched) == 2  # predicted to win: the kernel
 
 
-def test_the_shapes_bench_times_a_third_of_its_drawn_shapes_and_the_bench_s_in_fp16_too():
-    from benchmarks.matmul_shapes import BENCH_SHAPES, fp16_shapes, shapes, summarize
-
-    drawn = shapes()[:-len(BENCH_SHAPES)]
-    assert fp16_shapes() == drawn[::3] + BENCH_SHAPES and len(fp16_shapes()) == 20
-    rows = [{"shape": "1x1x1", "dtype": "bf16", "ratio": 0.95},
-            {"shape": "1x1x1", "dtype": "fp16", "ratio": 0.85, "fallback": "cublas"},
-            {"shape": "2x2x2", "dtype": "fp16", "error": "ValueError: no"}]
-    summary = summarize(rows)
-    assert (summary["measured"], summary["at_least_0.90"]) == (1, 1)
-    assert summary["fp16"] == {"shapes": 2, "measured": 1, "ratio_min": 0.85,
-                               "ratio_median": 0.85, "at_least_0.90": 0,
-                               "cublas_fallbacks": 1}
-
-
 def test_every_chosen_kernel_compiles_without_spills():
     pytest.importorskip("cupy")
     from benchmarks.matmul_shapes import shapes
