@@ -47,9 +47,9 @@ layer_work() {  # GPU_TESTS: a narrower selection of tests/gpu
     --json "$R/host_overhead_$DEV.json" > "$OUT/host_overhead.log" 2>&1; echo "rc=$?"
 }
 shapes_work() {
-  echo "== norm widths"; timeout 300 python3 benchmarks/norm_widths.py --step 2048 --budget-s 230 \
+  echo "== norm widths"; timeout 340 python3 benchmarks/norm_widths.py --step 2048 --budget-s 290 \
     --json "$R/norm_widths_$DEV.json" > "$OUT/norm_widths.log" 2>&1; echo "rc=$?"
-  echo "== matmul shapes"; timeout 300 python3 benchmarks/matmul_shapes.py --budget-s 220 \
+  echo "== matmul shapes"; timeout 240 python3 benchmarks/matmul_shapes.py --budget-s 200 \
     --json "$R/matmul_shapes_$DEV.json" > "$OUT/matmul_shapes.log" 2>&1; echo "rc=$?"
 }
 rules_work() {  # an experiment, not an official file: the norm backward's plan rules
