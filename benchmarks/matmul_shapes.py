@@ -117,11 +117,9 @@ def summarize(rows: list[dict]) -> dict:
                 "at_least_0.90": sum(r >= 0.9 for r in ok),
                 "cublas_fallbacks": sum(bool(r.get("fallback")) for r in part)}
 
-    dtypes = sorted({r.get("dtype", "bf16") for r in rows})
     summary = of([r for r in rows if r.get("dtype", "bf16") == "bf16"])
-    for dtype in dtypes:
-        if dtype != "bf16":
-            summary[dtype] = of([r for r in rows if r.get("dtype") == dtype])
+    for dtype in sorted({r.get("dtype", "bf16") for r in rows} - {"bf16"}):
+        summary[dtype] = of([r for r in rows if r.get("dtype") == dtype])
     return summary
 
 

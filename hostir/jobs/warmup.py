@@ -90,7 +90,7 @@ def seam_hardware():
         return SM90
     from runtime import fused
 
-    return fused.device_hardware(0)
+    return fused.device_hardware(torch.cuda.current_device())
 
 
 def transformer_units(widths, ffn, world, dtype, arch, head_dim: int = 128) -> list:

@@ -799,10 +799,10 @@ def envelope_candidates(hidden: int, layer_norm: bool, rows_per_block: int | Non
     chunks = row_chunks(hidden, 2, False)
     least = -(-hidden // 8)  # the chunks of the row whose envelope starts aligned
     share = -(-chunks // cluster)  # a CTA's chunks at most
+    most = MAX_HELD_ENVELOPE_CHUNKS if cluster == 2 else MAX_ENVELOPE_CHUNKS
     plans = []
     for t in range(WARP, MAX_THREADS_PER_BLOCK + 1, WARP):
         k = -(-share // t)
-        most = MAX_HELD_ENVELOPE_CHUNKS if cluster == 2 else MAX_ENVELOPE_CHUNKS
         if k > most or (k - 1) * t >= share or (cluster - 1) * t * k >= least:
             continue
         r = rows_per_block or (max(1, MIN_THREADS_PER_BLOCK // t) if cluster == 1 else 1)
