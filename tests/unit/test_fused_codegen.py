@@ -125,6 +125,29 @@ def test_backward_plans_fit_and_cover_every_width(hw):
         S.plan_backward(2 ** 20, 16, True, True, hw)
 
 
+@pytest.mark.parametrize("hw", [S.SM90, H200], ids=["h100", "h200"])
+def test_a_row_one_cta_cannot_defer_goes_to_a_pair(hw):
+    """Rows that one CTA holds in three stages only (no deferral) run on a cluster of two
+    that defers; rows that one CTA defers, and rows of 2-byte vectors, stay on one."""
+    for hidden, dh in ((13312, False), (14848, False), (15000, False), (16384, False),
+                       (9216, True), (12800, True), (15000, True)):
+        p = S.plan_backward(hidden, 16, dh, True, hw)
+        assert (p.cluster, p.deferred) == (2, True), (hidden, dh, p.describe())
+    for hidden, dh, alignment in ((8704, False, 16), (10752, False, 16), (12800, False, 16),
+                                  (14001, False, 2), (15001, True, 2)):
+        p = S.plan_backward(hidden, alignment, dh, True, hw)
+        assert p.cluster == 1, (hidden, dh, p.describe())
+    for hidden in range(8, 16897, 8):
+        for dh in (False, True):
+            p = S.plan_backward(hidden, 16, dh, False, hw)
+            if p.cluster == 1 and not p.deferred:  # no pair that defers existed
+                streams = 3 if dh else 2
+                pairs = [S._backward_layout(hidden, 8, 2, streams, False, hw, held)
+                         for held in (S.BACKWARD_HELD_FLOATS, 2 * S.BACKWARD_HELD_FLOATS)]
+                pair = next((q for q in pairs if q is not None), None)
+                assert pair is None or not pair.deferred, (hidden, dh)
+
+
 def test_backward_plans_transfer_between_devices():
     """The H100 and H200 models differ in bandwidth only: the same layout of a row, the
     H200 at least as many stages (its bytes in flight are more)."""
