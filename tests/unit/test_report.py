@@ -46,7 +46,8 @@ def test_unknown_bench_gets_generic_tables(tmp_path, capsys):
                                 "cublas_tflops": 601.0, "ratio": 0.965}]
     (tmp_path / "matmul_shapes_nvidia-h100.json").write_text(json.dumps(
         {"device": "NVIDIA H100 80GB HBM3", "date": "2026-12-01", "commit": "abc1234",
-         "dtype": "bfloat16", "results": rows}))
+         "dtype": "bfloat16", "results": rows,
+         "summary": {"shapes": 2, "at_least_0.90": 2, "fp16": {"shapes": 1, "ratio_min": 0.5}}}))
     (tmp_path / "transformer_layer_nvidia-h200_x2.json").write_text(json.dumps(
         [{"config": "h4096", "ours_ms": 3.5, "eager_ms": 4.25, "compile_ms": 3.75}]))
     (tmp_path / "layer_norm_nvidia-h200.json").write_text(json.dumps(
@@ -59,6 +60,9 @@ def test_unknown_bench_gets_generic_tables(tmp_path, capsys):
     assert "| shape | ours_tflops | cublas_tflops | ratio |" in text
     assert "| 4096x4096x4096 | 612.2 | 640.5 | 0.956 |" in text
     assert "Setup: dtype bfloat16." in text
+    # a summary with a part per dtype: the part's fields named part.field
+    assert "| at_least_0.90 | 2 |" in text and "| fp16.shapes | 1 |" in text
+    assert "| fp16.ratio_min | 0.500 |" in text
     assert "## transformer_layer (nvidia-h200 × 2)" in text
     assert "| h4096 | 3.500 | 4.250 | 3.750 |" in text
     assert "## layer_norm (nvidia-h200)" in text and "commit unknown" in text
