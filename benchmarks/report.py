@@ -287,9 +287,10 @@ def render_generic(doc: Any) -> list[str]:
         elif isinstance(value, dict) and value and all(
                 is_scalar(v) or (isinstance(v, dict) and all(is_scalar(w) for w in v.values()))
                 for v in value.values()):  # a summary with parts: their fields as part.field
-            part = table(["name", "value"], [
-                [f"{k}.{j}" if isinstance(v, dict) else k, w] for k, v in value.items()
-                for j, w in (v.items() if isinstance(v, dict) else [(k, v)])])
+            pairs = []
+            for k, v in value.items():
+                pairs += [[f"{k}.{j}", w] for j, w in v.items()] if isinstance(v, dict) else [[k, v]]
+            part = table(["name", "value"], pairs)
         if part:
             lines += [f"`{key}`:", ""] + part + [""]
     return lines or ["(no table in this file)"]

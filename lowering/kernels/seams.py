@@ -350,7 +350,7 @@ def _pair_if_undeferred(p, hidden, vs, clusters, streams, layer, hw):
     stages or fewer: a row wider than four stages of shared memory hold) a cluster of two
     that can. Side by side on the H200 (13312-16384 columns, and 9216-15000 with the
     residual's gradient): two CTAs ran 0-10% faster (LayerNorm 15000: 0.77 -> 0.85 of copy
-    bandwidth, RMSNorm 0.82 -> 0.87), on the H100 2%. Where one CTA defers (8704-12800
+    bandwidth, RMSNorm 0.82 -> 0.87), on the H100 0-3%. Where one CTA defers (8704-12800
     without the residual: four or five stages) two ran up to 21% slower on the H200, and
     on rows of 2-byte vectors (a LayerNorm of 14001 columns) 7% slower."""
     if p.cluster != 1 or p.deferred or p.vector < 8 or 2 not in clusters:
@@ -383,7 +383,8 @@ def plan_backward(hidden: int, alignment: int, dh: bool, layer: bool,
                   hw: Hardware = SM90, rule: str = DEFAULT_BACKWARD_RULE) -> BackwardPlan:
     """``fewest_clusters`` (the default, see `BACKWARD_RULES`): the smallest cluster (1
     where the whole row fits a CTA) whose stages fit shared memory at up to twice
-    `BACKWARD_HELD_FLOATS` columns a thread. ``in_flight``: the smallest cluster whose
+    `BACKWARD_HELD_FLOATS` columns a thread, but two where one CTA could not defer its
+    rows (`_pair_if_undeferred`). ``in_flight``: the smallest cluster whose
     CTAs hold at most `BACKWARD_HELD_FLOATS` columns a thread, whose stages fit shared
     memory and keep `Hardware.in_flight_target` bytes in flight (else the one that keeps
     the most); where none holds the row so, twice the columns a thread. ``fitted``: as
