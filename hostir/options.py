@@ -4,7 +4,7 @@
     HOSTIR_ENABLE=autotune,check_zeroed
     HOSTIR_DISABLE=input_agreement,kernel_cache,direct_sendrecv,wgmma,stream_memops,dependent_launch,auto_graph
     HOSTIR_CACHE_DIR=~/.cache/hostir
-    HOSTIR_COMM_TIMEOUT=300   (seconds)
+    HOSTIR_COMM_TIMEOUT=300   (seconds, at most a week; 0 waits forever)
 
 Example:
     >>> from hostir.options import options
@@ -28,6 +28,9 @@ ENABLE_OPTIONS = frozenset({"check_zeroed", "autotune"})
 DISABLE_OPTIONS = frozenset({"input_agreement", "kernel_cache", "direct_sendrecv", "wgmma",
                               "stream_memops", "dependent_launch", "auto_graph"})
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "hostir"
+# The longest HOSTIR_COMM_TIMEOUT (a week): longer ones overflow the transports' own
+# timeouts (a timedelta, milliseconds in an integer); 0 waits forever instead.
+MAX_COMM_TIMEOUT_S = 7 * 24 * 3600
 
 
 def _parse_list(var: str, allowed: frozenset[str], environ) -> frozenset[str]:
@@ -79,9 +82,9 @@ def _seconds(raw: str) -> float:
         value = float(raw)
     except ValueError:
         value = float("nan")
-    if not value >= 0:
-        raise OptionsError(f"HOSTIR_COMM_TIMEOUT: expected seconds >= 0 (0 waits forever), "
-                           f"got {raw!r}")
+    if not 0 <= value <= MAX_COMM_TIMEOUT_S:  # also refuses nan and inf
+        raise OptionsError(f"HOSTIR_COMM_TIMEOUT: expected seconds from 0 to "
+                           f"{MAX_COMM_TIMEOUT_S} (a week; 0 waits forever), got {raw!r}")
     return value
 
 

@@ -23,11 +23,12 @@ import time
 import traceback
 
 from hostir.jobs.exit_codes import (EXIT_CHECK_FAILED, EXIT_CODES, EXIT_DEPENDENCY,
-                                    EXIT_MEMORY, EXIT_NO_DEVICE, EXIT_OUTPUT, EXIT_RUN_FAILED,
-                                    EXIT_USAGE, EXIT_WORLD_SIZE)
+                                    EXIT_INTERRUPTED, EXIT_MEMORY, EXIT_NO_DEVICE, EXIT_OUTPUT,
+                                    EXIT_RUN_FAILED, EXIT_USAGE, EXIT_WORLD_SIZE)
 
 __all__ = ["main", "JOBS", "EXIT_CODES", "EXIT_CHECK_FAILED", "EXIT_USAGE", "EXIT_WORLD_SIZE",
-           "EXIT_OUTPUT", "EXIT_MEMORY", "EXIT_DEPENDENCY", "EXIT_NO_DEVICE", "EXIT_RUN_FAILED"]
+           "EXIT_OUTPUT", "EXIT_MEMORY", "EXIT_DEPENDENCY", "EXIT_NO_DEVICE", "EXIT_RUN_FAILED",
+           "EXIT_INTERRUPTED"]
 
 __doc__ += "".join(f"\n    {code}  {what}" for code, what in EXIT_CODES.items()) + "\n"
 
@@ -69,15 +70,41 @@ def _close_torch_group() -> None:
         time.sleep(0.05)
 
 
+def _environment_problem():
+    """A malformed HOSTIR_* setting, refused before the job starts like a bad flag."""
+    from hostir.errors import OptionsError
+    from hostir.jobs.preflight import UsageError
+    from hostir.options import options
+    from runtime.flight import capacity_from_environ
+
+    try:
+        options()
+        capacity_from_environ()
+    except OptionsError as e:
+        return UsageError(f"{type(e).__name__}: {e}")
+    return None
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__.rstrip() + "\n\njobs: " + ", ".join(sorted(JOBS)),
               file=sys.stdout if argv else sys.stderr)
         return 0 if argv else EXIT_USAGE
+    try:
+        return _run(argv[0], argv[1:])
+    except KeyboardInterrupt as e:
+        # One line, no traceback; and the error path's ending: a peer that may wait in a
+        # collective for this rank is ended with it.
+        from runtime.watchdog import end_after_error, process_rank
+
+        _say(argv[0], process_rank(), "interrupted", e)
+        return end_after_error(e, EXIT_INTERRUPTED)
+
+
+def _run(job: str, argv: list[str]) -> int:
     from runtime.watchdog import end_after_error, install_excepthook, process_rank
 
-    job = argv[0]
     if job not in JOBS:
         _say(job, process_rank(), f"unknown job {job!r}: expected one of {', '.join(sorted(JOBS))}")
         return EXIT_USAGE
@@ -90,9 +117,11 @@ def main(argv=None) -> int:
     module.add_arguments(parser)
     problem, args = None, None
     try:
-        args = parser.parse_args(argv[1:])  # --help prints and exits 0 here, before MPI
+        args = parser.parse_args(argv)  # --help prints and exits 0 here, before MPI
     except preflight.JobError as e:
         problem = e
+    if problem is None:
+        problem = _environment_problem()
     world = preflight.launch_world()
     install_excepthook()  # under mpirun: an uncaught error on one rank ends every rank
     if problem is None and hasattr(module, "validate"):

@@ -47,6 +47,9 @@ from runtime.bootstrap import process_rank, world_size
 DEFAULT_ENTRIES = 2000
 CAPTURED = -1.0  # Entry.ended of a statement captured into a CUDA graph
 FORMAT = "hostir-flight/1"
+# Entries a recorder keeps at most: about 420 bytes each as JSON, so that a record stays
+# within what ``hostir.run flight_report`` reads (its MAX_RECORD_BYTES, 256 MiB).
+MAX_ENTRIES = 500_000
 
 
 def capacity_from_environ(environ=None) -> int:
@@ -55,9 +58,10 @@ def capacity_from_environ(environ=None) -> int:
     raw = environ.get("HOSTIR_FLIGHT_ENTRIES", "").strip()
     if not raw:
         return DEFAULT_ENTRIES
-    if not raw.isdigit() or int(raw) > 10_000_000:
+    # ASCII digits only: isdigit() also takes Unicode digits such as "²", which int() refuses
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > MAX_ENTRIES:
         raise OptionsError(f"HOSTIR_FLIGHT_ENTRIES={raw!r}: expected a whole number of "
-                           "entries from 0 to 10000000 (default 2000)")
+                           f"entries from 0 to {MAX_ENTRIES} (default 2000)")
     return int(raw)
 
 

@@ -45,7 +45,7 @@ import traceback
 
 import numpy as np
 
-from hostir.errors import CommTimeoutError, CommunicationError, HostIrError
+from hostir.errors import CommTimeoutError, CommunicationError, HostIrError, OptionsError
 from hostir.options import options
 from runtime import flight
 from runtime.bootstrap import mpi_world, poll_requests, process_rank, world_size
@@ -115,7 +115,10 @@ def every_rank_failed(code: int, timeout_s: float | None = None) -> bool:
     if world is None or world.Get_size() <= 1:
         return True
     if timeout_s is None:
-        limit = options().comm_timeout_s
+        try:
+            limit = options().comm_timeout_s
+        except OptionsError:  # the error being reported may be that very setting
+            limit = 0.0
         timeout_s = min(AGREE_S, limit / 2) if limit > 0 else AGREE_S
     rank, size = world.Get_rank(), world.Get_size()
     peers = [r for r in range(size) if r != rank]

@@ -11,6 +11,7 @@ EXIT_MEMORY = 5         # the problem would not fit in the memory free on the de
 EXIT_DEPENDENCY = 6     # an optional package the flags need is not installed
 EXIT_NO_DEVICE = 7      # CUDA work without a visible CUDA GPU (or with --device cpu)
 EXIT_RUN_FAILED = 8     # a failure while running: a collective, a peer, a kernel
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT): the shell's convention, 128 + the signal's number
 
 EXIT_CODES = {
     EXIT_CHECK_FAILED: "check failed",
@@ -21,4 +22,5 @@ EXIT_CODES = {
     EXIT_DEPENDENCY: "missing optional dependency",
     EXIT_NO_DEVICE: "needs a CUDA GPU",
     EXIT_RUN_FAILED: "failed while running",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C)",
 }
