@@ -99,7 +99,7 @@ def _sm_copy_kernel(dev: int):
 
 
 def add_arguments(p) -> None:
-    from hostir.jobs.preflight import at_least, positive_float
+    from hostir.jobs.preflight import at_least, positive_float, seed
 
     p.add_argument("--bench", action="store_true", help="check, then time every size")
     p.add_argument("--check", action="store_true", help="check correctness only")
@@ -119,7 +119,7 @@ def add_arguments(p) -> None:
     p.add_argument("--json", default=None, metavar="FILE",
                    help="with --bench: write the results document to FILE (a directory: "
                         "layer_norm_<device>.json in it); without it the job only prints")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--deadline-s", type=positive_float, default=None,
                    help="seconds after the start past which swept plans are skipped (recorded "
                         "as such) so that the results file is still written")

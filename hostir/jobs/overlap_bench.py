@@ -25,7 +25,6 @@ import torch
 
 from hostir.jobs.results import commit
 from runtime.timing import balanced_rounds
-from runtime.jit import write_atomically
 
 # (M, K, N) here, as the lowering takes them; printed and recorded as MxNxK like every job.
 SHAPES = [(8192, 8192, 8192), (16384, 8192, 8192), (32768, 8192, 4096),
@@ -344,14 +343,32 @@ def bench(args) -> int:
         results.append(row)
         if r == 0:
             print(json.dumps({k_: v for k_, v in row.items() if k_ != "variants"}), flush=True)
-            if args.json:  # after every shape: a cut-off run keeps what it measured
-                _write(args, device, d, first_call, results)
+        if args.json:  # after every shape: a cut-off run keeps what it measured
+            _write_shared(args, device, d, first_call, results, r)
     faulthandler.cancel_dump_traceback_later()
     if r == 0:
         _table(results)
-        if args.json:
-            print(f"wrote {_write(args, device, d, first_call, results)}")
+    if args.json:
+        path = _write_shared(args, device, d, first_call, results, r)
+        if r == 0:
+            print(f"wrote {path}")
     return 0
+
+
+def _write_shared(args, device, world, first_call, results, rank) -> Path | None:
+    """Rank 0 writes the results; every rank learns whether it could, so that a failed
+    write ends every rank with the one-line output error, none left in a collective."""
+    from hostir.jobs.preflight import OutputPathError
+    from hostir.jobs.results import output_outcome
+
+    path, failed = None, None
+    if rank == 0:
+        try:
+            path = _write(args, device, world, first_call, results)
+        except OutputPathError as e:
+            failed = str(e)
+    output_outcome(failed, rank)
+    return path
 
 
 def _write(args, device, world, first_call, results) -> Path:

@@ -31,7 +31,8 @@ TOLERANCE = {"float32": 1e-5, "float64": 1e-12, "bfloat16": 1e-2, "float16": 5e-
 
 
 def add_arguments(p) -> None:
-    from hostir.jobs.preflight import DTYPES, at_least, device_name, positive_float, shape_list
+    from hostir.jobs.preflight import (DTYPES, at_least, device_name, positive_float, seed,
+                                       shape_list)
 
     p.add_argument("--m", type=at_least(1), default=1024, help="rows of A and C, over all ranks")
     p.add_argument("--n", type=at_least(1), default=512, help="columns of B and C")
@@ -67,7 +68,7 @@ def add_arguments(p) -> None:
     p.add_argument("--warmup", type=at_least(0), default=2, help="untimed iterations first")
     p.add_argument("--check", action="store_true",
                    help="compare with allgather-then-matmul in float64; exit 1 on mismatch")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--json", default=None, metavar="FILE",
                    help="append this run's result as one JSON line to FILE (rank 0); with "
                         "--bench, write the benchmark's results document to FILE (a directory: "
@@ -111,7 +112,7 @@ def validate(args, world) -> None:
         pf.need_cuda("--bench (NCCL, the copy engine and CUDA graphs timed side by side)",
                      device)
         pf.need_module("cupy", pf.cupy_install(), "--bench (NCCL through CuPy)")
-        if args.json:
+        if args.json is not None:
             pf.writable_output("--json", args.json, directory_ok=True)
         return
     for flag, on in (("--autotune", args.autotune), ("--shapes", args.shapes)):
@@ -137,7 +138,7 @@ def validate(args, world) -> None:
                                 f"{d} ranks (M must be a multiple of stages x ranks)")
     if args.m % d:
         raise pf.WorldSizeError(f"--m {args.m} rows do not split over {d} ranks")
-    if args.json:
+    if args.json is not None:
         pf.writable_output("--json", args.json)
         pf.refuse_results_on_cpu("--json", args.json, device)
     if args.trace:
@@ -289,10 +290,11 @@ def main(args) -> int:
     all_ok = MPI.COMM_WORLD.allreduce(int(ok), op=MPI.MIN)
     median = statistics.median(times)
     used = matmul_used(run_program, session)
+    failed = None
     if session.rank == 0 and args.json:
         from hostir.jobs.results import commit
 
-        _append_json(args.json, {
+        failed = _append_json(args.json, {
             "job": "pipelined_matmul", "shape": f"{args.m}x{args.n}x{args.k}",
             "m": args.m, "n": args.n, "k": args.k, "dtype": args.dtype,
             "schedule": args.schedule, "stages": args.stages, "streams": args.streams,
@@ -313,6 +315,10 @@ def main(args) -> int:
         )
     elif not ok:
         print(f"rank {session.rank}: {status}", file=sys.stderr, flush=True)
+    if args.json:
+        from hostir.jobs.results import output_outcome
+
+        output_outcome(failed, session.rank)
     return 0 if all_ok else 1
 
 
@@ -342,8 +348,36 @@ def _device_name(session) -> str:
     return torch.cuda.get_device_name(session.device) if session.device.type == "cuda" else "cpu"
 
 
-def _append_json(path: str, record: dict) -> None:
+def _append_json(path: str, record: dict) -> str | None:
+    """Append ``record`` to ``path`` as one JSON line, whole or not at all: one write to an
+    O_APPEND descriptor, and on a failure (a full disk, a file size limit) the file is
+    cut back to its old end. Returns why it failed, or None."""
     import json
+    import os
+    import stat
 
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
+    data = (json.dumps(record) + "\n").encode()
+    try:
+        # O_NONBLOCK: a fifo without a reader fails here instead of hanging
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
+    except OSError as e:
+        return f"--json {path}: cannot write: {e.strerror or e}"
+    start = None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return f"--json {path}: exists and is not a regular file; nothing written"
+        done = os.write(fd, data)
+        start = os.lseek(fd, 0, os.SEEK_CUR) - done
+        while done < len(data):  # a short write: the next one says why, or finishes
+            done += os.write(fd, data[done:])
+        return None
+    except OSError as e:
+        left = "nothing written"
+        if start is not None:
+            try:
+                os.ftruncate(fd, start)  # no partial line left behind
+            except OSError:
+                left = f"a partial line may be left after byte {start}"
+        return f"--json {path}: cannot append: {e.strerror or e}; {left}"
+    finally:
+        os.close(fd)

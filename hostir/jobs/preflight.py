@@ -97,6 +97,23 @@ def positive_float(text: str) -> float:
     return value
 
 
+# --seed: a signed 64-bit integer. torch takes [-2**63, 2**64 - 1]; the jobs derive more
+# seeds by adding small offsets (seed + 1, seed + 1000 + step), which must stay in range.
+SEED_MIN, SEED_MAX = -2 ** 63, 2 ** 63 - 1
+
+
+def seed(text: str) -> int:
+    """An argparse type: a random seed, an integer in [SEED_MIN, SEED_MAX]."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not SEED_MIN <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"expected an integer from -2**63 to 2**63 - 1, "
+                                         f"got {text}")
+    return value
+
+
 def device_name(text: str) -> str:
     """An argparse type: auto, cpu, cuda or cuda:N."""
     if re.fullmatch(r"auto|cpu|cuda(:\d+)?", text):
@@ -228,10 +245,18 @@ RESULTS_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 def writable_output(flag: str, path: str, *, directory_ok: bool = False) -> Path:
     """Check, before the run, that ``path`` can be written: its directory is created if
     missing and a file is made (and removed) in it; an existing ``path`` must be a
-    writable file (or, with ``directory_ok``, a directory). Returns the path."""
+    writable regular file (or, with ``directory_ok``, a directory). Returns the path."""
+    if not path:
+        raise OutputPathError(f"{flag}: an empty path, expected a file name")
     p = Path(path).expanduser()
     if p.is_dir() and not directory_ok:
         raise OutputPathError(f"{flag} {path}: is a directory, expected a file")
+    if not directory_ok and os.path.basename(path) in ("", ".", ".."):
+        # Path() drops a trailing '/': "out/" would pass as the file "out"
+        raise OutputPathError(f"{flag} {path}: names a directory, expected a file")
+    if p.exists() and not p.is_file() and not p.is_dir():
+        raise OutputPathError(f"{flag} {path}: exists and is not a regular file "
+                              "(a device, fifo or socket)")
     directory = p if (p.is_dir() or (directory_ok and path.endswith(os.sep))) else p.parent
     blocker = next((q for q in (directory, *directory.parents) if q.exists()), None)
     if blocker is not None and not blocker.is_dir():

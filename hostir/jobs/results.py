@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -43,14 +44,55 @@ def results_path(json_flag: str, bench: str, device: str, world_size: int = 1) -
     return p
 
 
-def write_json(path: Path, doc: dict) -> None:
-    """Write ``doc`` to ``path`` whole (a reader never sees half a file)."""
+def write_json(path: Path, doc: dict, flag: str = "--json") -> None:
+    """Write ``doc`` to ``path`` whole (a reader never sees half a file), or leave ``path``
+    as it was and raise an `OutputPathError` naming ``flag`` (a full disk, a file size
+    limit, a ``path`` that exists and is not a regular file: never replaced)."""
     import json
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    from hostir.jobs.preflight import OutputPathError
+
+    if path.exists() and not path.is_file():
+        raise OutputPathError(f"{flag} {path}: exists and is not a regular file (a directory, "
+                              "device, fifo or socket); nothing written")
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w") as f:
+            f.write(json.dumps(doc, indent=1) + "\n")
+            f.flush()
+            os.fsync(f.fileno())  # a full disk shows here, not after the rename
         os.replace(tmp, path)
+    except OSError as e:
+        raise OutputPathError(f"{flag} {path}: cannot write: {e.strerror or e}; "
+                              "nothing written") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+
+
+def output_outcome(failed: str | None, rank: int) -> None:
+    """Rank 0's outcome of writing an output (None: written), on every rank; every rank
+    calls it (a broadcast: the torch.distributed group if there is one, else MPI). A
+    failure ends each rank with the output error: none exits 0, none is left waiting."""
+    import sys
+
+    from hostir.jobs.preflight import OutputPathError
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        import torch
+
+        box = [failed]
+        device = (torch.device("cuda", torch.cuda.current_device())
+                  if dist.get_backend() == "nccl" else None)
+        dist.broadcast_object_list(box, src=0, device=device)
+        failed = box[0]
+    else:
+        from mpi4py import MPI
+
+        failed = MPI.COMM_WORLD.bcast(failed, root=0)
+    if failed is not None:
+        e = OutputPathError(failed if rank == 0 else f"rank 0 failed: {failed}")
+        e.on_every_rank = True  # raised alike on every rank (hostir.run: a normal exit)
+        raise e

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import statistics
 import time
@@ -43,14 +44,15 @@ import time
 import torch
 import torch.nn.functional as F
 
-from hostir.jobs.results import commit
+from hostir.jobs.results import commit, output_outcome, results_path, write_json
 from hostir.nn import ColumnParallelLinear, RowParallelLinear, fused_mlp, shard_sequence
 from runtime.bootstrap import init_distributed, local_device
 from runtime.device import DTYPES
 
 
 def add_arguments(p) -> None:
-    from hostir.jobs.preflight import DTYPES as dtypes, at_least, device_name, positive_float
+    from hostir.jobs.preflight import (DTYPES as dtypes, at_least, device_name, positive_float,
+                                       seed)
 
     p.add_argument("--hidden", type=at_least(1), default=256)
     p.add_argument("--ffn-mult", type=at_least(1), default=4, help="ffn width = hidden * this")
@@ -79,7 +81,7 @@ def add_arguments(p) -> None:
                    help="gelu: exact (erf), unfused; gelu_tanh: the tanh approximation, fused "
                         "into the GEMM epilogues (hostir.nn.ParallelMLP: cuBLASLt GELU_AUX "
                         "forward, DGELU backward)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--check", action="store_true",
                    help="compare every step's loss with the one-process reference; exit 1 "
                         "on a mismatch")
@@ -135,7 +137,7 @@ def validate(args, world) -> None:
     if args.bench and args.check:
         raise pf.UsageError("--check is for a training run (--bench checks itself against "
                             "the plain layers)")
-    if args.json and not args.bench:
+    if args.json is not None and not args.bench:
         raise pf.UsageError("--json is for --bench (a training run prints its losses)")
     if args.comm in ("nccl", "copy_engine"):
         pf.need_cuda(f"--comm {args.comm}", device)
@@ -153,7 +155,7 @@ def validate(args, world) -> None:
     if f % d:
         raise pf.WorldSizeError(f"the ffn width --hidden {args.hidden} x --ffn-mult "
                                 f"{args.ffn_mult} = {f} does not split over {d} ranks")
-    if args.json:
+    if args.json is not None:
         pf.writable_output("--json", args.json, directory_ok=True)
         pf.refuse_results_on_cpu("--json", args.json, device)
     pf.check_fits(f"--hidden {args.hidden} --ffn-mult {args.ffn_mult} --tokens {args.tokens} "
@@ -576,9 +578,9 @@ def main(args) -> int:
     worst = 0.0
     if rank == 0:
         ref = train_reference(args)
-        worst = max(abs(a - b) / abs(b) for a, b in zip(losses, ref))
+        worst = max(_rel_diff(a, b) for a, b in zip(losses, ref))
     worst = _sum_over_ranks(worst, args)
-    ok = worst <= TOLERANCE[args.dtype]
+    ok = worst <= TOLERANCE[args.dtype]  # False for inf and NaN
     if rank == 0:
         print(f"train_mlp check {'PASS' if ok else 'FAIL'} (largest relative difference of a "
               f"step's loss from the one-process reference {worst:.2e}, tolerance "
@@ -586,11 +588,20 @@ def main(args) -> int:
     return 0 if ok else 1
 
 
+def _rel_diff(a: float, b: float) -> float:
+    """|a - b| / |b|; inf when either is not finite (NaN or inf never passes a check)."""
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return math.inf
+    return abs(a - b) / max(abs(b), 1e-30)
+
+
 def _report_bench(args, r: dict) -> int:
     """Rank 0 prints the results (and writes them with --json)."""
     if r["rank"] != 0:
+        if args.json:
+            output_outcome(None, r["rank"])
         return 0
-    from hostir.jobs.results import results_path, write_json
+    from hostir.jobs.preflight import OutputPathError
 
     on_cuda = args.device.startswith("cuda") or (args.device == "auto"
                                                  and torch.cuda.is_available())
@@ -619,7 +630,12 @@ def _report_bench(args, r: dict) -> int:
     if args.json:
         bench_name = "tp_mlp" + ("_gelu_tanh" if args.activation == "gelu_tanh" else "")
         path = results_path(args.json, bench_name, gpu, r["world"])
-        write_json(path, doc)
+        failed = None
+        try:
+            write_json(path, doc)
+        except OutputPathError as e:
+            failed = str(e)
+        output_outcome(failed, 0)
     if ours:
         print(f"tp_mlp hidden={args.hidden} tokens={args.tokens} {args.activation} "
               f"device={gpu} world={r['world']}: ours {ours:.2f} ms "

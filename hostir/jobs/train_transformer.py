@@ -37,9 +37,10 @@ of computation ran beside them (hidden) and the rest (exposed).
 
 from __future__ import annotations
 
+import argparse
 import copy
 import datetime
-import json
+import math
 import statistics
 import time
 
@@ -61,7 +62,7 @@ TOLERANCE = {"float32": 1e-4, "float64": 1e-6, "bfloat16": 5e-2, "float16": 2e-2
 
 
 def add_arguments(p) -> None:
-    from hostir.jobs.preflight import at_least, device_name, positive_float
+    from hostir.jobs.preflight import at_least, device_name, positive_float, seed
 
     p.add_argument("--steps", type=at_least(1), default=10)
     p.add_argument("--layers", type=at_least(1), default=2)
@@ -73,7 +74,7 @@ def add_arguments(p) -> None:
     p.add_argument("--tokens", type=at_least(1), default=128, help="one sequence, over all ranks")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     p.add_argument("--lr", type=positive_float, default=1e-3)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--stages", type=at_least(1), default=1, help="pipeline stages of every linear")
     p.add_argument("--comm", default="auto", choices=["auto", "torch", "nccl", "mpi", "copy_engine"])
     p.add_argument("--schedule", default="auto", choices=["auto", "pipelined", "ring"])
@@ -87,7 +88,7 @@ def add_arguments(p) -> None:
     p.add_argument("--json", default=None, metavar="FILE", help="--bench: write the rows here")
 
 
-def parse(argv) -> "argparse.Namespace":  # noqa: F821
+def parse(argv) -> argparse.Namespace:
     """The job's flags (for callers that skip ``hostir.run``); errors are a UsageError."""
     from hostir.jobs.preflight import JobParser
 
@@ -145,9 +146,9 @@ def validate(args, world) -> None:
     for flag in ("bench", "graph"):
         if getattr(args, flag):
             pf.need_cuda(f"--{flag}", device)
-    if args.json and not args.bench:
+    if args.json is not None and not args.bench:
         raise pf.UsageError(f"--json {args.json}: only --bench writes results; add --bench")
-    if args.json:
+    if args.json is not None:
         pf.writable_output("--json", args.json)
         pf.refuse_results_on_cpu("--json", args.json, device)
     # the shape on its own first (a usage error), then its split over the ranks, then memory
@@ -266,8 +267,18 @@ def _sum_over_ranks(t: torch.Tensor, op=None) -> float:
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Relative error; inf where a value is NaN or inf (it never passes a check, and a
+    NaN could be dropped by max() and by a MAX reduction)."""
     a, b = a.detach().double(), b.detach().double()
-    return float(torch.linalg.norm(a - b) / torch.linalg.norm(b).clamp_min(1e-30))
+    err = float(torch.linalg.norm(a - b) / torch.linalg.norm(b).clamp_min(1e-30))
+    return err if math.isfinite(err) else math.inf
+
+
+def _rel_diff(a: float, b: float) -> float:
+    """|a - b| / |b| of two losses; inf when either is not finite."""
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return math.inf
+    return abs(a - b) / max(abs(b), 1e-30)
 
 
 def gradient_errors(ours: torch.nn.Sequential, ref: torch.nn.Sequential) -> dict:
@@ -340,9 +351,9 @@ def main(args) -> int:
         line = f"step {step:3d} loss {loss:.6f}"
         if args.check:
             ref, err = out["ref_losses"][step], out["grad_errors"][step]
-            loss_err = abs(loss - ref) / max(abs(ref), 1e-30)
+            loss_err = _rel_diff(loss, ref)
             line += f"  reference {ref:.6f}  worst gradient rel. error {err:.2e}"
-            if loss_err > tol or err > tol:
+            if not (loss_err <= tol and err <= tol):  # NaN fails too
                 failures.append(f"step {step}: loss rel. error {loss_err:.2e}, gradient "
                                 f"{err:.2e} (tolerance {tol:g})")
         if out["rank"] == 0:
@@ -472,6 +483,9 @@ def bench_steps(args, rank: int, world: int, device) -> dict:
 
 def bench(args) -> int:
     """Time the steps side by side; rank 0 prints a line per variant and writes the row."""
+    from hostir.jobs.preflight import OutputPathError
+    from hostir.jobs.results import output_outcome
+
     rank, world, device = setup(args)
     steps = bench_steps(args, rank, world, device)
     # Every step's first call is also its first warm-up call. The eager model goes first:
@@ -525,14 +539,20 @@ def bench(args) -> int:
            "ours_first_step_ms": _sum_over_ranks(torch.tensor(ours_first_ms), dist.ReduceOp.MAX),
            "first_loss_rel_err_vs_eager": abs(losses["ours"] - losses["eager"]) / losses["eager"]}
     row["first_step_over_steady"] = row["ours_first_step_ms"] / times["ours"]
+    failed = None
     if rank == 0:
         for name, ms in times.items():
             print(f"train_transformer bench {name}: {ms:.3f} ms/step "
                   f"({row['tokens_per_s'][name]:.0f} tokens/s, host {host[name]:.2f} ms)",
                   flush=True)
         if args.json:
-            write_rows(args.json, [row], world)
-            print(f"-> {args.json}", flush=True)
+            try:
+                write_rows(args.json, [row], world)
+                print(f"-> {args.json}", flush=True)
+            except OutputPathError as e:
+                failed = str(e)
+    if args.json:
+        output_outcome(failed, rank)
     return 0
 
 
@@ -547,13 +567,14 @@ def failure_text(exc: BaseException) -> str:
 
 
 def write_rows(path: str, rows: list, world: int) -> None:
-    """The bench's JSON: the rows and where they came from."""
-    from hostir.jobs.results import commit
+    """The bench's JSON: the rows and where they came from (whole, or an OutputPathError)."""
+    from pathlib import Path
+
+    from hostir.jobs.results import commit, write_json
 
     doc = {"device": torch.cuda.get_device_name(), "world_size": world,
            "date": datetime.date.today().isoformat(), "commit": commit(),
            "note": "one training step (forward, backward, AdamW); medians after warm-up, "
                    "interleaved, slowest rank; eager and compile run the unsharded model "
                    "on each GPU; tokens_per_s: the config's tokens (one sequence) a step", "rows": rows}
-    with open(path, "w") as fh:
-        json.dump(doc, fh, indent=2)
+    write_json(Path(path).expanduser(), doc)
