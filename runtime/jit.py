@@ -35,6 +35,7 @@ import os
 import re
 import struct
 import sys
+import tempfile
 import threading
 from pathlib import Path
 from typing import Sequence
@@ -283,6 +284,11 @@ def _decode(blob: bytes, key: str | None = None, names: Sequence[str] | None = N
     return dataclasses.replace(ck, cubin=whole_elf(cubin))
 
 
+class CacheWriteError(CompilationError):
+    """A kernel that compiled but whose entry could not be stored on disk (`KernelCache.fill`,
+    `precompile`): the cache cannot be filled, whatever the kernel."""
+
+
 @dataclasses.dataclass
 class CacheStats:
     memory_hits: int = 0
@@ -324,6 +330,23 @@ class KernelCache:
             return False
         return True
 
+    def disk_problem(self, probe: bool = True) -> str | None:
+        """Why entries cannot be stored on disk here, or None: the disk level is off, the
+        directory cannot be created or is not private (`runtime.store.dir_refusal`), or
+        (``probe``) no file can be created in it. Warns about nothing: for callers that
+        must fill the cache (`precompile`, ``hostir.run warmup``) and say why not."""
+        if options().disable("kernel_cache"):
+            return "HOSTIR_DISABLE=kernel_cache turns it off"
+        root = self._directory if self._directory is not None else options().cache_dir
+        problem = store.dir_refusal(self.directory, root)
+        if problem is None and probe:
+            try:
+                with tempfile.TemporaryFile(dir=self.directory):
+                    pass
+            except OSError as e:
+                problem = f"cannot write in {self.directory} ({e.strerror or e})"
+        return problem
+
     def get(self, source: str, names: Sequence[str], arch: str = DEFAULT_ARCH,
             options_: Sequence[str] = ()) -> CompiledKernel:
         """The compiled kernel, from memory, disk, or NVRTC (then stored on disk)."""
@@ -348,21 +371,52 @@ class KernelCache:
         return ck
 
     def _read(self, key: str, names: Sequence[str] | None = None,
-              arch: str | None = None) -> CompiledKernel | None:
+              arch: str | None = None, warn: bool = True) -> CompiledKernel | None:
         p = self.path(key)
         try:
             blob = store.read_regular(p, store.MAX_ENTRY_BYTES)
         except store.Refused as e:
             self.stats.refused += 1
-            store.warn_once(self.STORE, f"{e}; compiling instead")
+            if warn:
+                store.warn_once(self.STORE, f"{e}; compiling instead")
             return None
         if blob is None:
             return None
         ck = _decode(blob, key, names, arch)
         if ck is None:
             self.stats.rebuilt_corrupt += 1
-            store.warn_once(self.STORE, f"{p}: not a valid entry for its key; rebuilt")
+            if warn:
+                store.warn_once(self.STORE, f"{p}: not a valid entry for its key; rebuilt")
         return ck
+
+    def on_disk(self, source: str, names: Sequence[str], arch: str = DEFAULT_ARCH,
+                options_: Sequence[str] = ()) -> bool:
+        """Whether a valid entry for this kernel is on disk: read as `get` reads it (a
+        symlink, FIFO, directory or corrupt file at its path is not one), without a warning."""
+        return self._read(cache_key(source, names, arch, options_), names, arch,
+                          warn=False) is not None
+
+    def fill(self, source: str, names: Sequence[str], arch: str = DEFAULT_ARCH,
+             options_: Sequence[str] = ()) -> None:
+        """Make sure a valid entry for this kernel is on disk: one there is kept, anything
+        else at its path is replaced (the rename replaces a link or FIFO itself; an empty
+        directory is removed first). Raises CompilationError when the kernel does not
+        compile, `CacheWriteError` when the disk cache is off or the entry not written."""
+        problem = self.disk_problem(probe=False)
+        if problem is not None:
+            raise CacheWriteError(f"the kernel cache is off: {problem}")
+        key = cache_key(source, names, arch, options_)
+        if self._read(key, names, arch, warn=False) is not None:
+            return
+        ck = compile(source, names, arch, options_)
+        self.stats.compiles += 1
+        path = self.path(key)
+        try:
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                os.rmdir(path)  # never follows a link; a directory with files stays (ENOTEMPTY)
+            write_atomically(path, _encode(ck, key))
+        except OSError as e:
+            raise CacheWriteError(f"{path} not written ({e.strerror or e})") from None
 
     def _write(self, key: str, ck: CompiledKernel) -> None:
         try:
@@ -628,10 +682,13 @@ def load(ck: CompiledKernel, device_index: int | None = None) -> dict[str, Kerne
 
 def _precompile_one(job) -> str | None:
     """Worker of `precompile`, in a process of its own (NVRTC holds the GIL): compiles one
-    unit into the disk cache ``directory``. Returns an error text, or None."""
+    unit into the disk cache ``directory``. Returns an error text, or None; raises
+    `CacheWriteError` when the entry could not be written (no unit would be)."""
     source, names, arch, directory = job
     try:
-        KernelCache(Path(directory)).get(source, names, arch)
+        KernelCache(Path(directory)).fill(source, names, arch)
+    except CacheWriteError:
+        raise
     except Exception as e:  # noqa: BLE001 -- reported; the kernel compiles on first use
         return f"{type(e).__name__}: {e}"
     return None
@@ -640,8 +697,10 @@ def _precompile_one(job) -> str | None:
 def precompile(units: Sequence[tuple[str, Sequence[str], str]], workers: int | None = None,
                progress=None) -> list[str | None]:
     """Compile ``units`` (source, kernel names, arch) into the disk kernel cache, in
-    parallel worker processes; units already on disk are skipped. ``progress(done,
-    total)`` is called as units finish. Returns one error text (or None) a unit.
+    parallel worker processes; units with a valid entry on disk are skipped (an entry
+    that does not verify is replaced). ``progress(done, total)`` is called as units
+    finish. Returns one error text (or None) a unit. Raises CompilationError when there is
+    no disk cache to fill, `CacheWriteError` when an entry could not be written.
 
     A model's kernels compile one after another in its first step otherwise (about
     0.3-0.6 s each through NVRTC); here they take the machine's cores at once.
@@ -651,11 +710,12 @@ def precompile(units: Sequence[tuple[str, Sequence[str], str]], workers: int | N
 
     cache = kernel_cache()
     errors: list[str | None] = [None] * len(units)
-    if options().disable("kernel_cache") or not cache._use_disk():
-        raise CompilationError("the kernel cache is off (HOSTIR_DISABLE=kernel_cache, or a "
-                               "cache directory that is not private): nothing to fill")
+    problem = cache.disk_problem()
+    if problem is not None:
+        raise CompilationError(f"the kernel cache is off: {problem}; nothing to fill")
+    # an entry is there when it reads back valid, as `get` would read it
     missing = [k for k, (src, names, arch) in enumerate(units)
-               if not cache.path(cache_key(src, names, arch)).exists()]
+               if not cache.on_disk(src, names, arch)]
     done = len(units) - len(missing)
     if progress:
         progress(done, len(units))
@@ -666,11 +726,15 @@ def precompile(units: Sequence[tuple[str, Sequence[str], str]], workers: int | N
     with concurrent.futures.ProcessPoolExecutor(
             workers, mp_context=multiprocessing.get_context("spawn")) as ex:
         futures = {ex.submit(_precompile_one, job): k for job, k in zip(jobs, missing)}
-        for future in concurrent.futures.as_completed(futures):
-            errors[futures[future]] = future.result()
-            done += 1
-            if progress:
-                progress(done, len(units))
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                errors[futures[future]] = future.result()
+                done += 1
+                if progress:
+                    progress(done, len(units))
+        except CacheWriteError:
+            ex.shutdown(cancel_futures=True)  # the others would not be written either
+            raise
     return errors
 
 

@@ -122,18 +122,19 @@ def dir_problem(directory: Path) -> str | None:
     return None
 
 
-def trusted_dir(directory: Path, root: Path | None = None, store: str = "cache") -> bool:
-    """Create ``directory`` (0700, parents too) and check it and every directory from
-    ``root`` (default: itself) down to it: each must be ours and writable by nobody else,
-    unless HOSTIR_TRUST_CACHE_DIR=1. False after one warning: the caller bypasses the
-    store (a foreign entry with a valid digest would otherwise run in this process)."""
+def dir_refusal(directory: Path, root: Path | None = None) -> str | None:
+    """Why `trusted_dir` refuses ``directory`` (created first, 0700, parents too), or None:
+    it cannot be created, or it or a directory from ``root`` down to it is not private."""
     directory = Path(directory)
     root = directory if root is None else Path(root)
     try:
         _create_private(directory)
     except OSError as e:
-        warn_once(store, f"cannot create {directory} ({e.strerror}); not using the cache")
-        return False
+        # name the file in the way rather than "Not a directory" at the path asked for
+        blocker = next((p for p in directory.parents if os.path.lexists(p)), None)
+        if e.errno == errno.ENOTDIR and blocker is not None and not blocker.is_dir():
+            return f"cannot create {directory}: {blocker} is not a directory"
+        return f"cannot create {directory} ({e.strerror})"
     chain = [directory]
     if root != directory and root in directory.parents:
         p = directory.parent
@@ -144,9 +145,22 @@ def trusted_dir(directory: Path, root: Path | None = None, store: str = "cache")
     for d in chain:
         problem = dir_problem(d)
         if problem is not None:
-            warn_once(store, f"{problem}; not using the cache (set {TRUST_ENV}=1 to use it "
-                             f"anyway, or choose a private HOSTIR_CACHE_DIR)")
-            return False
+            if not d.is_dir():  # trusting it would not help
+                return problem
+            return (f"{problem} (set {TRUST_ENV}=1 to use it anyway, or choose a private "
+                    f"HOSTIR_CACHE_DIR)")
+    return None
+
+
+def trusted_dir(directory: Path, root: Path | None = None, store: str = "cache") -> bool:
+    """Create ``directory`` (0700, parents too) and check it and every directory from
+    ``root`` (default: itself) down to it: each must be ours and writable by nobody else,
+    unless HOSTIR_TRUST_CACHE_DIR=1. False after one warning: the caller bypasses the
+    store (a foreign entry with a valid digest would otherwise run in this process)."""
+    problem = dir_refusal(directory, root)
+    if problem is not None:
+        warn_once(store, f"{problem}; not using the cache")
+        return False
     return True
 
 

@@ -6,9 +6,11 @@
 
 Every generated kernel the target would compile on its first call is rendered here and
 compiled in parallel worker processes (one a core, ``--workers``) into the disk kernel
-cache (``HOSTIR_CACHE_DIR``); kernels already there are skipped. Run it once per machine
-image, or in a job's launch script before ``mpirun``. Without a GPU it compiles for
-``--arch`` (default sm_90); on a GPU machine for that GPU.
+cache (``HOSTIR_CACHE_DIR``); kernels already there, verified as a job reads them, are
+skipped, and an entry that does not verify is replaced. Run it once per machine image,
+or in a job's launch script before ``mpirun``. Without a GPU it compiles for ``--arch``
+(default sm_90); on a GPU machine for that GPU. A cache directory that cannot be used
+or written is refused before any compile (exit 4, like an output path).
 
 Targets: ``train_transformer`` (the fused residual+norm, SwiGLU and GELU kernels of a
 block of width ``--hidden`` whose MLP is ``--ffn`` wide over ``--world`` ranks),
@@ -19,6 +21,7 @@ block of width ``--hidden`` whose MLP is ``--ffn`` wide over ``--world`` ranks),
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 
@@ -26,6 +29,11 @@ from hostir.jobs import preflight as pf
 
 TARGETS = ("train_transformer", "matmul", "layer_norm", "rms_norm")
 SHORT = {"bfloat16": "bf16", "float16": "fp16"}
+# The generated kernels' oldest part: mma.sync, cp.async and bf16 need sm_80.
+MIN_ARCH = 80
+# sm_ and a compute capability of 2 or 3 ASCII digits, no leading zero ("\d" takes
+# other scripts' digits too, which NVRTC refuses)
+_ARCH_FLAG = re.compile(r"sm_([1-9][0-9]{1,2})")
 
 
 def add_arguments(p) -> None:
@@ -41,7 +49,7 @@ def add_arguments(p) -> None:
                    help="matmul: MxNxK list, comma-separated")
     p.add_argument("--dtype", default="bfloat16", choices=sorted(SHORT))
     p.add_argument("--arch", default=None,
-                   help="sm_80, sm_90 (default: this GPU's, else sm_90)")
+                   help="sm_80, sm_90, sm_100... (default: this GPU's, else sm_90)")
     p.add_argument("--workers", type=pf.at_least(1), default=None,
                    help="compiler processes (default: one a core)")
 
@@ -56,20 +64,81 @@ def _widths(text: str) -> list[int]:
     return widths
 
 
+def _nvrtc_archs() -> tuple[int, ...]:
+    """The compute capabilities this NVRTC compiles for (80, 86, 90, ...); () where it
+    cannot say (then the compile itself refuses an arch it lacks)."""
+    try:
+        from cupy.cuda import nvrtc
+
+        return tuple(int(a) for a in nvrtc.getSupportedArchs())
+    except Exception:  # noqa: BLE001 -- an NVRTC older than 11.2, or none to load
+        return ()
+
+
+def _check_arch(arch: str, what: str = "--arch", hint: str = "") -> None:
+    """Refuse an arch the generated kernels or this NVRTC cannot compile for."""
+    m = _ARCH_FLAG.fullmatch(arch)
+    if m is None:
+        raise pf.UsageError(f"{what} {arch}: expected sm_XY or sm_XYZ, e.g. sm_90{hint}")
+    cc = int(m.group(1))
+    if cc < MIN_ARCH:
+        raise pf.UsageError(f"{what} {arch}: the generated kernels need sm_{MIN_ARCH} or "
+                            f"newer{hint}")
+    supported = _nvrtc_archs()
+    if supported and cc not in supported:
+        from runtime.jit import nvrtc_version
+
+        version = ".".join(map(str, nvrtc_version()))
+        raise pf.UsageError(f"{what} {arch}: NVRTC {version} does not compile for it; it takes "
+                            + ", ".join(f"sm_{a}" for a in supported if a >= MIN_ARCH) + hint)
+
+
+def _check_cache() -> None:
+    """Refuse, before any compile, a kernel cache that cannot be filled: off, a directory
+    that cannot be created or written, or one that is not private (a job would not read
+    it). Creates the directory (0700) as a job would."""
+    from hostir.errors import OptionsError
+    from hostir.options import options
+    from runtime import jit
+
+    try:
+        off = options().disable("kernel_cache")
+    except OptionsError as e:
+        raise pf.UsageError(f"{type(e).__name__}: {e}") from None
+    if off:
+        raise pf.UsageError("HOSTIR_DISABLE=kernel_cache turns the disk kernel cache off: "
+                            "nothing to fill")
+    cache = jit.kernel_cache()
+    problem = cache.disk_problem()
+    if problem is not None:
+        raise pf.OutputPathError(f"the kernel cache cannot be used: {problem}")
+
+
 def validate(args, world) -> None:
     args.widths = _widths(args.hidden)
     if args.head_dim % 2:
         raise pf.UsageError(f"--head-dim {args.head_dim}: expected an even head width (rotary)")
     if args.target == "matmul" and not args.shapes:
         raise pf.UsageError("warmup matmul needs --shapes MxNxK[,MxNxK...]")
-    if args.arch is not None and not (args.arch.startswith("sm_") and args.arch[3:].isdigit()):
-        raise pf.UsageError(f"--arch {args.arch}: expected sm_XY, e.g. sm_90")
+    if args.arch is not None and _ARCH_FLAG.fullmatch(args.arch) is None:
+        if _ARCH_FLAG.fullmatch(args.arch[:-1]) and args.arch.endswith("a"):
+            raise pf.UsageError(f"--arch {args.arch}: give {args.arch[:-1]} (the wgmma "
+                                "kernels are compiled for its 'a' target by themselves)")
+        raise pf.UsageError(f"--arch {args.arch}: expected sm_XY or sm_XYZ, e.g. sm_90")
     pf.need_module("cupy", pf.cupy_install() if args.arch is None else "'cupy-cuda13x[ctk]'",
                    "warmup (NVRTC through CuPy)")
+    if args.arch is not None:
+        _check_arch(args.arch)
+    else:
+        import torch
+
+        _check_arch(_arch(args)[0], "this GPU's arch" if torch.cuda.is_available()
+                    else "the default arch", " (--arch chooses another)")
+    _check_cache()
 
 
 def _arch(args) -> tuple[str, int, int]:
-    if args.arch:
+    if args.arch:  # checked by validate: sm_ and 2 or 3 digits, the last the minor
         return args.arch, int(args.arch[3:-1]), int(args.arch[-1])
     import torch
 
@@ -158,7 +227,7 @@ def _bar(done: int, total: int, start: float) -> None:
             f"{time.perf_counter() - start:5.1f} s")
     if sys.stderr.isatty():
         print("\r" + line, end="" if done < total else "\n", file=sys.stderr, flush=True)
-    elif done == total or done % max(1, total // 10) == 0:
+    elif done == total or (done and done % max(1, total // 10) == 0):
         print(line, file=sys.stderr, flush=True)
 
 
@@ -176,10 +245,19 @@ def main(args) -> int:
     else:
         units = norm_units(args.target, args.widths, args.dtype, arch)
     start = time.perf_counter()
-    errors = jit.precompile(units, args.workers, lambda d, t: _bar(d, t, start))
+    cache = jit.kernel_cache()
+    try:
+        errors = jit.precompile(units, args.workers, lambda d, t: _bar(d, t, start))
+    except jit.CacheWriteError as e:
+        # the cache is what warmup makes: an entry not written is its failure, one line
+        if sys.stderr.isatty():
+            print(file=sys.stderr)  # ends the progress bar's line
+        raise pf.OutputPathError(f"the kernel cache cannot be filled: {e}") from None
     failed = [e for e in errors if e]
+    replaced = cache.stats.rebuilt_corrupt + cache.stats.refused
     print(f"warmup {args.target}: {len(units) - len(failed)} of {len(units)} kernels in "
-          f"{jit.kernel_cache().directory} ({arch}), {time.perf_counter() - start:.1f} s")
+          f"{cache.directory} ({arch}), {time.perf_counter() - start:.1f} s"
+          + (f"; {replaced} that did not verify rebuilt" if replaced else ""))
     for e in failed[:5]:
         print(f"  failed: {e[:300]}", file=sys.stderr)
     return 1 if failed else 0
