@@ -515,6 +515,10 @@ class Communication:
             object.__setattr__(self, "recv_peer", as_index(self.recv_peer))
         elif self.send_peer is not None or self.recv_peer is not None:
             _fail(where, f"{t.value} takes no peers")
+        if not i and t in (CommunicationType.Allgather, CommunicationType.ReduceScatter):
+            # both work along axis 0: a 0-d tensor has none
+            _fail(where, f"{t.value} of {self.input.name}: expected in of rank >= 1 (it "
+                         "works along axis 0), got a 0-d tensor")
         if t is CommunicationType.Allgather:
             expected = (d * i[0],) + i[1:]
             if o != expected:

@@ -37,15 +37,33 @@ def add_arguments(p) -> None:
     p.add_argument("--iters", type=at_least(1), default=3)
 
 
+def estimated_bytes(args, world) -> int:
+    """Peak bytes this rank allocates: A and B drawn in float32 and converted, the shard,
+    the gathered A and C, then the float64 reference (A, B, C and the difference). The
+    culprit of divergent_shape has twice the rows; that of bad_dtype a float64 B too."""
+    from hostir.jobs.preflight import dtype_bytes
+
+    culprit = args.fault != "none" and world.rank == args.fault_rank
+    m = args.m * 2 if args.fault == "divergent_shape" and culprit else args.m
+    n, k, e = args.n, args.k, dtype_bytes(args.dtype)
+    total = 4 * (m * k + k * n) + e * (m * k + k * n + m * k // world.size + m * k + m * n)
+    total += 8 * (m * k + k * n + 3 * m * n)
+    if args.fault == "bad_dtype" and culprit:
+        total += 8 * k * n
+    return total
+
+
 def validate(args, world) -> None:
-    """The flags only: shapes that do not divide are left to the lowering on purpose
-    (the fault tests check its refusal)."""
+    """The flags and whether the problem fits in memory: shapes that do not divide are
+    left to the lowering on purpose (the fault tests check its refusal)."""
     from hostir.jobs import preflight as pf
 
     args.device = pf.resolve_device(args.device)
     if args.fault != "none" and args.fault_rank >= world.size:
         raise pf.WorldSizeError(f"--fault-rank {args.fault_rank}: the job has {world.size} "
                                 "ranks")
+    pf.check_fits(f"--m {args.m} --n {args.n} --k {args.k} {args.dtype}",
+                  estimated_bytes(args, world), args.device, world)
 
 
 def main(args) -> int:

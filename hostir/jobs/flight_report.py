@@ -12,16 +12,27 @@ communicator from 1, the same on every rank; a rank that is behind the others on
 communicator "stopped before" the first collective it has not posted, and the ranks
 ahead are described by the statement they are stuck in (the newest one not completed).
 Exit status 0 (divergences or not); 1 when DIR cannot be read, with a one-line error.
+
+Nothing read is trusted: a record must be a regular file (a FIFO or device is refused
+unread) of at most 256 MiB, and every field the report reads is type-checked; a rank
+from 65536 or a world size above 65536 (the parser's largest team) is refused, so that a
+bad name or value cannot make the report loop or print without bound.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
-import sys
+import stat
 from pathlib import Path
 
 _NAME = re.compile(r"rank(\d+)(?:\.(\d+))?\.json")
+
+MAX_RANKS = 65536  # ranks of one job, as the parser's MAX_TEAM
+MAX_RECORD_BYTES = 256 << 20  # one rank's record (the default 2000 entries: under 1 MiB)
+MAX_INT = 2 ** 63  # counters, sequence numbers, bytes, loop values
+STATES = ("started", "completed", "captured")
 
 
 class ReportError(Exception):
@@ -37,10 +48,17 @@ def load(directory: Path) -> dict[int, dict]:
     if not directory.is_dir():
         raise ReportError(f"{directory}: expected a directory of flight records (rank<R>.json)")
     latest: dict[int, tuple[int, Path]] = {}
-    for path in directory.iterdir():
+    try:
+        paths = sorted(directory.iterdir())
+    except OSError as e:
+        raise ReportError(f"{directory}: cannot list it: {e.strerror or e}") from None
+    for path in paths:
         m = _NAME.fullmatch(path.name)
         if m:
             rank, k = int(m.group(1)), int(m.group(2) or 0)
+            if rank >= MAX_RANKS:
+                raise ReportError(f"{path}: rank {m.group(1)[:30]} is beyond the largest "
+                                  f"a report reads ({MAX_RANKS - 1})")
             if rank not in latest or k > latest[rank][0]:
                 latest[rank] = (k, path)
     if not latest:
@@ -48,26 +66,116 @@ def load(directory: Path) -> dict[int, dict]:
     records = {}
     for rank, (_, path) in sorted(latest.items()):
         try:
-            data = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, ValueError) as e:
-            raise ReportError(f"{path}: not a readable flight record: {e}") from None
-        if not (isinstance(data, dict) and data.get("format", "").startswith("hostir-flight/")
-                and isinstance(data.get("entries"), list)
-                and all(isinstance(e, dict) for e in data["entries"])):
-            raise ReportError(f"{path}: not a flight record (expected format hostir-flight/1 "
-                              "with a list of entries)")
-        for e in data["entries"]:
-            for field, kind in (("kind", str), ("seq", int), ("state", str), ("n", int)):
-                if not isinstance(e.get(field), kind):
-                    raise ReportError(f"{path}: entry {e.get('n')}: expected {field} of type "
-                                      f"{kind.__name__}, got {e.get(field)!r}")
+            data = json.loads(_read(path).decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:
+            # RecursionError: JSON nested too deep for the decoder
+            raise ReportError(f"{path}: not a readable flight record: "
+                              f"{_short(str(e), 120)}") from None
+        _check(path, rank, data)
         records[rank] = data
     return records
 
 
+def _read(path: Path) -> bytes:
+    """The bytes of a regular file of at most MAX_RECORD_BYTES. A FIFO, socket or device
+    is refused before it is opened, and the open does not block either (the name may be
+    replaced in between); a symbolic link to a regular file is read."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise ReportError(f"{path}: not a regular file, so not a flight record")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as e:
+        raise ReportError(f"{path}: not a readable flight record: {e.strerror or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ReportError(f"{path}: not a regular file, so not a flight record")
+        if st.st_size > MAX_RECORD_BYTES:
+            raise ReportError(f"{path}: {st.st_size} bytes, over the {MAX_RECORD_BYTES} "
+                              "bytes a flight record may have")
+        chunks, size = [], 0
+        while chunk := os.read(fd, min(1 << 20, MAX_RECORD_BYTES + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_RECORD_BYTES:  # grew after the fstat
+                raise ReportError(f"{path}: over the {MAX_RECORD_BYTES} bytes a flight "
+                                  "record may have")
+        return b"".join(chunks)
+    except OSError as e:
+        raise ReportError(f"{path}: not a readable flight record: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _int(v, lo: int = 0) -> bool:
+    return type(v) is int and lo <= v < MAX_INT
+
+
+def _text(v, limit: int = 256) -> bool:
+    """A string the report may print: bounded, no control characters or escapes."""
+    return type(v) is str and len(v) <= limit and v.isprintable()
+
+
+def _loops_ok(v) -> bool:
+    return (type(v) is dict and len(v) <= 64
+            and all(_text(k) and _int(x, -MAX_INT) for k, x in v.items()))
+
+
+# Each entry field the report reads: (required, check, what it must be).
+_ENTRY = {
+    "n": (True, _int, "an integer >= 0"),
+    "kind": (True, _text, "a string"),
+    "seq": (True, _int, "an integer >= 0"),
+    "state": (True, lambda v: v in STATES, f"one of {', '.join(STATES)}"),
+    "statement": (False, lambda v: _text(v, 1 << 20), "a string"),
+    "comm": (False, _text, "a string"),
+    "bytes": (False, _int, "an integer >= 0"),
+    "loops": (False, _loops_ok, "an object of loop index names to integers"),
+}
+
+
+def _check(path: Path, rank: int, data) -> None:
+    """Refuse a record the report cannot read: one line naming the file and the field."""
+    if not (isinstance(data, dict) and isinstance(data.get("format"), str)
+            and data["format"].startswith("hostir-flight/")
+            and isinstance(data.get("entries"), list)):
+        raise ReportError(f"{path}: not a flight record (expected format hostir-flight/1 "
+                          "with a list of entries)")
+    world = data.get("world_size")
+    if not (_int(world, 1) and world <= MAX_RANKS):
+        raise ReportError(f"{path}: expected world_size, an integer from 1 to {MAX_RANKS}, "
+                          f"got {_short(repr(world))}")
+    if type(data.get("rank")) is not int or data["rank"] != rank:
+        raise ReportError(f"{path}: expected rank {rank} (the file's name), got "
+                          f"{_short(repr(data.get('rank')))}")
+    if rank >= world:
+        raise ReportError(f"{path}: rank {rank} is not below its world_size {world}")
+    for i, e in enumerate(data["entries"]):
+        if not isinstance(e, dict):
+            raise ReportError(f"{path}: entries[{i}]: expected an object, got "
+                              f"{_short(repr(e))}")
+        for field, (required, ok, what) in _ENTRY.items():
+            v = e.get(field)
+            if (required or v is not None) and not ok(v):
+                raise ReportError(f"{path}: entries[{i}].{field}: expected {what}, got "
+                                  f"{_short(repr(v))}")
+
+
 def _ranks(ranks) -> str:
+    """``rank 1``, ``ranks 0,2``; runs of three or more as ``ranks 0-7``."""
     ranks = sorted(ranks)
-    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks))
+    parts, i = [], 0
+    while i < len(ranks):
+        j = i
+        while j + 1 < len(ranks) and ranks[j + 1] == ranks[j] + 1:
+            j += 1
+        parts += [f"{ranks[i]}-{ranks[j]}"] if j - i >= 2 else map(str, ranks[i:j + 1])
+        i = j + 1
+    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(parts)
 
 
 def _loops(e: dict) -> str:
@@ -107,13 +215,15 @@ def _stuck(entries) -> str:
 
 def divergences(records: dict[int, dict]) -> list[str]:
     lines = []
-    world = max([r.get("world_size") or 0 for r in records.values()] + [max(records) + 1])
+    # load() bounds both by MAX_RANKS
+    world = max([r["world_size"] for r in records.values()] + [max(records) + 1])
     missing = [r for r in range(world) if r not in records]
     if missing:
         lines.append(f"{_ranks(missing)} left no flight record (killed before writing it, "
                      "or stuck outside Python)")
     entries = {r: sorted(d["entries"], key=lambda e: e["n"]) for r, d in records.items()}
     posted = {r: _collectives(es) for r, es in entries.items()}
+    stuck = {r: _stuck(es) for r, es in entries.items()}
     comms = sorted({c for p in posted.values() for c in p})
     for comm in comms:
         last = {r: max(posted[r].get(comm, {0: None})) for r in records}
@@ -138,7 +248,7 @@ def divergences(records: dict[int, dict]) -> list[str]:
             what = _what(nxt) if nxt is not None else f"{comm} collective #{behind + 1}"
             where: dict[str, list[int]] = {}
             for r in ahead:
-                where.setdefault(_stuck(entries[r]), []).append(r)
+                where.setdefault(stuck[r], []).append(r)
             lines.append(f"{_ranks(ranks)} stopped before {what}; " + "; ".join(
                 f"{_ranks(rs)} {state}" for state, rs in where.items()))
         if len(set(last.values())) == 1:
@@ -158,9 +268,10 @@ def divergences(records: dict[int, dict]) -> list[str]:
 def main(args) -> int:
     try:
         records = load(Path(args.dir).expanduser())
-    except ReportError as e:
-        print(f"hostir flight_report: error: {e}", file=sys.stderr, flush=True)
-        return 1
+    except ReportError as e:  # one line and the usage code, as every job's refusals
+        from hostir.jobs.preflight import UsageError
+
+        raise UsageError(str(e)) from None
     lines = divergences(records)
     for line in lines or ["no divergence: every rank posted the same collectives and "
                           "completed them"]:

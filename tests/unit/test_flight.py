@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import stat
@@ -10,8 +9,9 @@ import stat
 import pytest
 import torch
 
+from hostir import run
 from hostir.errors import OptionsError
-from hostir.jobs import flight_report
+from hostir.jobs.exit_codes import EXIT_USAGE
 from lowering.patterns import allgather_matmul
 from lowering.pipeline import lower
 from runtime import flight
@@ -158,7 +158,7 @@ def _gathers(upto, last_state="completed"):
 
 
 def _report(tmp_path, capsys) -> tuple[int, list[str]]:
-    rc = flight_report.main(argparse.Namespace(dir=str(tmp_path)))
+    rc = run.main(["flight_report", str(tmp_path)])
     captured = capsys.readouterr()
     return rc, (captured.out or captured.err).splitlines()
 
@@ -201,16 +201,16 @@ def test_unreadable_records_are_a_one_line_error(tmp_path, capsys, content):
     path = tmp_path / "rank0.json"
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
     rc, lines = _report(tmp_path, capsys)
-    assert rc == 1 and len(lines) == 1
-    assert lines[0].startswith(f"hostir flight_report: error: {path}: ")
+    assert rc == EXIT_USAGE and len(lines) == 1
+    assert lines[0].startswith(f"[rank 0] hostir flight_report: error: {path}: ")
 
 
 def test_a_missing_or_empty_directory_is_a_one_line_error(tmp_path, capsys):
     rc, lines = _report(tmp_path / "nowhere", capsys)
-    assert rc == 1 and lines == [f"hostir flight_report: error: {tmp_path / 'nowhere'}: "
+    assert rc == EXIT_USAGE and lines == [f"[rank 0] hostir flight_report: error: {tmp_path / 'nowhere'}: "
                                  "expected a directory of flight records (rank<R>.json)"]
     rc, lines = _report(tmp_path, capsys)
-    assert rc == 1 and "no flight records" in lines[0]
+    assert rc == EXIT_USAGE and "no flight records" in lines[0]
 
 
 def test_flight_dump_at_exit_on_request(tmp_path):
