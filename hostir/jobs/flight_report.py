@@ -11,7 +11,8 @@ then a last line with each rank's last statement. Collectives are numbered per
 communicator from 1, the same on every rank; a rank that is behind the others on a
 communicator "stopped before" the first collective it has not posted, and the ranks
 ahead are described by the statement they are stuck in (the newest one not completed).
-Exit status 0 (divergences or not); 1 when DIR cannot be read, with a one-line error.
+Exit status 0 (divergences or not); 2 (usage) when DIR or a record cannot be read, with a
+one-line error.
 
 Nothing read is trusted: a record must be a regular file (a FIFO or device is refused
 unread) of at most 256 MiB, and every field the report reads is type-checked; a rank
