@@ -735,6 +735,10 @@ def precompile(units: Sequence[tuple[str, Sequence[str], str]], workers: int | N
         except CacheWriteError:
             ex.shutdown(cancel_futures=True)  # the others would not be written either
             raise
+        except concurrent.futures.BrokenExecutor as e:
+            # a worker killed (out of memory, a signal): the rest cannot finish either
+            raise CompilationError(f"a compiler process died ({e}); {done} of {len(units)} "
+                                   "kernels are in the cache") from None
     return errors
 
 

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("cupy")
 
-from hostir.jobs.exit_codes import EXIT_OUTPUT, EXIT_USAGE  # noqa: E402
+from hostir.jobs.exit_codes import EXIT_OUTPUT, EXIT_RUN_FAILED, EXIT_USAGE  # noqa: E402
 from hostir.options import set_options  # noqa: E402
 from runtime import jit, store  # noqa: E402
 
@@ -180,6 +180,23 @@ def test_an_entry_warmup_cannot_write_is_an_error_not_success(cache_dir, capsys,
     assert cache.get(src, ["k"], "sm_90").cubin
     err = capsys.readouterr().err
     assert err.count("hostir: warning: kernel cache:") == 1 and "not written" in err
+
+
+class _DyingPool(_InProcessPool):
+    """A pool whose worker died, as when the kernel's compile is killed (out of memory)."""
+
+    def submit(self, fn, *args):
+        from concurrent.futures.process import BrokenProcessPool
+
+        future = concurrent.futures.Future()
+        future.set_exception(BrokenProcessPool("a process in the pool was terminated"))
+        return future
+
+
+def test_a_compiler_process_that_dies_is_one_line(cache_dir, capsys, monkeypatch):
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", _DyingPool)
+    code, out, lines = _warmup(capsys, *TINY)
+    _one_error(code, lines, EXIT_RUN_FAILED, "a compiler process died", "in the cache")
 
 
 # ------------------------------------------------------------------------ 3. invalid entries
