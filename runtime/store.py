@@ -190,11 +190,12 @@ def private_dir(name: str) -> Path:
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 
 
-def read_regular(path: Path, limit: int) -> bytes | None:
+def read_regular(path: Path, limit: int, any_owner: bool = False) -> bytes | None:
     """The bytes of ``path``, None when nothing is there; `Refused` for a symlink, a
     directory, FIFO, socket or device, a file over ``limit`` bytes, one owned by another
-    user (unless HOSTIR_TRUST_CACHE_DIR=1), or one that cannot be opened. Never blocks:
-    the open is non-blocking, and a non-regular file is refused before any read."""
+    user (unless ``any_owner``, for data that is only read, or HOSTIR_TRUST_CACHE_DIR=1),
+    or one that cannot be opened. Never blocks: the open is non-blocking, and a
+    non-regular file is refused before any read."""
     try:
         fd = os.open(path, _READ_FLAGS)
     except FileNotFoundError:
@@ -208,7 +209,7 @@ def read_regular(path: Path, limit: int) -> bytes | None:
             raise Refused(f"{path}: not a regular file")
         if st.st_size > limit:
             raise Refused(f"{path}: {st.st_size} bytes, over the cap of {limit}")
-        if st.st_uid != os.geteuid() and not trust_opted_in():
+        if st.st_uid != os.geteuid() and not (any_owner or trust_opted_in()):
             raise Refused(f"{path}: owned by uid {st.st_uid}, not by this user")
         chunks, size = [], 0
         while True:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 from pathlib import Path
 
 _NAME = re.compile(r"rank(\d+)(?:\.(\d+))?\.json")
@@ -78,34 +77,19 @@ def load(directory: Path) -> dict[int, dict]:
 
 
 def _read(path: Path) -> bytes:
-    """The bytes of a regular file of at most MAX_RECORD_BYTES. A FIFO, socket or device
-    is refused before it is opened, and the open does not block either (the name may be
-    replaced in between); a symbolic link to a regular file is read."""
+    """The bytes of a regular file of at most MAX_RECORD_BYTES, through the stores' reader
+    (`runtime.store.read_regular`): a FIFO, socket or device is refused unopened, nothing
+    blocks; a symbolic link is read where it points (records are only read, any owner's)."""
+    from runtime import store
+
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            raise ReportError(f"{path}: not a regular file, so not a flight record")
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError as e:
-        raise ReportError(f"{path}: not a readable flight record: {e.strerror or e}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ReportError(f"{path}: not a regular file, so not a flight record")
-        if st.st_size > MAX_RECORD_BYTES:
-            raise ReportError(f"{path}: {st.st_size} bytes, over the {MAX_RECORD_BYTES} "
-                              "bytes a flight record may have")
-        chunks, size = [], 0
-        while chunk := os.read(fd, min(1 << 20, MAX_RECORD_BYTES + 1 - size)):
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > MAX_RECORD_BYTES:  # grew after the fstat
-                raise ReportError(f"{path}: over the {MAX_RECORD_BYTES} bytes a flight "
-                                  "record may have")
-        return b"".join(chunks)
-    except OSError as e:
-        raise ReportError(f"{path}: not a readable flight record: {e.strerror or e}") from None
-    finally:
-        os.close(fd)
+        blob = store.read_regular(Path(os.path.realpath(path)), MAX_RECORD_BYTES,
+                                  any_owner=True)
+    except store.Refused as e:
+        raise ReportError(f"{e}; not read as a flight record") from None
+    if blob is None:  # gone since the directory was listed
+        raise ReportError(f"{path}: not a readable flight record: it is gone")
+    return blob
 
 
 def _short(text: str, limit: int = 60) -> str:

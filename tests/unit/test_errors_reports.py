@@ -138,7 +138,7 @@ def test_a_fifo_is_refused_unread(tmp_path):
     done = _cli("flight_report", str(tmp_path), timeout=10)
     assert done.returncode == EXIT_USAGE and "Traceback" not in done.stderr
     assert done.stderr.splitlines() == [f"[rank 0] hostir flight_report: error: {tmp_path / 'rank0.json'}: "
-                                        "not a regular file, so not a flight record"]
+                                        "not a regular file; not read as a flight record"]
 
 
 def test_a_record_over_the_size_cap_is_refused(tmp_path, capsys, monkeypatch):
@@ -147,7 +147,7 @@ def test_a_record_over_the_size_cap_is_refused(tmp_path, capsys, monkeypatch):
     rc, lines = _report(tmp_path, capsys)
     assert rc == EXIT_USAGE and len(lines) == 1
     assert lines[0].startswith(f"[rank 0] hostir flight_report: error: {tmp_path / 'rank0.json'}: ")
-    assert lines[0].endswith("bytes, over the 1024 bytes a flight record may have")
+    assert lines[0].endswith("bytes, over the cap of 1024; not read as a flight record")
 
 
 def test_missing_ranks_are_named_as_ranges(tmp_path, capsys):
