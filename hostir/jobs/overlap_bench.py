@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from hostir.jobs.results import commit
+from hostir.jobs.results import commit, write_on_rank0
 from runtime.timing import balanced_rounds
 
 # (M, K, N) here, as the lowering takes them; printed and recorded as MxNxK like every job.
@@ -344,31 +344,15 @@ def bench(args) -> int:
         if r == 0:
             print(json.dumps({k_: v for k_, v in row.items() if k_ != "variants"}), flush=True)
         if args.json:  # after every shape: a cut-off run keeps what it measured
-            _write_shared(args, device, d, first_call, results, r)
+            write_on_rank0(r, lambda: _write(args, device, d, first_call, results))
     faulthandler.cancel_dump_traceback_later()
     if r == 0:
         _table(results)
     if args.json:
-        path = _write_shared(args, device, d, first_call, results, r)
+        path = write_on_rank0(r, lambda: _write(args, device, d, first_call, results))
         if r == 0:
             print(f"wrote {path}")
     return 0
-
-
-def _write_shared(args, device, world, first_call, results, rank) -> Path | None:
-    """Rank 0 writes the results; every rank learns whether it could, so that a failed
-    write ends every rank with the one-line output error, none left in a collective."""
-    from hostir.jobs.preflight import OutputPathError
-    from hostir.jobs.results import output_outcome
-
-    path, failed = None, None
-    if rank == 0:
-        try:
-            path = _write(args, device, world, first_call, results)
-        except OutputPathError as e:
-            failed = str(e)
-    output_outcome(failed, rank)
-    return path
 
 
 def _write(args, device, world, first_call, results) -> Path:

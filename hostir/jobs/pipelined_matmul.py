@@ -290,19 +290,6 @@ def main(args) -> int:
     all_ok = MPI.COMM_WORLD.allreduce(int(ok), op=MPI.MIN)
     median = statistics.median(times)
     used = matmul_used(run_program, session)
-    failed = None
-    if session.rank == 0 and args.json:
-        from hostir.jobs.results import commit
-
-        failed = _append_json(args.json, {
-            "job": "pipelined_matmul", "shape": f"{args.m}x{args.n}x{args.k}",
-            "m": args.m, "n": args.n, "k": args.k, "dtype": args.dtype,
-            "schedule": args.schedule, "stages": args.stages, "streams": args.streams,
-            "comm": session.comm.name, "matmul": used, "graph": args.graph,
-            "world_size": session.world_size, "device": _device_name(session),
-            "iters": len(times), "median_ms": median, "check": status,
-            "rel_err": err, "ok": bool(all_ok), "commit": commit(),
-        })
     if session.rank == 0:
         print(
             f"pipelined_matmul M={args.m} N={args.n} K={args.k} dtype={args.dtype} "
@@ -316,9 +303,17 @@ def main(args) -> int:
     elif not ok:
         print(f"rank {session.rank}: {status}", file=sys.stderr, flush=True)
     if args.json:
-        from hostir.jobs.results import output_outcome
+        from hostir.jobs.results import commit, write_on_rank0
 
-        output_outcome(failed, session.rank)
+        write_on_rank0(session.rank, lambda: _append_json(args.json, {
+            "job": "pipelined_matmul", "shape": f"{args.m}x{args.n}x{args.k}",
+            "m": args.m, "n": args.n, "k": args.k, "dtype": args.dtype,
+            "schedule": args.schedule, "stages": args.stages, "streams": args.streams,
+            "comm": session.comm.name, "matmul": used, "graph": args.graph,
+            "world_size": session.world_size, "device": _device_name(session),
+            "iters": len(times), "median_ms": median, "check": status,
+            "rel_err": err, "ok": bool(all_ok), "commit": commit(),
+        }))
     return 0 if all_ok else 1
 
 
@@ -348,29 +343,31 @@ def _device_name(session) -> str:
     return torch.cuda.get_device_name(session.device) if session.device.type == "cuda" else "cpu"
 
 
-def _append_json(path: str, record: dict) -> str | None:
+def _append_json(path: str, record: dict) -> None:
     """Append ``record`` to ``path`` as one JSON line, whole or not at all: one write to an
     O_APPEND descriptor, and on a failure (a full disk, a file size limit) the file is
-    cut back to its old end. Returns why it failed, or None."""
+    cut back to its old end; then an `OutputPathError` says why."""
     import json
     import os
     import stat
+
+    from hostir.jobs.preflight import OutputPathError
 
     data = (json.dumps(record) + "\n").encode()
     try:
         # O_NONBLOCK: a fifo without a reader fails here instead of hanging
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK, 0o666)
     except OSError as e:
-        return f"--json {path}: cannot write: {e.strerror or e}"
+        raise OutputPathError(f"--json {path}: cannot write: {e.strerror or e}") from None
     start = None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return f"--json {path}: exists and is not a regular file; nothing written"
+            raise OutputPathError(f"--json {path}: exists and is not a regular file; "
+                                  "nothing written")
         done = os.write(fd, data)
         start = os.lseek(fd, 0, os.SEEK_CUR) - done
         while done < len(data):  # a short write: the next one says why, or finishes
             done += os.write(fd, data[done:])
-        return None
     except OSError as e:
         left = "nothing written"
         if start is not None:
@@ -378,6 +375,7 @@ def _append_json(path: str, record: dict) -> str | None:
                 os.ftruncate(fd, start)  # no partial line left behind
             except OSError:
                 left = f"a partial line may be left after byte {start}"
-        return f"--json {path}: cannot append: {e.strerror or e}; {left}"
+        raise OutputPathError(f"--json {path}: cannot append: {e.strerror or e}; "
+                              f"{left}") from None
     finally:
         os.close(fd)

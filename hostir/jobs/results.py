@@ -71,6 +71,22 @@ def write_json(path: Path, doc: dict, flag: str = "--json") -> None:
             tmp.unlink(missing_ok=True)
 
 
+def write_on_rank0(rank: int, write):
+    """``write()`` on rank 0 (it raises `OutputPathError` when it fails), and its outcome on
+    every rank (`output_outcome`): a failure ends each rank with the output error. Returns
+    what ``write`` returned on rank 0, None elsewhere; every rank calls it."""
+    from hostir.jobs.preflight import OutputPathError
+
+    result, failed = None, None
+    if rank == 0:
+        try:
+            result = write()
+        except OutputPathError as e:
+            failed = str(e)
+    output_outcome(failed, rank)
+    return result
+
+
 def output_outcome(failed: str | None, rank: int) -> None:
     """Rank 0's outcome of writing an output (None: written), on every rank; every rank
     calls it (a broadcast: the torch.distributed group if there is one, else MPI). A

@@ -44,7 +44,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from hostir.jobs.results import commit, output_outcome, results_path, write_json
+from hostir.jobs.results import commit, results_path, write_json, write_on_rank0
 from hostir.nn import ColumnParallelLinear, RowParallelLinear, fused_mlp, shard_sequence
 from runtime.bootstrap import init_distributed, local_device
 from runtime.device import DTYPES
@@ -578,7 +578,7 @@ def main(args) -> int:
     worst = 0.0
     if rank == 0:
         ref = train_reference(args)
-        worst = max(_rel_diff(a, b) for a, b in zip(losses, ref))
+        worst = max(relative_difference(a, b) for a, b in zip(losses, ref))
     worst = _sum_over_ranks(worst, args)
     ok = worst <= TOLERANCE[args.dtype]  # False for inf and NaN
     if rank == 0:
@@ -588,8 +588,9 @@ def main(args) -> int:
     return 0 if ok else 1
 
 
-def _rel_diff(a: float, b: float) -> float:
-    """|a - b| / |b|; inf when either is not finite (NaN or inf never passes a check)."""
+def relative_difference(a: float, b: float) -> float:
+    """|a - b| / |b| of two losses; inf when either is not finite (NaN or inf never passes
+    a check). train_transformer's check uses it too."""
     if not (math.isfinite(a) and math.isfinite(b)):
         return math.inf
     return abs(a - b) / max(abs(b), 1e-30)
@@ -599,10 +600,8 @@ def _report_bench(args, r: dict) -> int:
     """Rank 0 prints the results (and writes them with --json)."""
     if r["rank"] != 0:
         if args.json:
-            output_outcome(None, r["rank"])
+            write_on_rank0(r["rank"], None)  # rank 0's outcome
         return 0
-    from hostir.jobs.preflight import OutputPathError
-
     on_cuda = args.device.startswith("cuda") or (args.device == "auto"
                                                  and torch.cuda.is_available())
     gpu = torch.cuda.get_device_name() if on_cuda else "cpu"
@@ -630,12 +629,7 @@ def _report_bench(args, r: dict) -> int:
     if args.json:
         bench_name = "tp_mlp" + ("_gelu_tanh" if args.activation == "gelu_tanh" else "")
         path = results_path(args.json, bench_name, gpu, r["world"])
-        failed = None
-        try:
-            write_json(path, doc)
-        except OutputPathError as e:
-            failed = str(e)
-        output_outcome(failed, 0)
+        write_on_rank0(0, lambda: write_json(path, doc))
     if ours:
         print(f"tp_mlp hidden={args.hidden} tokens={args.tokens} {args.activation} "
               f"device={gpu} world={r['world']}: ours {ours:.2f} ms "

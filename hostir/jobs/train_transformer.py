@@ -47,6 +47,7 @@ import time
 import torch
 
 from hostir.errors import HostIrError
+from hostir.jobs.train_mlp import relative_difference
 from hostir.nn import LlamaBlock, _resolve, parallelize, shard_sequence
 from hostir.nn.llama import shard_state_dict
 from hostir.nn.transformer import check_block_shape
@@ -274,13 +275,6 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return err if math.isfinite(err) else math.inf
 
 
-def _rel_diff(a: float, b: float) -> float:
-    """|a - b| / |b| of two losses; inf when either is not finite."""
-    if not (math.isfinite(a) and math.isfinite(b)):
-        return math.inf
-    return abs(a - b) / max(abs(b), 1e-30)
-
-
 def gradient_errors(ours: torch.nn.Sequential, ref: torch.nn.Sequential) -> dict:
     """Relative error of each of our gradients (this rank's shards) against the
     reference's gradients sharded the same way."""
@@ -351,7 +345,7 @@ def main(args) -> int:
         line = f"step {step:3d} loss {loss:.6f}"
         if args.check:
             ref, err = out["ref_losses"][step], out["grad_errors"][step]
-            loss_err = _rel_diff(loss, ref)
+            loss_err = relative_difference(loss, ref)
             line += f"  reference {ref:.6f}  worst gradient rel. error {err:.2e}"
             if not (loss_err <= tol and err <= tol):  # NaN fails too
                 failures.append(f"step {step}: loss rel. error {loss_err:.2e}, gradient "
@@ -483,8 +477,7 @@ def bench_steps(args, rank: int, world: int, device) -> dict:
 
 def bench(args) -> int:
     """Time the steps side by side; rank 0 prints a line per variant and writes the row."""
-    from hostir.jobs.preflight import OutputPathError
-    from hostir.jobs.results import output_outcome
+    from hostir.jobs.results import write_on_rank0
 
     rank, world, device = setup(args)
     steps = bench_steps(args, rank, world, device)
@@ -539,20 +532,15 @@ def bench(args) -> int:
            "ours_first_step_ms": _sum_over_ranks(torch.tensor(ours_first_ms), dist.ReduceOp.MAX),
            "first_loss_rel_err_vs_eager": abs(losses["ours"] - losses["eager"]) / losses["eager"]}
     row["first_step_over_steady"] = row["ours_first_step_ms"] / times["ours"]
-    failed = None
     if rank == 0:
         for name, ms in times.items():
             print(f"train_transformer bench {name}: {ms:.3f} ms/step "
                   f"({row['tokens_per_s'][name]:.0f} tokens/s, host {host[name]:.2f} ms)",
                   flush=True)
-        if args.json:
-            try:
-                write_rows(args.json, [row], world)
-                print(f"-> {args.json}", flush=True)
-            except OutputPathError as e:
-                failed = str(e)
     if args.json:
-        output_outcome(failed, rank)
+        write_on_rank0(rank, lambda: write_rows(args.json, [row], world))
+        if rank == 0:
+            print(f"-> {args.json}", flush=True)
     return 0
 
 

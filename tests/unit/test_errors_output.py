@@ -115,9 +115,11 @@ def test_an_append_that_fails_midway_leaves_the_file_as_it_was(tmp_path, monkeyp
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(os, "write", full_disk)
-    failed = pipelined_matmul._append_json(str(path), {"run": 2, "pad": "x" * 100})
+    with pytest.raises(pf.OutputPathError) as failed:
+        pipelined_matmul._append_json(str(path), {"run": 2, "pad": "x" * 100})
     monkeypatch.undo()
-    assert failed and "No space left on device" in failed and "nothing written" in failed
+    assert "No space left on device" in str(failed.value)
+    assert "nothing written" in str(failed.value)
     assert path.read_text() == '{"run": 1}\n'
 
 
@@ -203,8 +205,8 @@ def test_a_device_node_is_neither_replaced_nor_appended_to(tmp_path):
         pf.writable_output("--json", str(node))
     with pytest.raises(pf.OutputPathError, match="not a regular file"):
         write_json(node, {"a": 1})
-    failed = pipelined_matmul._append_json(str(node), {"a": 1})
-    assert failed and "not a regular file" in failed
+    with pytest.raises(pf.OutputPathError, match="not a regular file"):
+        pipelined_matmul._append_json(str(node), {"a": 1})
     assert stat.S_ISCHR(node.lstat().st_mode)
 
 
