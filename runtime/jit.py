@@ -322,13 +322,15 @@ class KernelCache:
         return self.directory / f"{key}.cubin"
 
     def _use_disk(self) -> bool:
-        if options().disable("kernel_cache"):
-            return False
-        root = self._directory if self._directory is not None else options().cache_dir
-        if not store.trusted_dir(self.directory, root, store=self.STORE):
+        """Whether `get` reads and writes the disk level: one warning where it cannot
+        (`disk_problem`), none where HOSTIR_DISABLE turned it off."""
+        problem = self.disk_problem(probe=False)
+        if problem is None:
+            return True
+        if not options().disable("kernel_cache"):
+            store.warn_once(self.STORE, f"{problem}; not using the cache")
             self.stats.bypassed += 1
-            return False
-        return True
+        return False
 
     def disk_problem(self, probe: bool = True) -> str | None:
         """Why entries cannot be stored on disk here, or None: the disk level is off, the

@@ -79,6 +79,9 @@ def _check_arch(arch: str, what: str = "--arch", hint: str = "") -> None:
     """Refuse an arch the generated kernels or this NVRTC cannot compile for."""
     m = _ARCH_FLAG.fullmatch(arch)
     if m is None:
+        if arch.endswith("a") and _ARCH_FLAG.fullmatch(arch[:-1]):
+            raise pf.UsageError(f"{what} {arch}: give {arch[:-1]} (the wgmma kernels are "
+                                "compiled for its 'a' target by themselves)")
         raise pf.UsageError(f"{what} {arch}: expected sm_XY or sm_XYZ, e.g. sm_90{hint}")
     cc = int(m.group(1))
     if cc < MIN_ARCH:
@@ -120,16 +123,11 @@ def validate(args, world) -> None:
         raise pf.UsageError(f"--head-dim {args.head_dim}: expected an even head width (rotary)")
     if args.target == "matmul" and not args.shapes:
         raise pf.UsageError("warmup matmul needs --shapes MxNxK[,MxNxK...]")
-    if args.arch is not None and _ARCH_FLAG.fullmatch(args.arch) is None:
-        if _ARCH_FLAG.fullmatch(args.arch[:-1]) and args.arch.endswith("a"):
-            raise pf.UsageError(f"--arch {args.arch}: give {args.arch[:-1]} (the wgmma "
-                                "kernels are compiled for its 'a' target by themselves)")
-        raise pf.UsageError(f"--arch {args.arch}: expected sm_XY or sm_XYZ, e.g. sm_90")
+    if args.arch is not None:  # a usage error even where CuPy is missing
+        _check_arch(args.arch)
     pf.need_module("cupy", pf.cupy_install() if args.arch is None else "'cupy-cuda13x[ctk]'",
                    "warmup (NVRTC through CuPy)")
-    if args.arch is not None:
-        _check_arch(args.arch)
-    else:
+    if args.arch is None:
         import torch
 
         _check_arch(_arch(args)[0], "this GPU's arch" if torch.cuda.is_available()
