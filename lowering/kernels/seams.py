@@ -170,6 +170,7 @@ LOAD_LATENCY_S = 1.0e-6
 # held n and g where a cluster of 8 cannot split the row finer.
 BACKWARD_THREADS = 512
 BACKWARD_HELD_FLOATS = 16
+BACKWARD_HELDS = (BACKWARD_HELD_FLOATS, 2 * BACKWARD_HELD_FLOATS)  # tried in this order
 BACKWARD_MAX_STAGES = 8
 MAX_CLUSTER = 8  # portable cluster size
 # Rows a cluster's CTA may run ahead of its partners' shares of a row's sums (each row's
@@ -355,7 +356,7 @@ def _pair_if_undeferred(p, hidden, vs, clusters, streams, layer, hw):
     on rows of 2-byte vectors (a LayerNorm of 14001 columns) 7% slower."""
     if p.cluster != 1 or p.deferred or p.vector < 8 or 2 not in clusters:
         return p
-    for held in (BACKWARD_HELD_FLOATS, 2 * BACKWARD_HELD_FLOATS):
+    for held in BACKWARD_HELDS:
         q = _backward_layout(hidden, vs, 2, streams, layer, hw, held)
         if q is not None:
             return q if q.deferred else p
@@ -398,15 +399,14 @@ def plan_backward(hidden: int, alignment: int, dh: bool, layer: bool,
     vs = vector_width(hidden, alignment)
     streams = 3 if dh else 2
     clusters = [c for c in (1, 2, 4, 8) if c == 1 or (hw.clusters and c <= MAX_CLUSTER)]
-    helds = (BACKWARD_HELD_FLOATS, 2 * BACKWARD_HELD_FLOATS)
     fit = rule == "fitted"
     if rule == "fewest_clusters":
         for c in clusters:
-            for held in helds:
+            for held in BACKWARD_HELDS:
                 p = _backward_layout(hidden, vs, c, streams, layer, hw, held)
                 if p is not None:
                     return _pair_if_undeferred(p, hidden, vs, clusters, streams, layer, hw)
-    for held in helds:
+    for held in BACKWARD_HELDS:
         plans = [p for p in (_backward_layout(hidden, vs, c, streams, layer, hw, held, fit)
                              for c in clusters) if p is not None]
         for p in plans:  # the smallest cluster that keeps the bandwidth's bytes in flight

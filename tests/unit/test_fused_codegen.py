@@ -143,7 +143,7 @@ def test_a_row_one_cta_cannot_defer_goes_to_a_pair(hw):
             if p.cluster == 1 and not p.deferred:  # no pair that defers existed
                 streams = 3 if dh else 2
                 pairs = [S._backward_layout(hidden, 8, 2, streams, False, hw, held)
-                         for held in (S.BACKWARD_HELD_FLOATS, 2 * S.BACKWARD_HELD_FLOATS)]
+                         for held in S.BACKWARD_HELDS]
                 pair = next((q for q in pairs if q is not None), None)
                 assert pair is None or not pair.deferred, (hidden, dh)
 
