@@ -447,7 +447,7 @@ def plan_launch(
             pinned = [p for p in plans if threads_per_row in (None, p.threads_per_row)
                       and batch in (None, p.batch)]
             fallback = fallback or (pinned[0] if pinned else None)
-            best = _choose_envelope(pinned, most_chunks(layer_norm, rows_aligned, bf16))
+            best = _choose_envelope(pinned, most_chunks(layer_norm, rows_aligned))
             if best is not None:
                 break
         best = best or fallback
@@ -728,7 +728,7 @@ ENVELOPE_CLUSTER_REGISTERS = 4
 # fp16 values, 54272-110592 bf16 two bytes off; five at fp16 two bytes off; an RMS
 # norm's five at 40001 fp16).
 ENVELOPE_CLUSTER_SPARE = 8
-# A plain layer norm on a cluster (bf16, every row on 16 bytes) held to the most
+# A plain layer norm on a cluster (16-bit, every row on 16 bytes) held to the most
 # registers, from _LEAST to _HELD, that fit three blocks an SM (56 on rows of up to 384
 # threads, 48 on 416; 448 fit two): side by side on an H200 at 25088-64000 columns, three
 # blocks ran 1-7% faster than two on 320-384 threads (37376 0.82 -> 0.88 of copy
@@ -741,6 +741,9 @@ ENVELOPE_CLUSTER_SPARE = 8
 # 48-56 registers: ptxas kept 48-64, no spills) rather than split over three CTAs of three
 # blocks: H200 41472-57856 0.91-0.92 of copy bandwidth against 0.88-0.89. Three or four
 # CTAs a row at two blocks ran slower than at three (0.78-0.89), so they keep three.
+# fp16 values take the same held plans (ptxas kept them without spills at 24576-131072):
+# on an H200 at 33280-57856, 0.91-0.93 of copy bandwidth against 0.83-0.88 on fp16's own
+# estimate (`ENVELOPE_CLUSTER_SPARE`: three or four CTAs of five chunks at two blocks).
 ENVELOPE_LAYER_CLUSTER_HELD = 56
 ENVELOPE_LAYER_CLUSTER_LEAST = 48
 # CTAs a row at most: the portable cluster size.
@@ -765,10 +768,10 @@ def plain_tensors(param_sizes: tuple[int, ...], layer_norm: bool, out_bytes: int
             and all(size == 2 for size in param_sizes) and out_bytes == 2)
 
 
-def most_chunks(layer_norm: bool, rows_aligned: bool, bf16: bool) -> bool:
-    """`rank_envelope`'s ``most_chunks``: a bf16 layer norm's aligned rows (where it was
+def most_chunks(layer_norm: bool, rows_aligned: bool) -> bool:
+    """`rank_envelope`'s ``most_chunks``: a 16-bit layer norm's aligned rows (where it was
     measured; `_choose_envelope`)."""
-    return layer_norm and rows_aligned and bf16
+    return layer_norm and rows_aligned
 
 
 def staged_columns(rows_aligned: bool, param_sizes: tuple[int, ...]) -> int:
@@ -793,8 +796,8 @@ def envelope_candidates(hidden: int, layer_norm: bool, rows_per_block: int | Non
     estimate (a cluster of fp16 values, and a layer norm on base pointers off 16 bytes,
     counts `ENVELOPE_CLUSTER_SPARE` more for each: ``bf16``, ``base_aligned``; a layer
     norm `ENVELOPE_LAYER_REGISTERS` more on a cluster, or where its tensors or output are
-    not ``plain``, `plain_tensors`; a plain bf16 layer norm on a cluster, its rows
-    aligned, `ENVELOPE_LAYER_CLUSTER_HELD` where that fits three blocks). ``staged``: a
+    not ``plain``, `plain_tensors`; a plain layer norm on a cluster, its rows aligned,
+    `ENVELOPE_LAYER_CLUSTER_HELD` where that fits three blocks). ``staged``: a
     cluster's `LaunchPlan.staged` (`staged_columns`), in its shared memory."""
     chunks = row_chunks(hidden, 2, False)
     least = -(-hidden // 8)  # the chunks of the row whose envelope starts aligned
@@ -822,7 +825,7 @@ def envelope_candidates(hidden: int, layer_norm: bool, rows_per_block: int | Non
                                      if blocks_by_registers(t, regs) >= want), default=0))
                 if held and MAX_THREADS_PER_SM // t >= want:
                     break
-            if (layer_norm and plain and base_aligned and bf16 and hidden % 8 == 0
+            if (layer_norm and plain and base_aligned and hidden % 8 == 0
                     and held and MAX_THREADS_PER_SM // t >= want):
                 est = held
             elif k > MAX_ENVELOPE_CHUNKS:  # past six only on a held layer norm's row
@@ -854,7 +857,7 @@ def _choose_envelope(plans: list[LaunchPlan], most_chunks: bool = False) -> Laun
     row's reduction and stores uncovered). Short rows (1537, 2050) ran best on 96
     threads at 3 chunks (0.76, 0.85).
 
-    ``most_chunks`` (a bf16 layer norm's aligned rows): on a cluster, the most chunks a
+    ``most_chunks`` (a layer norm's aligned rows): on a cluster, the most chunks a
     thread before the padding. Side by side on an H200 (bf16, 8192 rows, three blocks an
     SM, the same cluster): six chunks on fewer threads ran 1-2.5% faster than five on 416
     (41472 0.88 -> 0.89, 47616 0.86 -> 0.88, 61952 0.85 -> 0.87, 64000 0.86 -> 0.89)."""
@@ -933,7 +936,7 @@ def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int,
             plan = _choose_envelope(envelope_candidates(
                 hidden, layer, cluster=cluster, bf16=bf16, base_aligned=wide["base_aligned"],
                 staged=staged_columns(wide["rows_aligned"], param_sizes)),
-                most_chunks(layer, wide["rows_aligned"], bf16))
+                most_chunks(layer, wide["rows_aligned"]))
             if plan is not None:
                 break
     return dataclasses.replace(plan, one_pass=True) if plan and layer else plan
