@@ -384,19 +384,16 @@ MMA_SETUP = r"""
 TILE_HEAD = r"""
   // Which tile and K-slice: slices of a tile are consecutive CTAs (or clusters), so a
   // slice only ever waits for a CTA launched before it; tiles are rastered in groups of
-  // GROUP_M rows (of clusters). A cluster's CTAs take CLUSTER_M vertically adjacent
+  // GROUP_M rows (of clusters, `group_tile`). A cluster's CTAs take CLUSTER_M vertically adjacent
   // tiles (same columns, same slice): the B tile they share is multicast.
   const int cl_rank = blockIdx.x % CLUSTER_M, cl_id = blockIdx.x / CLUSTER_M;
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
   const int tiles_mc = (tiles_m + CLUSTER_M - 1) / CLUSTER_M;
   const int slice = cl_id % split, ctile = cl_id / split;
   const int tile = ctile * CLUSTER_M + cl_rank;
-  const int per_group = GROUP_M * tiles_n;
-  const int first_m = (ctile / per_group) * GROUP_M;
-  const int group_rows = imin(tiles_mc - first_m, GROUP_M);
-  const int tm = (first_m + (ctile % per_group) % group_rows) * CLUSTER_M + cl_rank;
-  const int tn = (ctile % per_group) / group_rows;
-  const int m0 = tm * BM, n0 = tn * BN;
+  int tmc, tn;
+  group_tile(ctile, tiles_mc, tiles_n, tmc, tn);
+  const int m0 = (tmc * CLUSTER_M + cl_rank) * BM, n0 = tn * BN;
 
   const int ktiles = (K + BK - 1) / BK;
   const int per_slice = (ktiles + split - 1) / split;
@@ -574,20 +571,20 @@ BODIES: dict[str, tuple[str, ...]] = {
     "wgmma_ctma": (WGMMA_SETUP, TILE_HEAD, WS_PROLOGUE, PRODUCER_TMA, WS_CONSUMER, EPILOGUE),
 }
 SNIPPET_NAMES: dict[str, tuple[str, ...]] = {
-    "mma": ("convert", "min_max", "ptx", "semaphore", "swizzle", "load_stage",
+    "mma": ("convert", "min_max", "ptx", "raster", "semaphore", "swizzle", "load_stage",
             "compute_stage", "store_out"),
-    "wgmma": ("convert", "min_max", "ptx", "semaphore", "swizzle", "load_stage",
+    "wgmma": ("convert", "min_max", "ptx", "raster", "semaphore", "swizzle", "load_stage",
               "wgmma_ptx", "wgmma_instr", "issue_stage", "store_out"),
-    "wgmma_ws": ("convert", "min_max", "ptx", "semaphore", "swizzle", "load_stage",
+    "wgmma_ws": ("convert", "min_max", "ptx", "raster", "semaphore", "swizzle", "load_stage",
                  "wgmma_ptx", "wgmma_instr", "issue_stage", "mbarrier", "consume_stage",
                  "store_out"),
-    "wgmma_tma": ("convert", "min_max", "ptx", "semaphore", "wgmma_ptx", "wgmma_instr",
+    "wgmma_tma": ("convert", "min_max", "ptx", "raster", "semaphore", "wgmma_ptx", "wgmma_instr",
                   "issue_stage", "mbarrier", "consume_stage", "tma", "store_out"),
-    "wgmma_ptma": ("convert", "min_max", "ptx", "semaphore", "wgmma_ptx", "wgmma_instr",
+    "wgmma_ptma": ("convert", "min_max", "ptx", "raster", "semaphore", "wgmma_ptx", "wgmma_instr",
                    "issue_stage", "unit_coords", "mbarrier", "consume_stage", "tma", "store_out"),
-    "wgmma_pptma": ("convert", "min_max", "ptx", "semaphore", "wgmma_ptx", "wgmma_instr",
+    "wgmma_pptma": ("convert", "min_max", "ptx", "raster", "semaphore", "wgmma_ptx", "wgmma_instr",
                     "issue_stage", "unit_coords", "mbarrier", "consume_stage", "tma",
                     "store_out"),
-    "wgmma_ctma": ("convert", "min_max", "ptx", "semaphore", "wgmma_ptx", "wgmma_instr",
+    "wgmma_ctma": ("convert", "min_max", "ptx", "raster", "semaphore", "wgmma_ptx", "wgmma_instr",
                    "issue_stage", "mbarrier", "consume_stage", "tma", "store_out"),
 }
