@@ -33,6 +33,12 @@ def capture_blocks(model, example: torch.Tensor, *, warmup: int = 3):
     ``model``: a ``torch.nn.Sequential`` or a list of blocks applied in order;
     ``example``: an input of the first block like the real ones. Returns the model
     unchanged (as a ``Sequential``) off CUDA."""
+    if not isinstance(model, (torch.nn.Sequential, torch.nn.ModuleList, list, tuple)):
+        raise LoweringError(f"capture_blocks: expected a torch.nn.Sequential or a list of "
+                            f"blocks, got {type(model).__name__}")
+    if not isinstance(example, torch.Tensor):
+        raise LoweringError(f"capture_blocks: expected example a torch.Tensor, got "
+                            f"{type(example).__name__}")
     blocks = tuple(model)
     if not blocks:
         raise LoweringError("capture_blocks: no blocks to capture")

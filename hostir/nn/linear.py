@@ -109,6 +109,9 @@ def sequence_rows(tokens: int, stages: int, world_size: int, rank: int) -> torch
     [2, 3, 6, 7]
     """
     check_row_split("tokens", tokens, stages, world_size)
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world_size:
+        raise LoweringError(f"sequence rows: rank={rank!r}; expected 0 <= rank < {world_size} "
+                            "(the world size)")
     return stage_rows(stages, tokens, world_size, rank)
 
 
@@ -119,6 +122,9 @@ def shard_sequence(x: torch.Tensor, stages: int, world_size: int, rank: int) -> 
     >>> shard_sequence(torch.arange(8.0).view(8, 1), 2, 2, 0).flatten().tolist()
     [0.0, 1.0, 4.0, 5.0]
     """
+    if not isinstance(x, torch.Tensor) or x.dim() < 1:
+        got = "a 0-d tensor" if isinstance(x, torch.Tensor) else type(x).__name__
+        raise LoweringError(f"shard_sequence: expected a torch.Tensor [tokens, ...], got {got}")
     check_row_split("x", x.shape[0], stages, world_size)
     return x[sequence_rows(x.shape[0], stages, world_size, rank).to(x.device)].contiguous()
 
@@ -177,6 +183,9 @@ def _resolve(device: torch.device, process_group, comm: str, schedule: str) -> t
         raise LoweringError(f"comm={comm!r}: expected one of {', '.join(COMMS)}")
     if schedule not in SCHEDULES:
         raise LoweringError(f"schedule={schedule!r}: expected one of {', '.join(SCHEDULES)}")
+    if comm in ("nccl", "copy_engine") and device.type != "cuda":
+        raise LoweringError(f"comm={comm!r}: expected a CUDA device, got {device.type} (on the "
+                            "CPU: comm='mpi', 'torch' or 'auto')")
     kind = comm
     if comm == "auto":
         # The ring over the copy engine where it can run: it was the fastest AllGather+GEMM
@@ -219,6 +228,10 @@ def _world(process_group, comm: str) -> tuple[int, int]:
     """(rank, world size) without building a communicator."""
     import torch.distributed as dist
 
+    if comm == "torch" and not _torch_group(process_group):
+        raise LoweringError("comm='torch': expected an initialized torch.distributed group "
+                            "(torch.distributed.init_process_group, or process_group=), found "
+                            "none")
     if comm == "torch" or (comm in ("auto", "copy_engine") and _torch_group(process_group)):
         return dist.get_rank(process_group), dist.get_world_size(process_group)
     from mpi4py import MPI
@@ -570,10 +583,35 @@ class _ParallelMLP(torch.autograd.Function):
         return dx, dw1, dw2, None, None, None
 
 
+def check_input(what: str, x: torch.Tensor, w: torch.Tensor) -> None:
+    """LoweringError unless ``x`` has tokens and the dtype and device of the weight ``w``
+    (any floating dtype under ``torch.autocast``, which picks the GEMMs' dtype)."""
+    if x.device != w.device:
+        raise LoweringError(f"{what}: expected an input on {w.device} (the weight's device), "
+                            f"got {x.device}")
+    if not x.is_floating_point() or (x.dtype != w.dtype
+                                     and not torch.is_autocast_enabled(x.device.type)):
+        raise LoweringError(f"{what}: expected dtype {w.dtype} (the weight's; another "
+                            f"floating dtype under torch.autocast), got {x.dtype}")
+    if x.shape[0] == 0:
+        raise LoweringError(f"{what}: expected at least one token, got {list(x.shape)}")
+
+
 def _compute_dtype(x: torch.Tensor, w: torch.Tensor) -> torch.dtype:
     if torch.is_autocast_enabled(x.device.type):
         return torch.get_autocast_dtype(x.device.type)
     return w.dtype
+
+
+def check_layer_args(what: str, dtype=None, **sizes) -> None:
+    """LoweringError unless every one of ``sizes`` (features, stages, streams) is a positive
+    int and ``dtype`` (if given) a floating-point dtype: checked when a layer is built, not
+    at its first forward."""
+    for name, value in sizes.items():
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise LoweringError(f"{what}: {name}={value!r}; expected a positive int")
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise LoweringError(f"{what}: dtype={dtype!r}; expected a floating-point dtype")
 
 
 class _ParallelLinear(torch.nn.Module):
@@ -597,10 +635,14 @@ class _ParallelLinear(torch.nn.Module):
         self.weight = torch.nn.Parameter(w.uniform_(-bound, bound))
 
     def _inputs(self, x: torch.Tensor):
+        name, w = type(self).__name__, self.weight
+        if not isinstance(x, torch.Tensor):
+            raise LoweringError(f"{name}: expected a torch.Tensor [tokens, {self._k}], got "
+                                f"{type(x).__name__}")
         if x.dim() != 2 or x.shape[1] != self._k:
-            raise LoweringError(f"{type(self).__name__}: expected input [tokens, {self._k}], "
+            raise LoweringError(f"{name}: expected input [tokens, {self._k}], "
                                 f"got {list(x.shape)}")
-        w = self.weight
+        check_input(name, x, w)
         dtype = _compute_dtype(x, w)
         return x.to(dtype).contiguous(), w.to(dtype)
 
@@ -627,6 +669,8 @@ class ColumnParallelLinear(_ParallelLinear):
                  schedule: str = "auto", activation: str | None = None):
         """``activation="gelu_tanh"``: the output is ``gelu(x W, approximate="tanh")``,
         computed in the forward GEMMs' epilogue (cuBLASLt GELU_AUX on CUDA); no bias then."""
+        check_layer_args("ColumnParallelLinear", dtype, in_features=in_features,
+                         out_features=out_features, stages=stages, streams=streams)
         if activation not in ACTIVATIONS:
             raise LoweringError(f"activation={activation!r}: expected one of {ACTIVATIONS}")
         if activation is not None and bias:
@@ -646,6 +690,7 @@ class ColumnParallelLinear(_ParallelLinear):
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, **kw) -> "ColumnParallelLinear":
         """This rank's shard of a full ``torch.nn.Linear`` (same values on every rank)."""
+        _check_linear(f"{cls.__name__}.from_linear", linear)
         layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
                     device=linear.weight.device, dtype=linear.weight.dtype, **kw)
         n, r = layer._n, layer.rank
@@ -678,6 +723,8 @@ class RowParallelLinear(_ParallelLinear):
     def __init__(self, in_features: int, out_features: int, *, stages: int = 2,
                  streams: int = 2, process_group=None, comm: str = "auto", device=None,
                  dtype=None, overlap_weight_grad: bool = True, schedule: str = "auto"):
+        check_layer_args("RowParallelLinear", dtype, in_features=in_features,
+                         out_features=out_features, stages=stages, streams=streams)
         rank, world = _world(process_group, comm)
         if in_features % world:
             raise LoweringError(f"RowParallelLinear: in_features={in_features} is not "
@@ -691,6 +738,7 @@ class RowParallelLinear(_ParallelLinear):
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, **kw) -> "RowParallelLinear":
         """This rank's shard of a full bias-free ``torch.nn.Linear``."""
+        _check_linear(f"{cls.__name__}.from_linear", linear)
         if linear.bias is not None:
             raise LoweringError("RowParallelLinear.from_linear: the linear has a bias; "
                                 "expected none")
@@ -704,6 +752,11 @@ class RowParallelLinear(_ParallelLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x, w = self._inputs(x)
         return _ParallelLinearFn.apply(x, w, _plan("row", self, x))
+
+
+def _check_linear(what: str, linear) -> None:
+    if not isinstance(linear, torch.nn.Linear):
+        raise LoweringError(f"{what}: expected a torch.nn.Linear, got {type(linear).__name__}")
 
 
 class ParallelMLP(torch.nn.Module):
@@ -735,6 +788,13 @@ class ParallelMLP(torch.nn.Module):
     @classmethod
     def from_linears(cls, up: torch.nn.Linear, down: torch.nn.Linear, **kw) -> "ParallelMLP":
         """This rank's shards of two full bias-free ``torch.nn.Linear`` (same on every rank)."""
+        _check_linear(f"{cls.__name__}.from_linears", up)
+        _check_linear(f"{cls.__name__}.from_linears", down)
+        if (down.in_features, down.out_features) != (up.out_features, up.in_features):
+            raise LoweringError(f"{cls.__name__}.from_linears: down has {down.in_features} "
+                                f"in_features and {down.out_features} out_features; expected "
+                                f"{up.out_features} (up's out_features) and {up.in_features} "
+                                "(up's in_features)")
         mlp = cls(up.in_features, up.out_features, device=up.weight.device,
                   dtype=up.weight.dtype, **kw)
         if up.bias is not None or down.bias is not None:
@@ -764,6 +824,17 @@ def fused_mlp(x: torch.Tensor, up: ColumnParallelLinear, down: RowParallelLinear
     activation is not applied twice: the fused GELU is the activation). ``fuse_backward``
     (default ``FUSE_DGELU``): the derivative in the down projection's backward GEMM too."""
     fuse_backward = FUSE_DGELU if fuse_backward is None else fuse_backward
+    if not (isinstance(up, ColumnParallelLinear) and isinstance(down, RowParallelLinear)):
+        raise LoweringError(f"fused_mlp: expected up a ColumnParallelLinear and down a "
+                            f"RowParallelLinear, got {type(up).__name__} and "
+                            f"{type(down).__name__}")
+    if up.bias is not None:  # the fused GELU reads x W: a bias would be dropped
+        raise LoweringError("fused_mlp: up has a bias; expected none (ParallelMLP's layers "
+                            "have none)")
+    if up.stages != down.stages:  # down's output would be in another token order than x
+        raise LoweringError(f"fused_mlp: up has stages={up.stages}, down stages="
+                            f"{down.stages}; expected the same (the output's token layout "
+                            "is the input's)")
     x, w1 = up._inputs(x)
     w2 = down.weight.to(w1.dtype)
     if down._k != up._n:

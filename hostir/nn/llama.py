@@ -25,6 +25,8 @@ collective: every rank calls it); ``load_llama_state_dict(block, state_dict)`` l
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.nn.functional as F
 
@@ -120,15 +122,34 @@ def _get(module, path: str):
     return module
 
 
+def _declared(attn, attr: str, config_attr: str):
+    """``(where, value)`` of what the module says: ``self_attn.<attr>``, else its config's
+    ``<config_attr>``; ``(None, None)`` where neither says."""
+    for where, owner, name in (("self_attn", attn, attr),
+                               ("self_attn.config", getattr(attn, "config", None), config_attr)):
+        value = getattr(owner, name, None)
+        if value:
+            return f"{where}.{name}", value
+    return None, None
+
+
 def _heads(attn, heads, kv_heads):
-    config = getattr(attn, "config", None)
-    heads = heads or getattr(attn, "num_heads", None) or getattr(config, "num_attention_heads", None)
-    kv_heads = (kv_heads or getattr(attn, "num_key_value_heads", None)
-                or getattr(config, "num_key_value_heads", None) or heads)
+    """The arguments where given, else what the module says; an argument the module
+    contradicts is refused (the weights' shapes cannot tell 8 heads of 8 from 4 of 16)."""
+    resolved = []
+    for arg, value, attr, config_attr in (("heads", heads, "num_heads", "num_attention_heads"),
+                                          ("kv_heads", kv_heads, "num_key_value_heads",
+                                           "num_key_value_heads")):
+        where, declared = _declared(attn, attr, config_attr)
+        if value is not None and declared is not None and value != declared:
+            raise InputMismatchError(f"parallelize: {arg}={value!r}, but {where}={declared!r}; "
+                                     f"expected them to agree (or leave {arg}= out)")
+        resolved.append(value if value is not None else declared)
+    heads, kv_heads = resolved
     if heads is None:
         raise LoweringError("parallelize: the number of heads is unknown: pass heads= (and "
                             "kv_heads=), or set self_attn.num_heads")
-    return heads, kv_heads
+    return heads, (heads if kv_heads is None else kv_heads)
 
 
 def block_config(module, heads=None, kv_heads=None, rope_theta=None) -> dict:
@@ -140,6 +161,14 @@ def block_config(module, heads=None, kv_heads=None, rope_theta=None) -> dict:
             raise InputMismatchError(f"parallelize: {type(module).__name__} has no {path}; "
                                      f"expected Llama's naming ({', '.join(NORMS + LINEARS)})")
     norm = module.input_layernorm
+    if not isinstance(getattr(norm, "weight", None), torch.Tensor):
+        raise InputMismatchError(f"parallelize: input_layernorm has no weight; expected a norm "
+                                 f"with a weight tensor, got {type(norm).__name__}")
+    post = module.post_attention_layernorm
+    if isinstance(norm, torch.nn.LayerNorm) != isinstance(post, torch.nn.LayerNorm):
+        raise InputMismatchError(f"parallelize: input_layernorm is a {type(norm).__name__} and "
+                                 f"post_attention_layernorm a {type(post).__name__}; expected "
+                                 "both RMSNorm (llama) or both LayerNorm (gpt2)")
     style = "gpt2" if isinstance(norm, torch.nn.LayerNorm) else "llama"
     gated = _get(module, "mlp.gate_proj") is not None
     biased = _get(module, "self_attn.q_proj").bias is not None
@@ -151,6 +180,7 @@ def block_config(module, heads=None, kv_heads=None, rope_theta=None) -> dict:
     attn = module.self_attn
     heads, kv_heads = _heads(attn, heads, kv_heads)
     hidden = norm.weight.shape[0]
+    check_block_shape(hidden, heads, kv_heads, module.mlp.up_proj.weight.shape[0], 1)
     eps = getattr(norm, "eps", None) or getattr(norm, "variance_epsilon", None)
     config = getattr(attn, "config", None)
     theta = (rope_theta or getattr(attn, "rope_theta", None)
@@ -178,12 +208,28 @@ def _expected_shapes(c: dict) -> dict:
 
 
 def check_weights(state: dict, config: dict) -> None:
-    """InputMismatchError naming the first weight that is missing or of the wrong shape."""
-    for name, shape in _expected_shapes(config).items():
+    """InputMismatchError naming the first weight that is missing, not a floating-point
+    tensor or of the wrong shape, or that the style has no place for (a bias on a Llama
+    linear would be dropped)."""
+    if not isinstance(state, Mapping):
+        raise InputMismatchError(f"parallelize: expected a mapping of weight names to tensors, "
+                                 f"got {type(state).__name__}")
+    expected = _expected_shapes(config)
+    for name in (f"{m}.{p}" for m in LINEARS + NORMS for p in ("weight", "bias")):
+        if name in state and name not in expected:
+            raise InputMismatchError(f"parallelize: unexpected weight {name} ({config['style']} "
+                                     "style); expected none")
+    for name, shape in expected.items():
         got = state.get(name)
         if got is None:
             raise InputMismatchError(f"parallelize: weight {name} is missing; expected shape "
                                      f"{list(shape)}")
+        if not isinstance(got, torch.Tensor):
+            raise InputMismatchError(f"parallelize: weight {name}: expected a torch.Tensor, got "
+                                     f"{type(got).__name__}")
+        if not got.is_floating_point():
+            raise InputMismatchError(f"parallelize: weight {name}: expected a floating-point "
+                                     f"tensor, got {got.dtype}")
         if tuple(got.shape) != shape:
             raise InputMismatchError(f"parallelize: weight {name}: expected shape "
                                      f"{list(shape)} (hidden={config['hidden']}, heads="
@@ -209,9 +255,15 @@ def parallelize(module: torch.nn.Module, *, heads: int | None = None,
     config = block_config(module, heads, kv_heads, rope_theta)
     state = module.state_dict()
     check_weights(state, config)
+    w = module.input_layernorm.weight
+    for name in _expected_shapes(config):  # the block holds one dtype, on one device
+        t = state[name]
+        if (t.dtype, t.device) != (w.dtype, w.device):
+            raise InputMismatchError(f"parallelize: weight {name}: expected dtype {w.dtype} on "
+                                     f"{w.device} (input_layernorm's), got {t.dtype} on "
+                                     f"{t.device}")
     check_block_shape(config["hidden"], config["heads"], config["kv_heads"], config["ffn"],
                       _world(process_group, comm)[1])
-    w = module.input_layernorm.weight
     block = ParallelTransformerBlock(**config, stages=stages, streams=streams,
                                      process_group=process_group, comm=comm,
                                      schedule=schedule, device=w.device, dtype=w.dtype)
@@ -241,6 +293,9 @@ def parallelize_model(model: torch.nn.Module, **kw) -> torch.nn.Module:
         opt = torch.optim.AdamW(model.parameters())
         loss = F.cross_entropy(model(ids), targets)           # ids: all T tokens
     """
+    if not isinstance(model, torch.nn.Module):
+        raise InputMismatchError(f"parallelize_model: expected a torch.nn.Module, got "
+                                 f"{type(model).__name__}")
     found = [(name, module) for name, module in model.named_modules() if _is_block(module)]
     if not found:
         raise InputMismatchError(f"parallelize_model: {type(model).__name__} holds no "
@@ -249,19 +304,31 @@ def parallelize_model(model: torch.nn.Module, **kw) -> torch.nn.Module:
     if outer or any(name == "" for name, _ in found):
         raise InputMismatchError("parallelize_model: blocks nest, or the model is itself a "
                                  "block (use parallelize)")
-    blocks = []
-    for name, module in found:
+    blocks = [parallelize(module, **kw) for _, module in found]  # all checked: then replaced
+    for (name, _), block in zip(found, blocks):
         parent, _, attr = name.rpartition(".")
-        block = parallelize(module, **kw)
         setattr(model.get_submodule(parent) if parent else model, attr, block)
-        blocks.append(block)
     blocks[0].shard_input = True
     blocks[-1].gather_output = True
     return model
 
 
+def _check_block(what: str, block) -> None:
+    if not isinstance(block, ParallelTransformerBlock):
+        raise InputMismatchError(f"{what}: expected a ParallelTransformerBlock, got "
+                                 f"{type(block).__name__}")
+
+
+def _block_config(block: ParallelTransformerBlock) -> dict:
+    return dict(hidden=block.hidden, heads=block.heads, kv_heads=block.kv_heads,
+                ffn=block.ffn, style=block.style)
+
+
 def shard_state_dict(state: dict, block: ParallelTransformerBlock) -> dict:
-    """``block``'s state dict (this rank's shards) from full weights in Llama's naming."""
+    """``block``'s state dict (this rank's shards) from full weights in Llama's naming
+    (InputMismatchError as ``load_llama_state_dict``)."""
+    _check_block("shard_state_dict", block)
+    check_weights(state, _block_config(block))
     r, d = block.rank, block.world_size
     qkv = [state[f"self_attn.{p}_proj.weight"] for p in "qkv"]
     up_parts = ("gate", "up") if block.style == "llama" else ("up",)
@@ -284,9 +351,7 @@ def shard_state_dict(state: dict, block: ParallelTransformerBlock) -> dict:
 def load_llama_state_dict(block: ParallelTransformerBlock, state: dict) -> None:
     """Load full weights in Llama's naming (a ``LlamaBlock`` checkpoint) into ``block``'s
     shards; InputMismatchError on a missing or misshapen weight."""
-    config = dict(hidden=block.hidden, heads=block.heads, kv_heads=block.kv_heads,
-                  ffn=block.ffn, style=block.style)
-    check_weights(state, config)
+    _check_block("load_llama_state_dict", block)
     with torch.no_grad():
         block.load_state_dict(shard_state_dict(state, block))
 
@@ -305,6 +370,8 @@ def _gather_rows(block, t: torch.Tensor) -> list[torch.Tensor]:
 def llama_state_dict(block: ParallelTransformerBlock) -> dict:
     """The full weights of ``block`` in Llama's naming (what ``LlamaBlock.load_state_dict``
     takes), gathered from every rank: a collective, call it on every rank."""
+    _check_block("llama_state_dict", block)
+
     def rows(t):  # every rank's rows of t, in rank order
         return _gather_rows(block, t.detach())
 

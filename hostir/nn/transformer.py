@@ -39,11 +39,17 @@ The eight programs of a block (a forward and a backward for each linear) print u
 Refusals (``LoweringError``, a ``HostIrError``, raised on every rank before any
 collective): ``hidden`` not a multiple of ``heads``, ``heads`` not a multiple of
 ``kv_heads``, ``kv_heads`` not a multiple of the world size (kv heads are sharded, never
-replicated), ``ffn`` not a multiple of the world size (constructor); a token count that is
-not a multiple of ``stages * world size`` (first forward, before its first collective).
+replicated), ``ffn`` not a multiple of the world size, ``stages`` or ``streams`` not a
+positive int (constructor); an input that is not ``[tokens, hidden]`` with at least one
+token, of the block's dtype (any floating dtype under ``torch.autocast``) and on its device,
+or a token count that is not a multiple of ``stages * world size`` (each forward, before its
+first collective).
 """
 
 from __future__ import annotations
+
+import math
+import numbers
 
 import torch
 import torch.nn.functional as F
@@ -51,7 +57,7 @@ import torch.nn.functional as F
 from hostir.errors import LoweringError
 from hostir.nn.linear import (COMMS, ColumnParallelLinear, Memo, RowParallelLinear,
                               _no_autocast, _plan, _resolve, _runtime, _torch_group, _world,
-                              sequence_rows)
+                              check_input, check_layer_args, sequence_rows)
 from runtime import fused, rotary
 
 __all__ = ["ParallelTransformerBlock", "check_block_shape", "shard_fused", "unshard_fused",
@@ -377,6 +383,9 @@ class ReplicatedNorm(torch.nn.Module):
         super().__init__()
         if kind not in fused.NORM_KINDS:
             raise LoweringError(f"norm kind {kind!r}: expected one of {fused.NORM_KINDS}")
+        if (not isinstance(eps, numbers.Real) or isinstance(eps, bool)
+                or not math.isfinite(eps) or eps < 0):
+            raise LoweringError(f"norm eps={eps!r}: expected a finite number >= 0")
         self.kind, self.eps = kind, float(eps)
         self.reduce = reduce
         self.weight = torch.nn.Parameter(torch.ones(hidden, device=device, dtype=dtype))
@@ -431,6 +440,7 @@ class ParallelTransformerBlock(torch.nn.Module):
             raise LoweringError(f"comm={comm!r}: expected one of {', '.join(COMMS)}")
         kv_heads = heads if kv_heads is None else kv_heads
         ffn = 4 * hidden if ffn is None else ffn
+        check_layer_args("transformer block", dtype, stages=stages, streams=streams)
         rank, world = _world(process_group, comm)
         check_block_shape(hidden, heads, kv_heads, ffn, world)
         self.hidden, self.heads, self.kv_heads, self.ffn = hidden, heads, kv_heads, ffn
@@ -474,10 +484,14 @@ class ParallelTransformerBlock(torch.nn.Module):
         """This rank's tokens ``[T/D, hidden]`` -> the same tokens. With ``shard_input``
         the input is all ``T`` tokens (the same on every rank), sharded here; with
         ``gather_output`` the output is all ``T`` tokens, gathered here."""
+        tokens = f"[tokens{'' if self.shard_input else ' / ranks'}, {self.hidden}]"
+        if not isinstance(x, torch.Tensor):
+            raise LoweringError(f"ParallelTransformerBlock: expected a torch.Tensor {tokens}, "
+                                f"got {type(x).__name__}")
         if x.dim() != 2 or x.shape[1] != self.hidden:
-            raise LoweringError(f"ParallelTransformerBlock: expected input [tokens"
-                                f"{'' if self.shard_input else ' / ranks'}, {self.hidden}], "
+            raise LoweringError(f"ParallelTransformerBlock: expected input {tokens}, "
                                 f"got {list(x.shape)}")
+        check_input("ParallelTransformerBlock", x, self.input_layernorm.weight)
         if self.shard_input:
             x = _ShardSequence.apply(x, self._rows(x.shape[0], x.device), self._reduce,
                                      self.stages)
