@@ -12,9 +12,10 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
-from hostir.nn import LlamaBlock, parallelize  # noqa: E402
+from hostir.nn import parallelize  # noqa: E402
 from hostir.nn.llama import shard_state_dict  # noqa: E402
 from tests.numerics import rel_err as _err  # noqa: E402
+from tests.numerics import reference_block  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 TOL = 3e-2  # bf16 weights, activations and GEMM outputs; float32 norms and softmax
@@ -35,13 +36,7 @@ def group():
 
 
 def _reference(style, hidden, heads, kv_heads, ffn):
-    torch.manual_seed(0)
-    block = LlamaBlock(hidden, heads, kv_heads, ffn, style=style)
-    with torch.no_grad():
-        for name, p in block.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                p.uniform_(0.5, 1.5)
-    return block
+    return reference_block(hidden, heads, kv_heads, ffn, style)
 
 
 @pytest.mark.parametrize("style", ["llama", "gpt2"])

@@ -15,6 +15,7 @@ from hostir.errors import HostIrError, InputMismatchError, LoweringError
 from hostir.nn import LlamaBlock, ParallelTransformerBlock, parallelize, sequence_rows, shard_sequence
 from hostir.nn.llama import llama_state_dict, shard_state_dict, torch_parallelize
 from tests.numerics import rel_err as _err
+from tests.numerics import reference_block
 
 pytestmark = pytest.mark.mpi(min_size=2)
 
@@ -22,13 +23,7 @@ HIDDEN, HEADS, KV_HEADS, FFN = 64, 8, 4, 128  # kv heads divide 2 and 4 ranks
 
 
 def _reference(style, seed=0, dtype=torch.float32):
-    torch.manual_seed(seed)
-    block = LlamaBlock(HIDDEN, HEADS, KV_HEADS, FFN, style=style)
-    with torch.no_grad():  # norms and biases away from their initial ones and zeros
-        for name, p in block.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                p.uniform_(0.5, 1.5)
-    return block.to(dtype)
+    return reference_block(HIDDEN, HEADS, KV_HEADS, FFN, style, seed, dtype)
 
 
 @pytest.mark.parametrize("schedule", ["pipelined", "ring"])

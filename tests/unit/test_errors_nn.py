@@ -9,22 +9,17 @@ import pytest
 import torch
 
 from hostir.errors import HostIrError, InputMismatchError, LoweringError
-from hostir.nn import (ColumnParallelLinear, LlamaBlock, ParallelMLP, ParallelTransformerBlock,
+from hostir.nn import (ColumnParallelLinear, ParallelMLP, ParallelTransformerBlock,
                        RowParallelLinear, capture_blocks, fused_mlp, parallelize,
                        parallelize_model, sequence_rows, shard_sequence)
 from hostir.nn.llama import llama_state_dict, load_llama_state_dict, shard_state_dict
+from tests.numerics import reference_block
 
 H, HEADS, KV, F = 32, 4, 2, 64
 
 
 def _ref(style="llama", seed=0):
-    torch.manual_seed(seed)
-    block = LlamaBlock(H, HEADS, KV, F, style=style)
-    with torch.no_grad():  # norms and biases away from their initial ones and zeros
-        for name, p in block.named_parameters():
-            if "norm" in name or name.endswith("bias"):
-                p.uniform_(0.5, 1.5)
-    return block
+    return reference_block(H, HEADS, KV, F, style, seed)
 
 
 def _raises(kind, match, fn, *args, **kw):

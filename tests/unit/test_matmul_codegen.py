@@ -333,7 +333,8 @@ def test_tile_raster_covers_the_grid_and_merges_a_short_last_group(tmp_path):
     src = (f"constexpr int GROUP_M = {GROUP_M};\n"
            "static int imin(int a, int b) { return a < b ? a : b; }\n" + text +
            'extern "C" void raster(int rows, int tiles_n, int* tm, int* tn) {\n'
-           "  for (int t = 0; t < rows * tiles_n; ++t) group_tile(t, rows, tiles_n, tm[t], tn[t]);\n"
+           "  for (int t = 0; t < rows * tiles_n; ++t)\n"
+           "    group_tile(t, rows, tiles_n, tm[t], tn[t]);\n"
            "}\n")
     (tmp_path / "r.cpp").write_text(src)
     subprocess.run([compiler, "-std=c++17", "-shared", "-fPIC", str(tmp_path / "r.cpp"),

@@ -384,8 +384,8 @@ MMA_SETUP = r"""
 TILE_HEAD = r"""
   // Which tile and K-slice: slices of a tile are consecutive CTAs (or clusters), so a
   // slice only ever waits for a CTA launched before it; tiles are rastered in groups of
-  // GROUP_M rows (of clusters, `group_tile`). A cluster's CTAs take CLUSTER_M vertically adjacent
-  // tiles (same columns, same slice): the B tile they share is multicast.
+  // GROUP_M rows of clusters (`group_tile`). A cluster's CTAs take CLUSTER_M vertically
+  // adjacent tiles (same columns, same slice): the B tile they share is multicast.
   const int cl_rank = blockIdx.x % CLUSTER_M, cl_id = blockIdx.x / CLUSTER_M;
   const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
   const int tiles_mc = (tiles_m + CLUSTER_M - 1) / CLUSTER_M;
