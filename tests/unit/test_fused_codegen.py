@@ -148,6 +148,28 @@ def test_a_row_one_cta_cannot_defer_goes_to_a_pair(hw):
                 assert pair is None or not pair.deferred, (hidden, dh)
 
 
+@pytest.mark.parametrize("hw", [S.SM90, H200], ids=["h100", "h200"])
+def test_a_cluster_with_one_tile_in_flight_spreads_over_more_ctas(hw):
+    """A cluster's rows with one tile in flight go to the next cluster size where it keeps
+    two in flight at 12 columns a thread or more; with fewer (the residual's gradient at
+    18944 on four CTAs, 37376 on eight) they stay."""
+    for hidden, dh, cluster in ((29184, False, 4), (31232, False, 4), (51712, False, 8),
+                                (65536, False, 8), (27136, True, 4), (55808, True, 8)):
+        p = S.plan_backward(hidden, 16, dh, True, hw)
+        assert (p.cluster, p.lookahead >= 2) == (cluster, True), (hidden, dh, p.describe())
+    for hidden, dh, cluster in ((18944, True, 2), (37376, True, 4), (24575, False, 2)):
+        p = S.plan_backward(hidden, 16 if hidden % 8 == 0 else 2, dh, True, hw)
+        assert p.cluster == cluster, (hidden, dh, p.describe())
+    for hidden in range(8, 65537, 8 * 61):
+        for dh in (False, True):
+            p = S.plan_backward(hidden, 16, dh, False, hw)
+            if p.cluster > 1 and p.lookahead < 2:  # no larger cluster qualified
+                q = S._fewest_clusters(hidden, 8, S.BACKWARD_CLUSTERS, 3 if dh else 2, False,
+                                       hw, least=p.cluster + 1)
+                assert (q is None or q.lookahead < 2
+                        or q.slice < S.BACKWARD_SPREAD_COLUMNS * q.threads_per_row), hidden
+
+
 def test_backward_plans_transfer_between_devices():
     """The H100 and H200 models differ in bandwidth only: the same layout of a row, the
     H200 at least as many stages (its bytes in flight are more)."""
