@@ -389,8 +389,9 @@ def _spread_if_one_in_flight(p, hidden, vs, clusters, streams, layer, hw):
     51712-65536 ran H100 +1-3% (LayerNorm 55808 0.899 -> 0.926 of copy bandwidth),
     H200 LayerNorm +3-8.5% (55808 0.841 -> 0.913), RMSNorm +2-4% on eight CTAs and -1% on
     four; with the residual's gradient the same from 24576 and 49664 columns. Slices of
-    4672-5760 columns (12 columns a thread: 18944-23040 with the residual's gradient
-    on four CTAs, 37376-45568 on eight) ran up to 9% slower on the H200."""
+    4672-5760 columns (9-11 columns a thread: 18944-23040 with the residual's gradient
+    on four CTAs, 37376-45568 on eight) ran up to 9% slower on the H200. Rows of 2-byte
+    vectors (widths off 4 bytes: 28001-65535) ran 5-14% slower so spread (H200)."""
     if p.cluster == 1 or p.vector < 8 or p.lookahead >= 2:
         return p
     q = _fewest_clusters(hidden, vs, clusters, streams, layer, hw, least=p.cluster + 1)
