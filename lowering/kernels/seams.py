@@ -23,8 +23,10 @@ Kernels (one fused kernel per op; the norm backward adds a small column reduce):
   (`st.async`), which a CTA waits on a row later, when it finishes the row. Each thread
   sums its columns' dweight (and dbias) terms in registers over all rows its CTA visits
   and each CTA (cluster) writes them once to a row of an fp32 workspace ``[sets, teams,
-  hidden]``; `ColumnReduceSpec` then sums the rows into the weight's dtype. No atomics:
-  deterministic for a given grid.
+  hidden]``; `ColumnReduceSpec` then sums the rows into the weight's dtype (and drops
+  the workspace's lines from L2 unwritten). No atomics: deterministic for a given grid.
+  A cluster left with one tile in flight spreads over the next cluster size where its
+  threads still hold enough of a row (`_spread_if_one_in_flight`).
 - `ElementwiseSpec`: SwiGLU / GELU (tanh) forward and backward, 16-byte vectors,
   grid-stride, then a scalar tail for the elements past the last whole vector.
 
