@@ -276,16 +276,26 @@ def efficiency(spec: MatmulSpec) -> float:
     return TILE_EFFICIENCY.get(config, 0.7)
 
 
+def first_group_rows(rows: int) -> int:
+    """Tile rows in the first raster group of a grid of ``rows`` tile rows (the kernels'
+    `group_tile`): GROUP_M, or all of them where a short last group joins the first."""
+    if rows <= GROUP_M or (rows < 2 * GROUP_M and 2 * (rows % GROUP_M) < GROUP_M):
+        return rows
+    return GROUP_M
+
+
 def _stream_bytes(spec: MatmulSpec, M: int, N: int, kslice: int, ctas: int) -> float:
     """DRAM bytes of A and B one CTA of a wave of `ctas` streams for its K-slice.
 
     Tiles are rastered in groups of GROUP_M tile rows, so a wave's CTAs share B columns
     with the others of their group's rows and A rows with the others of their columns;
-    each CTA counts its share (the rest it finds in L2). Rows past M cost nothing: the
-    loads are predicated or out of the tensor map's bounds.
+    each CTA counts its share (the rest it finds in L2). A last group of fewer than
+    GROUP_M / 2 rows joins the one before it (the kernels' `group_tile`), so grids of
+    up to GROUP_M * 3 / 2 rows are one group. Rows past M cost nothing: the loads are
+    predicated or out of the tensor map's bounds.
     """
     rows = -(-M // spec.tile_m)
-    group_rows = max(1, min(GROUP_M, rows, ctas))
+    group_rows = max(1, min(first_group_rows(rows), ctas))
     per_row = max(1, ctas // group_rows)
     a_rows = min(spec.tile_m, M) / per_row
     b_rows = min(spec.tile_n, N) / group_rows

@@ -318,7 +318,8 @@ def test_tile_raster_covers_the_grid_and_merges_a_short_last_group(tmp_path):
     """`group_tile` (the kernels' own text, compiled for the host): every tile of every grid
     once; groups of GROUP_M rows walked down the rows column by column; a last group of
     fewer than GROUP_M / 2 rows joined to the one before it (nine rows of 128x256 tiles
-    at 1152x10560x7040 ran 0.86 of cuBLAS on the H100 as 8 + 1, 1.00 as one group of 9)."""
+    at 1152x10560x7040 ran 0.86 of cuBLAS on the H100 as 8 + 1, 1.00 as one group of 9);
+    the cost model's first group (`heuristics.first_group_rows`) the same."""
     import ctypes
     import shutil
     import subprocess
@@ -351,6 +352,7 @@ def test_tile_raster_covers_the_grid_and_merges_a_short_last_group(tmp_path):
             merged = rows > GROUP_M and 0 < rem < GROUP_M / 2
             sizes = [GROUP_M] * (rows // GROUP_M - merged) + (
                 [GROUP_M + rem] if merged else [rem] if rem else [])
+            assert heuristics.first_group_rows(rows) == sizes[0]  # the model's DRAM term
             t = 0
             for first, size in zip(itertools.accumulate([0] + sizes), sizes):
                 for c in range(tiles_n):
