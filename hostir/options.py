@@ -2,7 +2,8 @@
 
     HOSTIR_DUMP=host_ir,lowering,cuda_kernel,launch_params,ptxas,autotune
     HOSTIR_ENABLE=autotune,check_zeroed
-    HOSTIR_DISABLE=input_agreement,kernel_cache,direct_sendrecv,wgmma,stream_memops,dependent_launch,auto_graph
+    HOSTIR_DISABLE=input_agreement,weight_agreement,kernel_cache,direct_sendrecv,wgmma,
+                   stream_memops,dependent_launch,auto_graph
     HOSTIR_CACHE_DIR=~/.cache/hostir
     HOSTIR_COMM_TIMEOUT=300   (seconds, at most a week; 0 waits forever)
 
@@ -25,8 +26,9 @@ DUMP_OPTIONS = frozenset(
     {"host_ir", "lowering", "cuda_kernel", "launch_params", "ptxas", "autotune"}
 )
 ENABLE_OPTIONS = frozenset({"check_zeroed", "autotune"})
-DISABLE_OPTIONS = frozenset({"input_agreement", "kernel_cache", "direct_sendrecv", "wgmma",
-                              "stream_memops", "dependent_launch", "auto_graph"})
+DISABLE_OPTIONS = frozenset({"input_agreement", "weight_agreement", "kernel_cache",
+                             "direct_sendrecv", "wgmma", "stream_memops", "dependent_launch",
+                             "auto_graph"})
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "hostir"
 # The longest HOSTIR_COMM_TIMEOUT (a week): longer ones overflow the transports' own
 # timeouts (a timedelta, milliseconds in an integer); 0 waits forever instead.

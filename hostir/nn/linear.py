@@ -65,6 +65,10 @@ copy engine and ``pipelined`` otherwise.
 The programs run on the caller's current CUDA stream (worker streams join back into it);
 under ``torch.autocast`` the GEMMs run in the autocast dtype.
 
+``from_linear``, ``from_linears`` (and ``hostir.nn.parallelize``) take each rank's shard of
+full weights that every rank must hold alike; they check so by one exchange of
+fingerprints (``agree_on_weights``) and refuse on every rank where the ranks differ.
+
 Fused GELU: ``ParallelMLP(hidden, ffn)`` is ``down(gelu(up(x), approximate="tanh"))`` with
 the GELU in the up projection's forward GEMM epilogue (cuBLASLt GELU_AUX, saving the
 pre-activation) and its derivative in the down projection's backward AllGather+GEMM
@@ -81,7 +85,7 @@ import math
 import torch
 
 from hostir import ir
-from hostir.errors import LoweringError
+from hostir.errors import InputMismatchError, LoweringError
 from lowering.patterns import allgather_matmul, check_row_split, matmul_reduce_scatter, stage_rows
 from lowering.pipeline import lower
 from runtime import fused
@@ -237,6 +241,67 @@ def _world(process_group, comm: str) -> tuple[int, int]:
     from mpi4py import MPI
 
     return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
+
+
+def _fingerprint(t: torch.Tensor) -> tuple[float, float, float]:
+    """``(sum x, sum x w_i, sum |x|)`` over ``t``'s values in float64 on its device, chunk
+    by chunk, ``w_i`` the fractional part of ``i`` times the golden ratio (so that the same
+    values in another order differ too)."""
+    flat = t.detach().reshape(-1)
+    acc = torch.zeros(3, dtype=torch.float64, device=flat.device)
+    chunk = 1 << 22
+    for start in range(0, flat.numel(), chunk):
+        x = flat[start:start + chunk].double()
+        w = torch.arange(start, start + x.numel(), dtype=torch.float64, device=x.device)
+        w = torch.frac(w * 0.6180339887498949)
+        acc += torch.stack([x.sum(), (x * w).sum(), x.abs().sum()])
+    s, sw, sa = acc.tolist()
+    return s, sw, sa
+
+
+def _same_fingerprint(a, b) -> bool:
+    """Equal up to the rounding of a float64 sum in another order (ranks whose reductions
+    ran on other thread counts): 1e-9 of the values' absolute sum."""
+    if a is None or b is None:
+        return a is b
+    tol = 1e-9 * max(a[2], b[2])
+    return abs(a[0] - b[0]) <= tol and abs(a[1] - b[1]) <= tol and abs(a[2] - b[2]) <= tol
+
+
+def agree_on_weights(what: str, tensors: dict, process_group, comm: str) -> None:
+    """InputMismatchError on every rank unless every rank holds the same values in each
+    of ``tensors`` (name -> the full, unsharded weight each rank takes its shard of; None
+    where absent): one exchange of fingerprints (`_fingerprint`), bounded by
+    HOSTIR_COMM_TIMEOUT, once when a layer or block is built. Ranks whose models were
+    seeded apart would otherwise each train a different model, silently.
+    HOSTIR_DISABLE=weight_agreement skips it."""
+    from hostir.options import options
+
+    rank, world = _world(process_group, comm)
+    if world == 1 or options().disable("weight_agreement"):
+        return
+    mine = {name: None if t is None else _fingerprint(t) for name, t in tensors.items()}
+    if comm == "torch" or (comm in ("auto", "copy_engine") and _torch_group(process_group)):
+        import torch.distributed as dist
+
+        everyone = [None] * world
+        dist.all_gather_object(everyone, mine, group=process_group)
+    else:
+        from mpi4py import MPI
+
+        from runtime.comm.mpi import agree_over_mpi
+
+        everyone = agree_over_mpi(MPI.COMM_WORLD, mine, rank)
+    for name in tensors:
+        apart = [r for r in range(1, world)
+                 if not _same_fingerprint(everyone[r].get(name), everyone[0].get(name))]
+        if apart:
+            ranks = ", ".join(map(str, apart))
+            raise InputMismatchError(
+                f"{what}: weight {name} differs between ranks (rank{'s' * (len(apart) > 1)} "
+                f"{ranks} against rank 0); expected the same full weights on every rank (seed "
+                "the model alike, or load one checkpoint, on each), of which each rank takes "
+                "its shard")
 
 
 def _expose_gathered(p: ir.Program) -> ir.Program:
@@ -693,6 +758,8 @@ class ColumnParallelLinear(_ParallelLinear):
         _check_linear(f"{cls.__name__}.from_linear", linear)
         layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
                     device=linear.weight.device, dtype=linear.weight.dtype, **kw)
+        agree_on_weights(f"{cls.__name__}.from_linear", {"weight": linear.weight,
+                         "bias": linear.bias}, layer.process_group, layer.comm)
         n, r = layer._n, layer.rank
         with torch.no_grad():
             layer.weight.copy_(linear.weight[r * n:(r + 1) * n].t())
@@ -744,6 +811,8 @@ class RowParallelLinear(_ParallelLinear):
                                 "expected none")
         layer = cls(linear.in_features, linear.out_features, device=linear.weight.device,
                     dtype=linear.weight.dtype, **kw)
+        agree_on_weights(f"{cls.__name__}.from_linear", {"weight": linear.weight},
+                         layer.process_group, layer.comm)
         k, r = layer._k, layer.rank
         with torch.no_grad():
             layer.weight.copy_(linear.weight[:, r * k:(r + 1) * k].t())
@@ -799,6 +868,8 @@ class ParallelMLP(torch.nn.Module):
                   dtype=up.weight.dtype, **kw)
         if up.bias is not None or down.bias is not None:
             raise LoweringError("ParallelMLP.from_linears: expected bias-free linears")
+        agree_on_weights(f"{cls.__name__}.from_linears", {"up.weight": up.weight,
+                         "down.weight": down.weight}, mlp.up.process_group, mlp.up.comm)
         n, k, r = mlp.up._n, mlp.down._k, mlp.up.rank
         with torch.no_grad():
             mlp.up.weight.copy_(up.weight[r * n:(r + 1) * n].t())

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from hostir.errors import InputMismatchError, LoweringError
-from hostir.nn.linear import _resolve, _runtime, _world
+from hostir.nn.linear import _resolve, _runtime, _world, agree_on_weights
 from hostir.nn.transformer import (ParallelTransformerBlock, apply_rotary, causal_attention,
                                    check_block_shape, rotary_tables, shard_fused,
                                    unshard_fused)
@@ -264,6 +264,8 @@ def parallelize(module: torch.nn.Module, *, heads: int | None = None,
                                      f"{t.device}")
     check_block_shape(config["hidden"], config["heads"], config["kv_heads"], config["ffn"],
                       _world(process_group, comm)[1])
+    agree_on_weights("parallelize", {name: state[name] for name in _expected_shapes(config)},
+                     process_group, comm)
     block = ParallelTransformerBlock(**config, stages=stages, streams=streams,
                                      process_group=process_group, comm=comm,
                                      schedule=schedule, device=w.device, dtype=w.dtype)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from hostir.errors import InputMismatchError, LoweringError
-from hostir.nn import (ColumnParallelLinear, LlamaBlock, RowParallelLinear, fused_mlp,
-                       parallelize, sequence_rows)
+from hostir.nn import (ColumnParallelLinear, LlamaBlock, ParallelMLP, RowParallelLinear,
+                       fused_mlp, parallelize, sequence_rows)
 from tests.numerics import rel_err as _err
 
 pytestmark = pytest.mark.mpi(min_size=2)
@@ -64,3 +64,38 @@ def test_refusals_leave_every_rank_in_step(world, comm):
     y = block(xl)  # every rank is here, none inside a collective
     y.sum().backward()
     assert _err(y, ref(x[None])[0][rows]) < 1e-5
+
+
+def test_weights_that_differ_between_ranks_are_refused_on_every_rank(world, comm):
+    """Each rank seeded apart (or one weight changed on rank 1 only): the block, the
+    layers and the MLP would each have run a different model a rank, silently. Every rank
+    refuses with the same weight named, and the ranks stay in step."""
+    rank, d = world
+    others = r"\(ranks? 1(, \d)* against rank 0\)"
+    with pytest.raises(InputMismatchError, match=r"parallelize: weight \S+ differs between ranks "
+                       + others):
+        parallelize(_reference(seed=rank), comm=comm)
+    one = _reference()
+    if rank == 1:
+        with torch.no_grad():
+            one.mlp.down_proj.weight[0, 0] += 1.0
+    with pytest.raises(InputMismatchError, match=r"weight mlp.down_proj.weight differs "
+                       r"between ranks \(rank 1 against rank 0\)"):
+        parallelize(one, comm=comm)
+    torch.manual_seed(10 + rank)
+    up, down = torch.nn.Linear(8, 16 * d, bias=False), torch.nn.Linear(16 * d, 8, bias=False)
+    with pytest.raises(InputMismatchError, match="ColumnParallelLinear.from_linear: weight "
+                       "weight differs between ranks " + others):
+        ColumnParallelLinear.from_linear(up, comm=comm)
+    with pytest.raises(InputMismatchError, match="RowParallelLinear.from_linear: weight "
+                       "weight differs between ranks " + others):
+        RowParallelLinear.from_linear(down, comm=comm)
+    with pytest.raises(InputMismatchError, match="ParallelMLP.from_linears: weight up.weight "
+                       "differs between ranks " + others):
+        ParallelMLP.from_linears(up, down, comm=comm)
+    torch.manual_seed(10)  # the same on every rank: built
+    up = torch.nn.Linear(8, 16 * d)
+    layer = ColumnParallelLinear.from_linear(up, comm=comm)
+    assert torch.equal(layer.weight, up.weight[rank * 16:(rank + 1) * 16].t())
+    block = parallelize(_reference(), comm=comm)
+    assert block.hidden == HIDDEN

@@ -297,3 +297,45 @@ def test_parallelize_model_refuses_before_touching_the_model():
     model = _LM([_ref(), broken])
     _raises(InputMismatchError, r"LlamaBlock has no self_attn.q_proj", parallelize_model, model)
     assert [type(b).__name__ for b in model.layers] == ["LlamaBlock", "LlamaBlock"]
+
+
+# ------------------------------------------------------------------- weights across ranks
+
+
+def test_weight_fingerprints_tell_other_values_and_orders_apart():
+    from hostir.nn.linear import _fingerprint, _same_fingerprint
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(300, 70, generator=g)
+    same = _fingerprint(w)
+    assert _same_fingerprint(same, _fingerprint(w.clone()))
+    assert _same_fingerprint(same, _fingerprint(w.double().float()))
+    # a chunk boundary inside the tensor (4M values a chunk): the sums carry over it
+    big = torch.randn(5_000_000, generator=g)
+    assert _same_fingerprint(_fingerprint(big), _fingerprint(big.clone()))
+    for other in (w.flip(0), w.t().contiguous().view(300, 70), w + 1e-3,
+                  torch.randn(300, 70, generator=g)):
+        assert not _same_fingerprint(same, _fingerprint(other))
+    assert _same_fingerprint(None, None) and not _same_fingerprint(same, None)
+
+
+def test_weight_agreement_exchanges_nothing_on_one_rank_or_when_disabled(monkeypatch):
+    import dataclasses
+
+    from hostir.nn import linear
+    from hostir.options import options, set_options
+
+    def no_exchange(*a, **k):
+        raise AssertionError("no exchange expected")
+
+    monkeypatch.setattr(linear, "_fingerprint", no_exchange)
+    linear.agree_on_weights("parallelize", {"w": torch.ones(2)}, None, "mpi")  # world 1
+    monkeypatch.setattr(linear, "_world", lambda group, comm: (0, 2))
+    saved = options()
+    try:
+        set_options(dataclasses.replace(saved, disabled=saved.disabled | {"weight_agreement"}))
+        linear.agree_on_weights("parallelize", {"w": torch.ones(2)}, None, "mpi")
+    finally:
+        set_options(saved)
+    with pytest.raises(AssertionError, match="no exchange expected"):
+        linear.agree_on_weights("parallelize", {"w": torch.ones(2)}, None, "mpi")
