@@ -280,7 +280,8 @@ def agree_on_weights(what: str, tensors: dict, process_group, comm: str) -> None
     rank, world = _world(process_group, comm)
     if world == 1 or options().disable("weight_agreement"):
         return
-    mine = {name: None if t is None else _fingerprint(t) for name, t in tensors.items()}
+    mine = {name: None if t is None or t.is_meta else _fingerprint(t)  # meta: no values
+            for name, t in tensors.items()}
     if comm == "torch" or (comm in ("auto", "copy_engine") and _torch_group(process_group)):
         import torch.distributed as dist
 
