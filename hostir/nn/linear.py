@@ -243,66 +243,95 @@ def _world(process_group, comm: str) -> tuple[int, int]:
     return MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 
 
-def _fingerprint(t: torch.Tensor) -> tuple[float, float, float]:
-    """``(sum x, sum x w_i, sum |x|)`` over ``t``'s values in float64 on its device, chunk
-    by chunk, ``w_i`` the fractional part of ``i`` times the golden ratio (so that the same
-    values in another order differ too)."""
+def _fingerprint(t: torch.Tensor) -> tuple:
+    """``(shape, dtype, sum x, sum x w_i, sum |x|, non-finite values)`` of ``t``, the sums
+    in float64 on its device chunk by chunk, ``w_i`` the fractional part of ``i`` times the
+    golden ratio (so that the same values in another order differ too), non-finite values
+    counted apart (as 0 in the sums)."""
     flat = t.detach().reshape(-1)
-    acc = torch.zeros(3, dtype=torch.float64, device=flat.device)
+    acc = torch.zeros(4, dtype=torch.float64, device=flat.device)
     chunk = 1 << 22
     for start in range(0, flat.numel(), chunk):
         x = flat[start:start + chunk].double()
+        finite = torch.isfinite(x)
+        x = torch.where(finite, x, 0.0)
         w = torch.arange(start, start + x.numel(), dtype=torch.float64, device=x.device)
         w = torch.frac(w * 0.6180339887498949)
-        acc += torch.stack([x.sum(), (x * w).sum(), x.abs().sum()])
-    s, sw, sa = acc.tolist()
-    return s, sw, sa
+        acc += torch.stack([x.sum(), (x * w).sum(), x.abs().sum(),
+                            (~finite).sum().double()])
+    return (tuple(t.shape), str(t.dtype), *acc.tolist())
 
 
 def _same_fingerprint(a, b) -> bool:
-    """Equal up to the rounding of a float64 sum in another order (ranks whose reductions
-    ran on other thread counts): 1e-9 of the values' absolute sum."""
+    """Equal shapes, dtypes and non-finite counts, and sums equal up to the rounding of a
+    float64 sum in another order (ranks whose reductions ran on other thread counts): 1e-9
+    of the values' absolute sum."""
     if a is None or b is None:
         return a is b
-    tol = 1e-9 * max(a[2], b[2])
-    return abs(a[0] - b[0]) <= tol and abs(a[1] - b[1]) <= tol and abs(a[2] - b[2]) <= tol
+    if a[:2] != b[:2] or a[5] != b[5]:
+        return False
+    tol = 1e-9 * max(a[4], b[4])
+    return all(abs(x - y) <= tol for x, y in zip(a[2:5], b[2:5]))
 
 
-def agree_on_weights(what: str, tensors: dict, process_group, comm: str) -> None:
-    """InputMismatchError on every rank unless every rank holds the same values in each
-    of ``tensors`` (name -> the full, unsharded weight each rank takes its shard of; None
-    where absent): one exchange of fingerprints (`_fingerprint`), bounded by
-    HOSTIR_COMM_TIMEOUT, once when a layer or block is built. Ranks whose models were
-    seeded apart would otherwise each train a different model, silently.
-    HOSTIR_DISABLE=weight_agreement skips it."""
+def agree_on_weights(what: str, check, process_group, comm: str):
+    """``check()``'s result on every rank, where every rank's check passed and every rank
+    holds the same full weights. ``check()`` runs this rank's checks of its arguments and
+    returns ``(result, tensors)``, ``tensors`` the full, unsharded weights (name -> tensor,
+    or None where absent) each rank takes its shard of. One exchange of the checks'
+    verdicts and the weights' fingerprints (`_fingerprint`), under the transports' timeouts
+    (MPI's under HOSTIR_COMM_TIMEOUT, a torch group's its own), so that every rank raises
+    alike: the error itself where every rank refused alike, else an InputMismatchError
+    naming the ranks that refused, or the weight that differs and where. Ranks whose
+    models were seeded apart would otherwise each train a different model, silently.
+    HOSTIR_DISABLE=weight_agreement skips the exchange (the checks still run)."""
+    from hostir.errors import HostIrError
     from hostir.options import options
 
     rank, world = _world(process_group, comm)
     if world == 1 or options().disable("weight_agreement"):
-        return
-    mine = {name: None if t is None or t.is_meta else _fingerprint(t)  # meta: no values
-            for name, t in tensors.items()}
+        return check()[0]
+    result, refusal, error, prints = None, None, None, None
+    try:
+        result, tensors = check()
+        prints = {name: None if t is None or t.is_meta else _fingerprint(t)  # meta: no values
+                  for name, t in tensors.items()}
+    except HostIrError as e:
+        refusal, error = f"{type(e).__name__}: {e}", e
     if comm == "torch" or (comm in ("auto", "copy_engine") and _torch_group(process_group)):
         import torch.distributed as dist
 
         everyone = [None] * world
-        dist.all_gather_object(everyone, mine, group=process_group)
+        dist.all_gather_object(everyone, (refusal, prints), group=process_group)
     else:
         from mpi4py import MPI
 
         from runtime.comm.mpi import agree_over_mpi
 
-        everyone = agree_over_mpi(MPI.COMM_WORLD, mine, rank)
-    for name in tensors:
-        apart = [r for r in range(1, world)
-                 if not _same_fingerprint(everyone[r].get(name), everyone[0].get(name))]
-        if apart:
-            ranks = ", ".join(map(str, apart))
-            raise InputMismatchError(
-                f"{what}: weight {name} differs between ranks (rank{'s' * (len(apart) > 1)} "
-                f"{ranks} against rank 0); expected the same full weights on every rank (seed "
-                "the model alike, or load one checkpoint, on each), of which each rank takes "
-                "its shard")
+        everyone = agree_over_mpi(MPI.COMM_WORLD, (refusal, prints), rank,
+                                  what=f"{what}'s weight agreement")
+    refused = {r: m for r, (m, _) in enumerate(everyone) if m is not None}
+    if refused and error is not None and len(refused) == world and len(set(refused.values())) == 1:
+        error.on_every_rank = True  # every rank raises this very error: nobody waits
+        raise error
+    text = None
+    if refused:
+        text = "; ".join(f"rank {r} refused: {m}" for r, m in refused.items())
+    else:
+        for name in sorted(set().union(*(p for _, p in everyone))):
+            apart = [r for r in range(1, world)
+                     if not _same_fingerprint(everyone[r][1].get(name), everyone[0][1].get(name))]
+            if apart:
+                text = (f"weight {name} differs between ranks (rank{'s' * (len(apart) > 1)} "
+                        f"{', '.join(map(str, apart))} against rank 0); expected the same full "
+                        "weights on every rank (seed the model alike, or load one checkpoint, "
+                        "on each), of which each rank takes its shard")
+                break
+    if text is None:
+        return result
+    err = InputMismatchError(f"{what}: {text}")
+    err.on_every_rank = True  # every rank raises it: nobody is left waiting
+    raise err
 
 
 def _expose_gathered(p: ir.Program) -> ir.Program:
@@ -755,12 +784,16 @@ class ColumnParallelLinear(_ParallelLinear):
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, **kw) -> "ColumnParallelLinear":
-        """This rank's shard of a full ``torch.nn.Linear`` (same values on every rank)."""
-        _check_linear(f"{cls.__name__}.from_linear", linear)
-        layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                    device=linear.weight.device, dtype=linear.weight.dtype, **kw)
-        agree_on_weights(f"{cls.__name__}.from_linear", {"weight": linear.weight,
-                         "bias": linear.bias}, layer.process_group, layer.comm)
+        """This rank's shard of a full ``torch.nn.Linear`` (same values on every rank:
+        `agree_on_weights`)."""
+        def check():
+            _check_linear(f"{cls.__name__}.from_linear", linear)
+            layer = cls(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                        device=linear.weight.device, dtype=linear.weight.dtype, **kw)
+            return layer, {"weight": linear.weight, "bias": linear.bias}
+
+        layer = agree_on_weights(f"{cls.__name__}.from_linear", check,
+                                 kw.get("process_group"), kw.get("comm", "auto"))
         n, r = layer._n, layer.rank
         with torch.no_grad():
             layer.weight.copy_(linear.weight[r * n:(r + 1) * n].t())
@@ -805,15 +838,19 @@ class RowParallelLinear(_ParallelLinear):
 
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, **kw) -> "RowParallelLinear":
-        """This rank's shard of a full bias-free ``torch.nn.Linear``."""
-        _check_linear(f"{cls.__name__}.from_linear", linear)
-        if linear.bias is not None:
-            raise LoweringError("RowParallelLinear.from_linear: the linear has a bias; "
-                                "expected none")
-        layer = cls(linear.in_features, linear.out_features, device=linear.weight.device,
-                    dtype=linear.weight.dtype, **kw)
-        agree_on_weights(f"{cls.__name__}.from_linear", {"weight": linear.weight},
-                         layer.process_group, layer.comm)
+        """This rank's shard of a full bias-free ``torch.nn.Linear`` (same values on every
+        rank: `agree_on_weights`)."""
+        def check():
+            _check_linear(f"{cls.__name__}.from_linear", linear)
+            if linear.bias is not None:
+                raise LoweringError("RowParallelLinear.from_linear: the linear has a bias; "
+                                    "expected none")
+            layer = cls(linear.in_features, linear.out_features, device=linear.weight.device,
+                        dtype=linear.weight.dtype, **kw)
+            return layer, {"weight": linear.weight}
+
+        layer = agree_on_weights(f"{cls.__name__}.from_linear", check,
+                                 kw.get("process_group"), kw.get("comm", "auto"))
         k, r = layer._k, layer.rank
         with torch.no_grad():
             layer.weight.copy_(linear.weight[:, r * k:(r + 1) * k].t())
@@ -857,20 +894,24 @@ class ParallelMLP(torch.nn.Module):
 
     @classmethod
     def from_linears(cls, up: torch.nn.Linear, down: torch.nn.Linear, **kw) -> "ParallelMLP":
-        """This rank's shards of two full bias-free ``torch.nn.Linear`` (same on every rank)."""
-        _check_linear(f"{cls.__name__}.from_linears", up)
-        _check_linear(f"{cls.__name__}.from_linears", down)
-        if (down.in_features, down.out_features) != (up.out_features, up.in_features):
-            raise LoweringError(f"{cls.__name__}.from_linears: down has {down.in_features} "
-                                f"in_features and {down.out_features} out_features; expected "
-                                f"{up.out_features} (up's out_features) and {up.in_features} "
-                                "(up's in_features)")
-        mlp = cls(up.in_features, up.out_features, device=up.weight.device,
-                  dtype=up.weight.dtype, **kw)
-        if up.bias is not None or down.bias is not None:
-            raise LoweringError("ParallelMLP.from_linears: expected bias-free linears")
-        agree_on_weights(f"{cls.__name__}.from_linears", {"up.weight": up.weight,
-                         "down.weight": down.weight}, mlp.up.process_group, mlp.up.comm)
+        """This rank's shards of two full bias-free ``torch.nn.Linear`` (same on every rank:
+        `agree_on_weights`)."""
+        def check():
+            _check_linear(f"{cls.__name__}.from_linears", up)
+            _check_linear(f"{cls.__name__}.from_linears", down)
+            if (down.in_features, down.out_features) != (up.out_features, up.in_features):
+                raise LoweringError(f"{cls.__name__}.from_linears: down has "
+                                    f"{down.in_features} in_features and {down.out_features} "
+                                    f"out_features; expected {up.out_features} (up's "
+                                    f"out_features) and {up.in_features} (up's in_features)")
+            mlp = cls(up.in_features, up.out_features, device=up.weight.device,
+                      dtype=up.weight.dtype, **kw)
+            if up.bias is not None or down.bias is not None:
+                raise LoweringError("ParallelMLP.from_linears: expected bias-free linears")
+            return mlp, {"up.weight": up.weight, "down.weight": down.weight}
+
+        mlp = agree_on_weights(f"{cls.__name__}.from_linears", check, kw.get("process_group"),
+                               kw.get("comm", "auto"))
         n, k, r = mlp.up._n, mlp.down._k, mlp.up.rank
         with torch.no_grad():
             mlp.up.weight.copy_(up.weight[r * n:(r + 1) * n].t())

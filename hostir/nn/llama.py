@@ -242,9 +242,11 @@ def parallelize(module: torch.nn.Module, *, heads: int | None = None,
                 stages: int = 1, streams: int = 2, process_group=None, comm: str = "auto",
                 schedule: str = "auto") -> ParallelTransformerBlock:
     """This rank's ``ParallelTransformerBlock`` holding the shards of ``module``'s weights
-    (same device and dtype). Every check runs before any collective and raises a
-    ``HostIrError`` on every rank alike: unknown naming, a weight of the wrong shape, or a
-    shape the world size does not divide (see ``check_block_shape``).
+    (same device and dtype, and the same values on every rank). Every check raises a
+    ``HostIrError`` on every rank alike (one exchange of the ranks' verdicts and weight
+    fingerprints, `agree_on_weights`): unknown naming, a weight of the wrong shape, a shape
+    the world size does not divide (see ``check_block_shape``), or weights that differ
+    between ranks.
 
     On 2 ranks, 4 query heads and 2 kv heads of 16: 2 query heads and 1 kv head a rank,
     ``(2 + 2 * 1) * 16 = 64`` QKV columns::
@@ -252,20 +254,22 @@ def parallelize(module: torch.nn.Module, *, heads: int | None = None,
         block = parallelize(LlamaBlock(64, heads=4, kv_heads=2, ffn=128))
         block.qkv_proj.weight.shape      # torch.Size([64, 64])
     """
-    config = block_config(module, heads, kv_heads, rope_theta)
-    state = module.state_dict()
-    check_weights(state, config)
-    w = module.input_layernorm.weight
-    for name in _expected_shapes(config):  # the block holds one dtype, on one device
-        t = state[name]
-        if (t.dtype, t.device) != (w.dtype, w.device):
-            raise InputMismatchError(f"parallelize: weight {name}: expected dtype {w.dtype} on "
-                                     f"{w.device} (input_layernorm's), got {t.dtype} on "
-                                     f"{t.device}")
-    check_block_shape(config["hidden"], config["heads"], config["kv_heads"], config["ffn"],
-                      _world(process_group, comm)[1])
-    agree_on_weights("parallelize", {name: state[name] for name in _expected_shapes(config)},
-                     process_group, comm)
+    def check():
+        config = block_config(module, heads, kv_heads, rope_theta)
+        state = module.state_dict()
+        check_weights(state, config)
+        w = module.input_layernorm.weight
+        for name in _expected_shapes(config):  # the block holds one dtype, on one device
+            t = state[name]
+            if (t.dtype, t.device) != (w.dtype, w.device):
+                raise InputMismatchError(f"parallelize: weight {name}: expected dtype "
+                                         f"{w.dtype} on {w.device} (input_layernorm's), got "
+                                         f"{t.dtype} on {t.device}")
+        check_block_shape(config["hidden"], config["heads"], config["kv_heads"],
+                          config["ffn"], _world(process_group, comm)[1])
+        return (config, state, w), {name: state[name] for name in _expected_shapes(config)}
+
+    config, state, w = agree_on_weights("parallelize", check, process_group, comm)
     block = ParallelTransformerBlock(**config, stages=stages, streams=streams,
                                      process_group=process_group, comm=comm,
                                      schedule=schedule, device=w.device, dtype=w.dtype)

@@ -291,7 +291,7 @@ def _stream_bytes(spec: MatmulSpec, M: int, N: int, kslice: int, ctas: int) -> f
     with the others of their group's rows and A rows with the others of their columns;
     each CTA counts its share (the rest it finds in L2). A last group of fewer than
     GROUP_M / 2 rows joins the one before it (the kernels' `group_tile`), so grids of
-    up to GROUP_M * 3 / 2 rows are one group. Rows past M cost nothing: the loads are
+    fewer than GROUP_M * 3 / 2 rows are one group. Rows past M cost nothing: the loads are
     predicated or out of the tensor map's bounds.
     """
     rows = -(-M // spec.tile_m)

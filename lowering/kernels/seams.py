@@ -384,13 +384,15 @@ def _fewest_clusters(hidden, vs, clusters, streams, layer, hw, least: int = 1):
 
 def _spread_if_one_in_flight(p, hidden, vs, clusters, streams, layer, hw):
     """``p``, or where it is a cluster of 16-byte vectors with one tile in flight while it
-    reduces one (three stages: rows wider than four stages of its CTAs hold) the next
-    cluster size's plan, where that keeps two or more in flight and still gives each
-    thread `BACKWARD_SPREAD_COLUMNS` of a row or more. Side by side (8192 rows, bf16):
-    four CTAs in place of two at 26112-31232 columns and eight in place of four at
-    51712-65536 ran H100 +1-3% (LayerNorm 55808 0.899 -> 0.926 of copy bandwidth),
-    H200 LayerNorm +3-8.5% (55808 0.841 -> 0.913), RMSNorm +2-4% on eight CTAs and -1% on
-    four; with the residual's gradient the same from 24576 and 49664 columns. Slices of
+    reduces one (three stages, or two with the residual's gradient: rows wider than four
+    stages of its CTAs hold) the next cluster size's plan, where that keeps two or more in
+    flight and still gives each thread `BACKWARD_SPREAD_COLUMNS` of a row or more: two
+    CTAs become four at 25720-32768 columns and four eight at 51304-65536 (with the
+    residual's gradient from 24552 and 49096). Side by side (8192 rows, bf16): four CTAs
+    in place of two at 26112-31232 columns and eight in place of four at 51712-65536 ran
+    H100 +1-3% (LayerNorm 55808 0.899 -> 0.926 of copy bandwidth), H200 LayerNorm
+    +3-8.5% (55808 0.841 -> 0.913), RMSNorm +2-4% on eight CTAs and -1% on four; with
+    the residual's gradient the same at 27136-31232 and 49664-61952. Slices of
     4672-5760 columns (9-11 columns a thread: 18944-23040 with the residual's gradient
     on four CTAs, 37376-45568 on eight) ran up to 9% slower on the H200. Rows of 2-byte
     vectors (widths off 4 bytes: 28001-65535) ran 5-14% slower so spread (H200)."""
@@ -424,7 +426,8 @@ def plan_backward(hidden: int, alignment: int, dh: bool, layer: bool,
     """``fewest_clusters`` (the default, see `BACKWARD_RULES`): the smallest cluster (1
     where the whole row fits a CTA) whose stages fit shared memory at up to twice
     `BACKWARD_HELD_FLOATS` columns a thread, but two where one CTA could not defer its
-    rows (`_pair_if_undeferred`). ``in_flight``: the smallest cluster whose
+    rows (`_pair_if_undeferred`), and the next size where a cluster would have one tile
+    in flight (`_spread_if_one_in_flight`). ``in_flight``: the smallest cluster whose
     CTAs hold at most `BACKWARD_HELD_FLOATS` columns a thread, whose stages fit shared
     memory and keep `Hardware.in_flight_target` bytes in flight (else the one that keeps
     the most); where none holds the row so, twice the columns a thread. ``fitted``: as

@@ -59,19 +59,21 @@ def wait_requests(requests, what: str, rank: int | None, timeout_s: float | None
         delay = min(delay * 2, 0.01)
 
 
-def agree_over_mpi(comm, obj, rank: int, timeout_s: float | None = None) -> list:
+def agree_over_mpi(comm, obj, rank: int, timeout_s: float | None = None,
+                   what: str = "the input agreement") -> list:
     """Every rank's ``obj`` (small and picklable), in rank order; never blocks past the
-    timeout. Two non-blocking steps: the sizes, then the bytes."""
+    timeout (a timeout names ``what``). Two non-blocking steps: the sizes, then the
+    bytes."""
     from mpi4py import MPI
 
     data = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
     sizes = np.zeros(comm.Get_size(), dtype=np.int64)
     wait_requests([comm.Iallgather(np.array([data.size], dtype=np.int64), sizes)],
-                  "the input agreement (sizes)", rank, timeout_s)
+                  f"{what} (sizes)", rank, timeout_s)
     out = np.empty(int(sizes.sum()), dtype=np.uint8)
     offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     wait_requests([comm.Iallgatherv(data, [out, sizes, offsets, MPI.BYTE])],
-                  "the input agreement", rank, timeout_s)
+                  what, rank, timeout_s)
     return [pickle.loads(out[o:o + n].tobytes()) for o, n in zip(offsets, sizes)]
 
 

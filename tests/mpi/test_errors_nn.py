@@ -90,9 +90,17 @@ def test_weights_that_differ_between_ranks_are_refused_on_every_rank(world, comm
     with pytest.raises(InputMismatchError, match="RowParallelLinear.from_linear: weight "
                        "weight differs between ranks " + others):
         RowParallelLinear.from_linear(down, comm=comm)
-    with pytest.raises(InputMismatchError, match="ParallelMLP.from_linears: weight up.weight "
-                       "differs between ranks " + others):
-        ParallelMLP.from_linears(up, down, comm=comm)
+    with pytest.raises(InputMismatchError, match="ParallelMLP.from_linears: weight "
+                       r"down.weight differs between ranks " + others):
+        ParallelMLP.from_linears(up, down, comm=comm)  # the names in order: down first
+    # one rank's own mistake (a bias on rank 1 only): every rank refuses, naming it,
+    # where rank 0 used to wait in the exchange, or build its layer alone
+    torch.manual_seed(10)
+    biased = torch.nn.Linear(16 * d, 8, bias=rank == 1)
+    with pytest.raises(InputMismatchError, match="RowParallelLinear.from_linear: rank 1 "
+                       "refused: LoweringError: RowParallelLinear.from_linear: the linear has "
+                       "a bias"):
+        RowParallelLinear.from_linear(biased, comm=comm)
     torch.manual_seed(10)  # the same on every rank: built
     up = torch.nn.Linear(8, 16 * d)
     layer = ColumnParallelLinear.from_linear(up, comm=comm)

@@ -310,9 +310,25 @@ def test_weight_fingerprints_tell_other_values_and_orders_apart():
     same = _fingerprint(w)
     assert _same_fingerprint(same, _fingerprint(w.clone()))
     assert _same_fingerprint(same, _fingerprint(w.double().float()))
-    # a chunk boundary inside the tensor (4M values a chunk): the sums carry over it
+    # a chunk boundary inside the tensor (4M values a chunk): the sums are the whole
+    # tensor's, and two values swapped across the boundary tell apart
     big = torch.randn(5_000_000, generator=g)
-    assert _same_fingerprint(_fingerprint(big), _fingerprint(big.clone()))
+    x = big.double()
+    pos = torch.frac(torch.arange(x.numel(), dtype=torch.float64) * 0.6180339887498949)
+    got = _fingerprint(big)
+    assert got[:2] == ((5_000_000,), "torch.float32") and got[5] == 0
+    for a, b in zip(got[2:5], (x.sum(), (x * pos).sum(), x.abs().sum())):
+        assert abs(a - b.item()) <= 1e-9 * got[4]
+    swapped = big.clone()
+    swapped[[4_194_303, 4_194_304]] = big[[4_194_304, 4_194_303]]
+    assert not _same_fingerprint(got, _fingerprint(swapped))
+    # the same non-finite values alike; other shapes or dtypes of the same values apart
+    odd = w.clone()
+    odd[0, 0], odd[1, 1] = float("inf"), float("nan")
+    assert _same_fingerprint(_fingerprint(odd), _fingerprint(odd.clone()))
+    assert not _same_fingerprint(_fingerprint(odd), _fingerprint(w))
+    assert not _same_fingerprint(same, _fingerprint(w.view(70, 300)))
+    assert not _same_fingerprint(same, _fingerprint(w.double()))
     for other in (w.flip(0), w.t().contiguous().view(300, 70), w + 1e-3,
                   torch.randn(300, 70, generator=g)):
         assert not _same_fingerprint(same, _fingerprint(other))
@@ -328,14 +344,17 @@ def test_weight_agreement_exchanges_nothing_on_one_rank_or_when_disabled(monkeyp
     def no_exchange(*a, **k):
         raise AssertionError("no exchange expected")
 
+    def check():
+        return "built", {"w": torch.ones(2)}
+
     monkeypatch.setattr(linear, "_fingerprint", no_exchange)
-    linear.agree_on_weights("parallelize", {"w": torch.ones(2)}, None, "mpi")  # world 1
+    assert linear.agree_on_weights("parallelize", check, None, "mpi") == "built"  # world 1
     monkeypatch.setattr(linear, "_world", lambda group, comm: (0, 2))
     saved = options()
     try:
         set_options(dataclasses.replace(saved, disabled=saved.disabled | {"weight_agreement"}))
-        linear.agree_on_weights("parallelize", {"w": torch.ones(2)}, None, "mpi")
+        assert linear.agree_on_weights("parallelize", check, None, "mpi") == "built"
     finally:
         set_options(saved)
     with pytest.raises(AssertionError, match="no exchange expected"):
-        linear.agree_on_weights("parallelize", {"w": torch.ones(2)}, None, "mpi")
+        linear.agree_on_weights("parallelize", check, None, "mpi")

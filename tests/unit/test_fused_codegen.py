@@ -150,16 +150,21 @@ def test_a_row_one_cta_cannot_defer_goes_to_a_pair(hw):
 
 @pytest.mark.parametrize("hw", [S.SM90, H200], ids=["h100", "h200"])
 def test_a_cluster_with_one_tile_in_flight_spreads_over_more_ctas(hw):
-    """A cluster's rows with one tile in flight go to the next cluster size where it keeps
-    two in flight at 12 columns a thread or more; with fewer (the residual's gradient at
-    18944 on four CTAs, 37376 on eight) they stay."""
+    """A cluster's rows of 16-byte vectors with one tile in flight go to the next cluster
+    size where it keeps two in flight at 12 columns a thread or more; with fewer (the
+    residual's gradient at 18944 on four CTAs, 37376 on eight), or on 2-byte vectors, they
+    stay."""
     for hidden, dh, cluster in ((29184, False, 4), (31232, False, 4), (51712, False, 8),
                                 (65536, False, 8), (27136, True, 4), (55808, True, 8)):
         p = S.plan_backward(hidden, 16, dh, True, hw)
         assert (p.cluster, p.lookahead >= 2) == (cluster, True), (hidden, dh, p.describe())
-    for hidden, dh, cluster in ((18944, True, 2), (37376, True, 4), (24575, False, 2)):
-        p = S.plan_backward(hidden, 16 if hidden % 8 == 0 else 2, dh, True, hw)
+    # thin slices; rows of 2-byte vectors with one tile in flight (28001: two CTAs of
+    # three stages; 55001: four)
+    for hidden, dh, cluster in ((18944, True, 2), (37376, True, 4), (28001, False, 2),
+                                (55001, False, 4)):
+        p = S.plan_backward(hidden, 16, dh, True, hw)
         assert p.cluster == cluster, (hidden, dh, p.describe())
+        assert hidden % 8 == 0 or p.lookahead == 1, (hidden, p.describe())
     for hidden in range(8, 65537, 8 * 61):
         for dh in (False, True):
             p = S.plan_backward(hidden, 16, dh, False, hw)
