@@ -228,6 +228,11 @@ def _runtime(device: torch.device, process_group, kind: str) -> _Runtime:
     return rt
 
 
+def _ranks_in_torch_group(process_group, comm: str) -> bool:
+    """Whether the ranks are those of a torch.distributed group (else MPI's world)."""
+    return comm == "torch" or (comm in ("auto", "copy_engine") and _torch_group(process_group))
+
+
 def _world(process_group, comm: str) -> tuple[int, int]:
     """(rank, world size) without building a communicator."""
     import torch.distributed as dist
@@ -236,7 +241,7 @@ def _world(process_group, comm: str) -> tuple[int, int]:
         raise LoweringError("comm='torch': expected an initialized torch.distributed group "
                             "(torch.distributed.init_process_group, or process_group=), found "
                             "none")
-    if comm == "torch" or (comm in ("auto", "copy_engine") and _torch_group(process_group)):
+    if _ranks_in_torch_group(process_group, comm):
         return dist.get_rank(process_group), dist.get_world_size(process_group)
     from mpi4py import MPI
 
@@ -298,7 +303,7 @@ def agree_on_weights(what: str, check, process_group, comm: str):
                   for name, t in tensors.items()}
     except HostIrError as e:
         refusal, error = f"{type(e).__name__}: {e}", e
-    if comm == "torch" or (comm in ("auto", "copy_engine") and _torch_group(process_group)):
+    if _ranks_in_torch_group(process_group, comm):  # the ranks `_world` counted
         import torch.distributed as dist
 
         everyone = [None] * world

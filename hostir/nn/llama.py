@@ -259,15 +259,15 @@ def parallelize(module: torch.nn.Module, *, heads: int | None = None,
         state = module.state_dict()
         check_weights(state, config)
         w = module.input_layernorm.weight
-        for name in _expected_shapes(config):  # the block holds one dtype, on one device
-            t = state[name]
+        weights = {name: state[name] for name in _expected_shapes(config)}
+        for name, t in weights.items():  # the block holds one dtype, on one device
             if (t.dtype, t.device) != (w.dtype, w.device):
                 raise InputMismatchError(f"parallelize: weight {name}: expected dtype "
                                          f"{w.dtype} on {w.device} (input_layernorm's), got "
                                          f"{t.dtype} on {t.device}")
         check_block_shape(config["hidden"], config["heads"], config["kv_heads"],
                           config["ffn"], _world(process_group, comm)[1])
-        return (config, state, w), {name: state[name] for name in _expected_shapes(config)}
+        return (config, state, w), weights
 
     config, state, w = agree_on_weights("parallelize", check, process_group, comm)
     block = ParallelTransformerBlock(**config, stages=stages, streams=streams,
