@@ -614,8 +614,11 @@ class EnvelopeRenderer(SharedRowRenderer):
         # the whole-chunk output, each 16-bit tensor by cols16k; fp32 ones as ever
         loads = "".join(E["load16"].format(name=n) if DTYPE_BYTES[d] == 2 else self._load(n, d)
                         for n, d in outs)
+        # chunk_output_k: y + col0 aligned (the dispatch's test), so its store has no test
+        parts = self._output_parts(outs)
+        parts["store"] = parts["store"].replace("<kFull, kRowsAligned>", "<kFull, true>")
         helpers = E["helpers"].format(out_t=out_t, tensor_params=tparams, out_args=out_args,
-                                      loads=loads, **self._output_parts(outs))
+                                      loads=loads, **parts)
         # the row's shift is the first 16-bit tensor's; the switch needs all of theirs alike
         halves = [n for n, d in outs if DTYPE_BYTES[d] == 2]
         if p.staged:  # the 16-bit tensors read from their staged copies, on 16 bytes
