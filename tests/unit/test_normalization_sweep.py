@@ -256,6 +256,13 @@ def test_shared_row_fusions_and_fp32_outputs_compile_without_spills(hidden):
 # ------------------------------------------------ the shared-row kernel's index math, in Python
 
 
+def _edge_slots(hidden, threads, slots):
+    """(0, kEdgeA, kEdgeB): the slots that may hold a partial chunk, as the kernel's
+    constants reckon them (chunk c is slot (c % (T * K)) / T)."""
+    last = (hidden + 7) // 8 - 1
+    return (0, (last % (threads * slots)) // threads, ((last + 1) % (threads * slots)) // threads)
+
+
 def _chunks_of_row(hidden, hx, threads, slots):
     """(thread, slot, chunk, first column, lo, hi) of every chunk the kernel touches for
     a row whose first element sits ``hx`` elements into its 16-byte granule: the
@@ -420,6 +427,14 @@ def test_envelope_kernel_shape_by_alignment():
     assert "constexpr bool kRowsAligned = false;" in src
     assert all(f"output_pass<{k}>(" in src for k in (0, 1, 2, 3, -1))
     assert "mask_chunk(xr[i]" in src and "const float shift" in src
+    # whole chunks' y stores: one 16-byte store where the dispatch found y at x's phase;
+    # a cluster's staged tensors never take the generic path (it reads global memory)
+    assert "((size_t)(y - hx) & 15) == 0" in src and "store16<kFull, true>(y" in src
+    staged = NormalizationSpec.layer_norm(ROWS, 40001, dtype="bfloat16")
+    assert staged.plan.staged and staged.plan.cluster > 1
+    src_staged = render_normalization(staged)
+    assert "(y - hx)" not in src_staged and "store16<kFull, true>(y" not in src_staged
+    assert "switch ((true) ? sh >> 1 : -1)" in src_staged
     assert "constexpr bool kRowsAligned = true;" in src_even
     assert "switch" not in src_even.split("extern \"C\"")[1]
     assert "const float shift" not in src_even
@@ -518,9 +533,19 @@ def test_envelope_chunks_masks_and_shifts_at_every_phase(hidden):
         nch = (hx + hidden + 7) >> 3
         seen, total, masked, s, q = [], 0.0, 0, 0.0, 0.0
         shift = row[0]
-        for _, _, c, col0, lo, hi in _chunks_of_row(hidden, hx, threads, slots):
+        edges = _edge_slots(hidden, threads, slots)
+        for tid, i, c, col0, lo, hi in _chunks_of_row(hidden, hx, threads, slots):
             whole = (c != 0 or hx == 0) and col0 + 8 <= hidden
             assert whole == (lo == 0 and hi == 8), (hidden, hx, c)
+            if not whole:  # only the slots the output pass tests, and stores after its loop
+                assert i in edges, (hidden, hx, c, i, edges)
+                if c == 0:  # the first: thread 0's slot 0, where the kernel's test holds
+                    assert tid == 0 and i == 0
+                    assert hx != 0 or (nch == 1 and (hx + hidden) % 8 != 0)
+                else:  # the last chunk: slot kEdgeA's or kEdgeB's, of the kernel's thread
+                    last_a = (hidden + 7) // 8 - 1
+                    assert (c, i) in ((last_a, edges[1]), (last_a + 1, edges[2]))
+                    assert tid == c - i * threads
             raw = _mask(flat[8 * c:8 * c + 8], lo, hi)
             masked += 8 - (hi - lo)
             total += sum(raw)
@@ -569,6 +594,9 @@ def test_a_clusters_ctas_hold_every_chunk_of_the_row_once(hidden):
                         if c < nch:
                             assert c not in owner
                             owner[c] = r
+                            col0 = 8 * c - hx
+                            if (c == 0 and hx != 0) or col0 + 8 > hidden:  # a partial chunk
+                                assert i in _edge_slots(hidden, t, k), (hidden, hx, c)
             assert sorted(owner) == list(range(nch))
             assert all(owner[c] <= owner[c + 1] for c in range(nch - 1))
             assert set(owner.values()) == set(range(cl))  # no CTA without chunks

@@ -614,23 +614,32 @@ class EnvelopeRenderer(SharedRowRenderer):
         # the whole-chunk output, each 16-bit tensor by cols16k; fp32 ones as ever
         loads = "".join(E["load16"].format(name=n) if DTYPE_BYTES[d] == 2 else self._load(n, d)
                         for n, d in outs)
-        # chunk_output_k: y + col0 aligned (the dispatch's test), so its store has no test
+        # chunk_output_k: y + col0 aligned where the dispatch tests y's phase once a row
+        # (then its store has no test of its own); not where the tensors are staged, whose
+        # generic path (`cols16`) reads global memory only
         parts = self._output_parts(outs)
-        parts["store"] = parts["store"].replace("<kFull, kRowsAligned>", "<kFull, true>")
+        ycheck = ydoc = ""
+        if not p.staged:
+            parts["store"] = parts["store"].replace("<kFull, kRowsAligned>", "<kFull, true>")
+            ycheck = " && ((size_t)(y - hx) & 15) == 0"
+            ydoc = (" (and y has x's,\n  // as the runtime allocates it: a whole chunk's "
+                    "store is then one 16-byte store)")
         helpers = E["helpers"].format(out_t=out_t, tensor_params=tparams, out_args=out_args,
                                       loads=loads, **parts)
         # the row's shift is the first 16-bit tensor's; the switch needs all of theirs alike
         halves = [n for n, d in outs if DTYPE_BYTES[d] == 2]
         if p.staged:  # the 16-bit tensors read from their staged copies, on 16 bytes
             row_args = "".join(f", s_{n}" if DTYPE_BYTES[d] == 2 else f", in_{n}" for n, d in outs)
-            dispatch = E["dispatch"].format(phase="0", same="true", out_args=row_args)
+            dispatch = E["dispatch"].format(phase="0", same="true", out_args=row_args,
+                                            ycheck=ycheck, ydoc=ydoc)
         elif s.rows_aligned:  # every base pointer on 16 bytes: no shift
             dispatch = E["dispatch_aligned"].format(out_args=out_args)
         else:
             phase = f"((int)((size_t)in_{halves[0]} & 15) >> 1)" if halves else "hx"
             same = " && ".join(f"(((size_t)in_{n} ^ (size_t)in_{halves[0]}) & 15) == 0"
                                for n in halves[1:]) or "true"
-            dispatch = E["dispatch"].format(phase=phase, same=same, out_args=out_args)
+            dispatch = E["dispatch"].format(phase=phase, same=same, out_args=out_args,
+                                            ycheck=ycheck, ydoc=ydoc)
         load = (E["load_ring"].format(pivot_read=pivots["pivot_read"]) if clustered
                 else E["load"].format())
         row = E["row"].format(out_t=out_t, load=load, first_pass=passes, stats=stats,

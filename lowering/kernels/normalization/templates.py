@@ -940,8 +940,8 @@ __device__ __forceinline__ uint4 cols16k(const unsigned short* __restrict__ p, i
   return make_uint4(__funnelshift_r(w[kK], w[kK + 1], f), __funnelshift_r(w[kK + 1], w[kK + 2], f),
                     __funnelshift_r(w[kK + 2], w[kK + 3], f), __funnelshift_r(w[kK + 3], w[kK + 4], f));
 }}
-// normalize one whole chunk, the norm's weight and bias, the epilogue, store
-// (y + col0 is 16-byte aligned: the dispatch checks it once a row)
+// normalize one whole chunk, the norm's weight and bias, the epilogue, store (where the
+// tensors are not staged, y + col0 is 16-byte aligned: the dispatch checks it once a row)
 template <int kK>
 __device__ __forceinline__ void chunk_output_k(const float (&v)[8], const float center, const float rstd,
                                                {out_t}* __restrict__ y, const int col0,
@@ -1183,11 +1183,10 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks}) __cl
 """,
     "dispatch": """\
   // the 1-D tensors' chunks sit sh elements into their aligned vectors, for every whole
-  // chunk of the row alike where the tensors share their 16-byte phase (and y has x's,
-  // as the runtime allocates it: a whole chunk's store is then one 16-byte store)
+  // chunk of the row alike where the tensors share their 16-byte phase{ydoc}
   const int sh = ({phase} - hx) & 7;
   const unsigned f = (sh & 1) * 16;
-  switch (({same}) && ((size_t)(y - hx) & 15) == 0 ? sh >> 1 : -1) {{
+  switch (({same}){ycheck} ? sh >> 1 : -1) {{
     case 0: output_pass<0>(xr, tid, nch, hx, center, rstd, y, f{out_args}); break;
     case 1: output_pass<1>(xr, tid, nch, hx, center, rstd, y, f{out_args}); break;
     case 2: output_pass<2>(xr, tid, nch, hx, center, rstd, y, f{out_args}); break;
