@@ -27,9 +27,18 @@ HOST_EXTRAS = r"""
 using std::min;
 #define __noinline__ __attribute__((noinline))
 #define __align__(n) alignas(n)
-template <class T> static T __ldcs(const T* p) { return *p; }
-template <class T> static T __ldg(const T* p) { return *p; }
-template <class T> static void __stcs(T* p, const T v) { *p = v; }
+#include <cstdio>
+#include <cstdlib>
+// a 16-byte access off 16 bytes faults on the GPU: here it ends the process, loudly
+template <class T> static void aligned_or_abort(const T* p) {
+  if (sizeof(T) >= 16 && ((size_t)p & 15)) {
+    fprintf(stderr, "host emulation: misaligned %zu-byte access at %p\n", sizeof(T), (const void*)p);
+    abort();
+  }
+}
+template <class T> static T __ldcs(const T* p) { aligned_or_abort(p); return *p; }
+template <class T> static T __ldg(const T* p) { aligned_or_abort(p); return *p; }
+template <class T> static void __stcs(T* p, const T v) { aligned_or_abort(p); *p = v; }
 static uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
 static unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned shift) {
   return (unsigned)((((unsigned long long)hi << 32) | lo) >> (shift & 31));
@@ -81,41 +90,53 @@ def test_cluster_rows_match_float64_on_the_host(kind, dtype, hidden, cluster, ro
     _check_on_the_host(spec, teams * cluster, offset)
 
 
-@pytest.mark.parametrize("kind, hidden, cluster, offset, tensor_offset", [
-    ("layer_norm", 2001, 3, 0, 3),   # rows at every phase; weight and bias at others
-    ("rms_norm", 1999, 2, 1, 5),
+@pytest.mark.parametrize("kind, hidden, cluster, offset, tensor_offset, y_offset", [
+    ("layer_norm", 2001, 3, 0, 3, 0),   # rows at every phase; weight and bias at others
+    ("rms_norm", 1999, 2, 1, 5, 1),
+    ("rms_norm", 1999, 2, 1, 0, 4),     # y off x's phase: the staged kernel's own store test
 ])
 def test_staged_cluster_rows_with_tensors_off_16_bytes_match_float64(kind, hidden, cluster,
-                                                                      offset, tensor_offset):
+                                                                      offset, tensor_offset,
+                                                                      y_offset):
     """`LaunchPlan.staged`: a cluster on rows off 16 bytes copies its columns of the
     weight (and bias) into shared memory at one phase, whatever the tensors' own (here
     each at another), and reads them there."""
     spec = getattr(NormalizationSpec, kind)(7, hidden, 1e-5, "bfloat16", envelope=True,
                                             cluster=cluster, alignment=2)
     assert spec.plan.staged and "s_weight" in render_normalization(spec)
-    _check_on_the_host(spec, 2 * cluster, offset, tensor_offset)
+    _check_on_the_host(spec, 2 * cluster, offset, tensor_offset, y_offset)
 
 
-@pytest.mark.parametrize("kind, hidden, rows, offset, one_pass", [
-    ("layer_norm", 2001, 9, 0, True),    # one row a block of 96 threads, rows at every phase
-    ("layer_norm", 7001, 5, 1, None),    # the two-pass statistics, bases 2 bytes off
-    ("rms_norm", 513, 10, 0, None),      # four rows a block, one warp each
-    ("rms_norm", 100, 7, 3, None),       # one chunk a thread: every chunk partial or whole
+@pytest.mark.parametrize("kind, hidden, rows, offset, one_pass, y_offset", [
+    ("layer_norm", 2001, 9, 0, True, 0),    # one row a block of 96 threads, rows at every phase
+    ("layer_norm", 7001, 5, 1, None, 1),    # the two-pass statistics, bases 2 bytes off
+    ("rms_norm", 513, 10, 0, None, 0),      # four rows a block, one warp each
+    ("rms_norm", 100, 7, 3, None, 3),       # one chunk a thread: every chunk partial or whole
+    # the row's last chunk in either of two slots (kEdgeA != kEdgeB: ceil(hidden / 8) a
+    # multiple of the threads), rows of the last block past the end
+    ("rms_norm", 250, 9, 1, None, 1),
+    ("layer_norm", 253, 9, 1, None, 1),
+    ("rms_norm", 5, 9, 1, None, 1),         # one chunk a row, first and last at once
+    ("layer_norm", 2001, 9, 0, True, 3),    # y off x's phase: the generic path's stores
 ])
-def test_one_block_envelope_rows_match_float64_on_the_host(kind, hidden, rows, offset, one_pass):
+def test_one_block_envelope_rows_match_float64_on_the_host(kind, hidden, rows, offset, one_pass,
+                                                           y_offset):
     """The envelope kernel without a cluster (one row on a block's threads, or several rows
     a block), which the GPU tests alone ran before."""
     spec = getattr(NormalizationSpec, kind)(rows, hidden, 1e-5, "bfloat16", envelope=True,
                                             alignment=16 if offset == 0 else 2, one_pass=one_pass)
     plan = spec.plan
     assert plan.envelope and plan.cluster == 1
-    _check_on_the_host(spec, -(-rows // plan.rows_per_block), offset)
+    _check_on_the_host(spec, -(-rows // plan.rows_per_block), offset, y_offset=y_offset)
 
 
-def _check_on_the_host(spec, grid: int, offset: int, tensor_offset: int = 0) -> None:
-    """Runs ``spec``'s kernel on the host over ``grid`` blocks, x and y ``offset`` elements
-    into their buffers (the weight ``tensor_offset``, the bias one more if any), and checks y
-    against float64 and that nothing around it was written."""
+def _check_on_the_host(spec, grid: int, offset: int, tensor_offset: int = 0,
+                       y_offset: int | None = None) -> None:
+    """Runs ``spec``'s kernel on the host over ``grid`` blocks, x ``offset`` elements into
+    its buffer and y ``y_offset`` (default: ``offset``, x's phase) into its own, the weight
+    ``tensor_offset`` (the bias one more if any), and checks y against float64 and that
+    nothing around it was written. A 16-byte access off 16 bytes aborts (HOST_EXTRAS)."""
+    y_offset = offset if y_offset is None else y_offset
     plan, rows, hidden = spec.plan, spec.rows, spec.hidden
     tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16}[spec.input_dtype]
     g = torch.Generator().manual_seed(hidden + rows + plan.cluster)
@@ -133,7 +154,7 @@ def _check_on_the_host(spec, grid: int, offset: int, tensor_offset: int = 0) -> 
     _, x = placed(x0.to(tdt))
     _, w = placed((torch.rand(hidden, generator=g) + 0.5).to(tdt), tensor_offset)
     _, b = placed(torch.randn(hidden, generator=g).to(tdt), tensor_offset and tensor_offset + 1)
-    ybuf, y = placed(torch.full((rows, hidden), float("nan")).to(tdt))
+    ybuf, y = placed(torch.full((rows, hidden), float("nan")).to(tdt), y_offset)
     guard = ybuf.clone()
     layer = "bias" in spec.parameter_names()
     tensors = {"x": x, "weight": w, "bias": b} if layer else {"x": x, "weight": w}
@@ -146,5 +167,5 @@ def _check_on_the_host(spec, grid: int, offset: int, tensor_offset: int = 0) -> 
     assert (err <= bound).all(), (err - bound).max().item()
     # nothing written outside the rows (the envelope's partial granules are shared)
     inside = torch.zeros_like(ybuf, dtype=torch.bool)
-    inside[offset:offset + rows * hidden] = True
+    inside[y_offset:y_offset + rows * hidden] = True
     assert torch.equal(ybuf[~inside].isnan(), guard[~inside].isnan())

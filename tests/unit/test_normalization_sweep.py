@@ -429,11 +429,17 @@ def test_envelope_kernel_shape_by_alignment():
     assert "mask_chunk(xr[i]" in src and "const float shift" in src
     # whole chunks' y stores: one 16-byte store where the dispatch found y at x's phase;
     # a cluster's staged tensors never take the generic path (it reads global memory)
-    assert "((size_t)(y - hx) & 15) == 0" in src and "store16<kFull, true>(y" in src
+    assert "(((size_t)y - (size_t)hx * sizeof(*y)) & 15) == 0" in src
+    assert "store16<kFull, true>(y" in src
+    from lowering.kernels.normalization import LayerNorm
+    wide_out = NormalizationSpec(ROWS, 7001, LayerNorm(weight_dtype="bfloat16", bias_dtype="bfloat16"),
+                                 input_dtype="bfloat16", output_dtype="float32", envelope=True)
+    src_wide = render_normalization(wide_out)  # fp32 y: the same test, in its own elements
+    assert "sizeof(*y)" in src_wide and "store32<kFull, true>(y" in src_wide
     staged = NormalizationSpec.layer_norm(ROWS, 40001, dtype="bfloat16")
     assert staged.plan.staged and staged.plan.cluster > 1
     src_staged = render_normalization(staged)
-    assert "(y - hx)" not in src_staged and "store16<kFull, true>(y" not in src_staged
+    assert "sizeof(*y)" not in src_staged and "store16<kFull, true>(y" not in src_staged
     assert "switch ((true) ? sh >> 1 : -1)" in src_staged
     assert "constexpr bool kRowsAligned = true;" in src_even
     assert "switch" not in src_even.split("extern \"C\"")[1]

@@ -620,8 +620,12 @@ class EnvelopeRenderer(SharedRowRenderer):
         parts = self._output_parts(outs)
         ycheck = ydoc = ""
         if not p.staged:
-            parts["store"] = parts["store"].replace("<kFull, kRowsAligned>", "<kFull, true>")
-            ycheck = " && ((size_t)(y - hx) & 15) == 0"
+            store = parts["store"].replace("<kFull, kRowsAligned>", "<kFull, true>")
+            if store == parts["store"]:
+                raise LoweringError("normalization kernel: the whole chunk's store "
+                                    f"{parts['store']!r} has no alignment flag to fix")
+            parts["store"] = store
+            ycheck = " && (((size_t)y - (size_t)hx * sizeof(*y)) & 15) == 0"
             ydoc = (" (and y has x's,\n  // as the runtime allocates it: a whole chunk's "
                     "store is then one 16-byte store)")
         helpers = E["helpers"].format(out_t=out_t, tensor_params=tparams, out_args=out_args,
