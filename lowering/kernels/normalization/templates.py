@@ -916,11 +916,12 @@ ENVELOPE_SNIPPETS = {
     "constants": """\
 constexpr int kT = {threads}, kHidden = {hidden}, kSlots = {slots};
 constexpr int kRowsPerBlock = {rows_per_block};{cluster}
-// The slots that may hold a row's last chunk (chunk c is slot (c % (kT * kSlots)) / kT of
-// its thread, in every CTA of a cluster alike): the last is chunk ceil(kHidden / 8) - 1,
-// or one further where the row starts inside its first granule.
-constexpr int kEdgeA = (((kHidden + 7) / 8 - 1) % (kT * kSlots)) / kT;
-constexpr int kEdgeB = (((kHidden + 7) / 8) % (kT * kSlots)) / kT;
+// A row's last chunk: kLastA = ceil(kHidden / 8) - 1, or one further where the row starts
+// inside its first granule; the slots that may hold it, kEdgeA and kEdgeB (chunk c is
+// slot (c % (kT * kSlots)) / kT of its thread, in every CTA of a cluster alike).
+constexpr int kLastA = (kHidden + 7) / 8 - 1;
+constexpr int kEdgeA = (kLastA % (kT * kSlots)) / kT;
+constexpr int kEdgeB = ((kLastA + 1) % (kT * kSlots)) / kT;
 constexpr bool kStaged = {staged};  // a cluster's 1-D tensors in shared memory (`staging`)
 """,
     "helpers": """\
@@ -1006,7 +1007,6 @@ __device__ __forceinline__ void output_pass(const uint4 (&xr)[kSlots], const int
       partial_output(xr[0], center, rstd, y, -hx, hx, min(8, kHidden + hx){out_args});
     const int last = nch - 1;
     if (tail != 0 && last > 0) {{
-      constexpr int kLastA = (kHidden + 7) / 8 - 1;
       if (last == kLastA && tid == kLastA - kEdgeA * kT)
         partial_output(xr[kEdgeA], center, rstd, y, 8 * last - hx, 0, tail{out_args});
       else if (last == kLastA + 1 && tid == kLastA + 1 - kEdgeB * kT)
