@@ -342,14 +342,17 @@ def _forward_record(kind, dtype, hidden: int, residual: bool, bias: bool, alignm
 
 
 def _backward_record(kind, dtype, hidden: int, dh: bool, alignment: int, index: int,
-                     threads_per_sm: int,
-                     rule: str = seams.DEFAULT_BACKWARD_RULE) -> tuple[_Launch, _Launch]:
+                     threads_per_sm: int, rule: str = seams.DEFAULT_BACKWARD_RULE,
+                     phased: bool = False) -> tuple[_Launch, _Launch]:
     """The staged row kernel's launch and its column reduce's. The row kernel's CTAs: as
     many as the SMs hold at once (the driver's occupancy with the plan's shared memory;
     for a cluster, the clusters the GPCs hold at once, since a cluster that waits for a
     second wave doubles the time), never more teams than tiles of rows. A cluster kernel
-    launches plainly: its rows are long, the launch overlap small."""
-    spec = _backward_spec(kind, dtype, hidden, dh, alignment, index, rule)
+    launches plainly: its rows are long, the launch overlap small. ``phased``: dy, h, dh
+    and dx share each row's 16-byte phase (`add_norm_backward_fused`); a phased plan's
+    teams are a multiple of its classes of rows (`seams.phase_period`), else the
+    narrower plan is taken."""
+    spec = _backward_spec(kind, dtype, hidden, dh, alignment, index, rule, phased)
     plan = spec.plan
     kernel = _kernel(spec, index)
     kernel.ensure_smem(plan.smem_bytes)
@@ -359,6 +362,14 @@ def _backward_record(kind, dtype, hidden: int, dh: bool, alignment: int, index: 
     if plan.cluster > 1:
         cap = jit.cluster_cap(_active_clusters(kernel, plan.cluster, plan.block_threads,
                                                plan.smem_bytes), cap, plan.cluster)
+    if plan.phased:
+        # as many teams in every class of rows (a class of fewer teams would hold the
+        # others up: four or five teams a class, 25%), at most 1/16 of them left idle
+        period = seams.phase_period(hidden)
+        if cap % period * 16 > cap:
+            return _backward_record(kind, dtype, hidden, dh, alignment, index,
+                                    threads_per_sm, rule, False)
+        cap -= cap % period
     rows = _Launch(spec, index, kernel, plan.block, plan.smem_bytes,
                    plan.cluster == 1 and _dependent_launch(index), plan.rows_per_block, cap,
                    plan.cluster)
@@ -412,12 +423,16 @@ def add_norm_backward_fused(dy, h, weight, mean, rstd, kind: str, dh=None,
     the plan (`lowering.kernels.seams.BACKWARD_RULES`): the bench's --sweep times both."""
     hidden = h.shape[-1]
     rows = h.numel() // hidden
-    dx = torch.empty_like(h)
+    # dx at dy's 16-byte phase, so that where dy, h (and dh) share theirs, rows off 16
+    # bytes take the kernel's 16-byte accesses at each row's phase (`seams.plan_backward`)
+    shift = (dy.data_ptr() & 15) // dy.element_size()
+    dx = torch.empty(h.numel() + shift, dtype=h.dtype, device=h.device)[shift:].view(h.shape)
     p = [0 if t is None else t.data_ptr() for t in (dy, h, weight, mean, rstd, dh, dx)]
     index = h.get_device()
+    phased = ((p[0] ^ p[1]) | (0 if dh is None else p[0] ^ p[5])) & 15 == 0
     row_kernel, reduce = _record((_backward_record, kind, h.dtype, hidden, dh is not None,
                                   _alignment_of(p[0] | p[1] | p[2] | p[5] | p[6]), index,
-                                  threads_per_sm, rule))
+                                  threads_per_sm, rule, phased))
     grid = row_kernel.grid(rows)
     teams = grid[0] // row_kernel.cluster
     # every team writes its whole workspace row (zeros where it met no row): no memset
@@ -434,9 +449,12 @@ def add_norm_backward_fused(dy, h, weight, mean, rstd, kind: str, dh=None,
 
 
 def _backward_spec(kind, dtype, hidden: int, dh: bool, alignment: int, index: int,
-                   rule: str = seams.DEFAULT_BACKWARD_RULE):
-    return seams.AddNormBackwardSpec(kind, _KERNEL_DTYPES[dtype], hidden, dh, alignment,
-                                     device_hardware(index), rule)
+                   rule: str = seams.DEFAULT_BACKWARD_RULE, phased: bool = False):
+    """The backward's spec; ``phased`` only where its plan takes the rows' phase (one spec,
+    one kernel, for the rows that do not)."""
+    spec = seams.AddNormBackwardSpec(kind, _KERNEL_DTYPES[dtype], hidden, dh, alignment,
+                                     device_hardware(index), rule, phased)
+    return dataclasses.replace(spec, phased=False) if phased and not spec.plan.phased else spec
 
 
 @functools.lru_cache(maxsize=16)

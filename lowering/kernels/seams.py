@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 from hostir.errors import LoweringError
 from lowering.kernels import seams_templates as T
@@ -213,6 +214,8 @@ class BackwardPlan(_RowBlock):
     offsets: tuple[int, int, int, int, int, int]
     smem_bytes: int
     slack: int = 0  # a cluster's rows of slack (`CLUSTER_SLACK`, as the stages allow)
+    # rows off 16 bytes on 16-byte accesses at their phase (`plan_backward`'s ``phased``)
+    phased: bool = False
 
     @property
     def tile_bytes(self) -> int:
@@ -246,7 +249,7 @@ class BackwardPlan(_RowBlock):
     def describe(self) -> str:
         return (f"v{self.vector} t{self.threads_per_row}x{self.rows_per_block} k"
                 f"{self.vectors_per_thread} c{self.cluster} s{self.stages}"
-                + (" hold" if self.hold else ""))
+                + (" hold" if self.hold else "") + (" phased" if self.phased else ""))
 
 
 def _deferred(stages: int, cluster: int, slack: int) -> bool:
@@ -296,14 +299,30 @@ def _fitted_threads(sl: int, vs: int, held: int, cluster: int) -> tuple[int, int
     return None if best is None else best[1:]
 
 
-def _backward_layout(hidden, vs, cluster, streams, layer, hw, held, fit=False):
+def _backward_layout(hidden, vs, cluster, streams, layer, hw, held, fit=False, phased=False):
     """The plan of one cluster size, or None where its stages do not fit. ``fit``: threads
     sized to the slice (`_fitted_threads`), else a power of two a row (all of the block's
-    in a cluster)."""
+    in a cluster). ``phased``: 16-byte accesses over each slice's 16-byte cover (up to 7
+    positions before it), one row a tile, or None."""
     sl = hidden if cluster == 1 else _ceil(-(-hidden // cluster), 8)
     if cluster > 1 and (cluster - 1) * sl >= hidden:
         return None
-    if fit:
+    if phased:
+        if fit or vs == 8:
+            return None
+        vs, span = 8, sl + 7
+        tpr = 32
+        while tpr < BACKWARD_THREADS and -(-span // (tpr * vs)) * vs > held:
+            tpr *= 2
+        if tpr < BACKWARD_THREADS and cluster == 1:
+            return None  # several rows a tile: they would start at different phases
+        tpr = BACKWARD_THREADS
+        k = -(-span // (tpr * vs))
+        if k * vs > held or span - (k - 1) * tpr * vs < tpr:
+            # (or the cover's last pass a sliver of the others: on the H200 LayerNorm of
+            # 4097 and 16385 columns ran 6-17% slower so than on 2-byte accesses)
+            return None
+    elif fit:
         fitted = _fitted_threads(sl, vs, held, cluster)
         if fitted is None:
             return None
@@ -317,7 +336,7 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held, fit=False):
         k = -(-sl // (tpr * vs))
         if k * vs > held:
             return None
-    rpb = 1 if cluster > 1 else BACKWARD_THREADS // tpr  # a cluster's tile: one row
+    rpb = 1 if cluster > 1 or phased else BACKWARD_THREADS // tpr  # a cluster's tile: one row
     stream_bytes = _ceil(2 * rpb * sl + 14, 16)
     tile = streams * stream_bytes
     weight_bytes = _ceil(2 * sl + 14, 16)  # the slice's 16-byte cover, as a stream's
@@ -350,10 +369,11 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held, fit=False):
     # 0.59 of copy bandwidth against 0.85 at 140 KB).
     smem = max(sbar + sbar_bytes + 8 * stages, min(hw.smem_per_sm // 2, hw.smem_per_block))
     return BackwardPlan(vs, tpr, rpb, k, sl, cluster, stages, streams, stream_bytes, hold,
-                        (stats, weight, red, cslot, sbar, sbar + sbar_bytes), smem, slack)
+                        (stats, weight, red, cslot, sbar, sbar + sbar_bytes), smem, slack,
+                        phased)
 
 
-def _pair_if_undeferred(p, hidden, vs, clusters, streams, layer, hw):
+def _pair_if_undeferred(p, hidden, vs, clusters, streams, layer, hw, phased=False):
     """``p``, or where it is one CTA of 16-byte vectors that cannot defer its rows (three
     stages or fewer: a row wider than four stages of shared memory hold) a cluster of two
     that can. Side by side on the H200 (13312-16384 columns, and 9216-15000 with the
@@ -364,25 +384,26 @@ def _pair_if_undeferred(p, hidden, vs, clusters, streams, layer, hw):
     if p.cluster != 1 or p.deferred or p.vector < 8 or 2 not in clusters:
         return p
     for held in BACKWARD_HELDS:
-        q = _backward_layout(hidden, vs, 2, streams, layer, hw, held)
+        q = _backward_layout(hidden, vs, 2, streams, layer, hw, held, phased=phased)
         if q is not None:
             return q if q.deferred else p
     return p
 
 
-def _fewest_clusters(hidden, vs, clusters, streams, layer, hw, least: int = 1):
+def _fewest_clusters(hidden, vs, clusters, streams, layer, hw, least: int = 1,
+                     phased: bool = False):
     """The plan of the smallest cluster of at least ``least`` CTAs whose stages fit at up
     to twice `BACKWARD_HELD_FLOATS` columns a thread, or None."""
     for c in clusters:
         if c >= least:
             for held in BACKWARD_HELDS:
-                p = _backward_layout(hidden, vs, c, streams, layer, hw, held)
+                p = _backward_layout(hidden, vs, c, streams, layer, hw, held, phased=phased)
                 if p is not None:
                     return p
     return None
 
 
-def _spread_if_one_in_flight(p, hidden, vs, clusters, streams, layer, hw):
+def _spread_if_one_in_flight(p, hidden, vs, clusters, streams, layer, hw, phased=False):
     """``p``, or where it is a cluster of 16-byte vectors with one tile in flight while it
     reduces one (three stages, or two with the residual's gradient: rows wider than four
     stages of its CTAs hold) the next cluster size's plan, where that keeps two or more in
@@ -398,7 +419,8 @@ def _spread_if_one_in_flight(p, hidden, vs, clusters, streams, layer, hw):
     vectors (widths off 4 bytes: 28001-65535) ran 5-14% slower so spread (H200)."""
     if p.cluster == 1 or p.vector < 8 or p.lookahead >= 2:
         return p
-    q = _fewest_clusters(hidden, vs, clusters, streams, layer, hw, least=p.cluster + 1)
+    q = _fewest_clusters(hidden, vs, clusters, streams, layer, hw, least=p.cluster + 1,
+                         phased=phased)
     if q is None or q.lookahead < 2 or q.slice < BACKWARD_SPREAD_COLUMNS * q.threads_per_row:
         return p
     return q
@@ -422,12 +444,16 @@ DEFAULT_BACKWARD_RULE = BACKWARD_RULES[0]
 
 @functools.lru_cache(maxsize=1024)
 def plan_backward(hidden: int, alignment: int, dh: bool, layer: bool,
-                  hw: Hardware = SM90, rule: str = DEFAULT_BACKWARD_RULE) -> BackwardPlan:
+                  hw: Hardware = SM90, rule: str = DEFAULT_BACKWARD_RULE,
+                  phased: bool = False) -> BackwardPlan:
     """``fewest_clusters`` (the default, see `BACKWARD_RULES`): the smallest cluster (1
     where the whole row fits a CTA) whose stages fit shared memory at up to twice
     `BACKWARD_HELD_FLOATS` columns a thread, but two where one CTA could not defer its
     rows (`_pair_if_undeferred`), and the next size where a cluster would have one tile
-    in flight (`_spread_if_one_in_flight`). ``in_flight``: the smallest cluster whose
+    in flight (`_spread_if_one_in_flight`); with ``phased`` (rows off 16 bytes whose
+    streams share each row's phase), the same rules over 16-byte accesses at the rows'
+    phase where a row is a tile (`_backward_layout`), else the plan of ``vector_width``'s
+    narrower accesses. ``in_flight``: the smallest cluster whose
     CTAs hold at most `BACKWARD_HELD_FLOATS` columns a thread, whose stages fit shared
     memory and keep `Hardware.in_flight_target` bytes in flight (else the one that keeps
     the most); where none holds the row so, twice the columns a thread. ``fitted``: as
@@ -444,9 +470,14 @@ def plan_backward(hidden: int, alignment: int, dh: bool, layer: bool,
     fit = rule == "fitted"
     if rule == "fewest_clusters":
         p = _fewest_clusters(hidden, vs, clusters, streams, layer, hw)
+        if phased and vs < 8:  # at the rows' phase, on no more CTAs a row
+            q = _fewest_clusters(hidden, vs, clusters, streams, layer, hw, phased=True)
+            phased = q is not None and (p is None or q.cluster <= p.cluster)
+            p = q if phased else p
         if p is not None:
-            p = _pair_if_undeferred(p, hidden, vs, clusters, streams, layer, hw)
-            return _spread_if_one_in_flight(p, hidden, vs, clusters, streams, layer, hw)
+            p = _pair_if_undeferred(p, hidden, vs, clusters, streams, layer, hw, phased)
+            return _spread_if_one_in_flight(p, hidden, vs, clusters, streams, layer, hw,
+                                            phased)
     for held in BACKWARD_HELDS:
         plans = [p for p in (_backward_layout(hidden, vs, c, streams, layer, hw, held, fit)
                              for c in clusters) if p is not None]
@@ -457,6 +488,12 @@ def plan_backward(hidden: int, alignment: int, dh: bool, layer: bool,
             return max(plans, key=lambda p: p.lookahead * p.tile_bytes)
     raise LoweringError(f"seam kernel: norm backward of width {hidden}: no plan fits "
                         f"{hw.smem_per_block} bytes of shared memory a block")
+
+
+def phase_period(hidden: int) -> int:
+    """Rows r and r + this start at one 16-byte phase (16-bit values): the classes of rows
+    a phased backward's teams take (its `PERIOD`), one team each at least."""
+    return 8 // math.gcd(hidden, 8)
 
 
 def _check_common(dtype: str, hidden: int) -> None:
@@ -518,6 +555,8 @@ class AddNormBackwardSpec:
     alignment: int = 16  # of dy, h, dh, dx and weight's base addresses, in bytes
     hardware: Hardware = SM90
     rule: str = DEFAULT_BACKWARD_RULE  # `BACKWARD_RULES`
+    # dy, h, dh and dx at one 16-byte phase (`plan_backward`'s ``phased``)
+    phased: bool = False
 
     def __post_init__(self):
         _check_common(self.dtype, self.hidden)
@@ -530,7 +569,7 @@ class AddNormBackwardSpec:
     @property
     def plan(self) -> BackwardPlan:
         return plan_backward(self.hidden, self.alignment, self.dh, self.kind == "layer_norm",
-                             self.hardware, self.rule)
+                             self.hardware, self.rule, self.phased)
 
     @property
     def sets(self) -> int:
@@ -542,7 +581,7 @@ class AddNormBackwardSpec:
         p = self.plan
         return (f"seam_{self.kind}_bwd_{self.dtype}_h{self.hidden}_v{p.vector}_c{p.cluster}"
                 f"_s{p.stages}_k{p.vectors_per_thread}_t{p.threads_per_row}x{p.rows_per_block}"
-                + ("_dh" if self.dh else ""))
+                + ("_dh" if self.dh else "") + ("_p" if p.phased else ""))
 
     def params(self) -> list[tuple[str, str]]:
         u, cu = "unsigned short* __restrict__", "const unsigned short* __restrict__"
@@ -683,7 +722,7 @@ def render(spec: Spec) -> str:
             "HOLD": p.hold, "DEFER": p.deferred, "LOOKAHEAD": p.lookahead,
             "STATS_OFF": stats, "W_OFF": weight, "RED_OFF": red,
             "CSLOT_OFF": cslot, "SBAR_OFF": sbar, "BAR_OFF": bars, "BULK": BULK_COPIES,
-            "SLACK": p.slack, "NSLOT": p.slots})
+            "SLACK": p.slack, "NSLOT": p.slots, "PHASED": p.phased})
         text = _bounded_kernel(spec.kernel_name, spec.params(), T.ADD_NORM_BACKWARD,
                                p.block_threads, 1)
         if p.cluster > 1:
@@ -732,6 +771,10 @@ def every_variant(hidden: int, dtype: str = "bf16", alignment: int = 16,
                 specs.append(AddNormForwardSpec(kind, dtype, hidden, residual, bias, alignment))
         for dh in (False, True):
             specs.append(AddNormBackwardSpec(kind, dtype, hidden, dh, alignment, hw))
+            # where the row's streams share their phase (what `runtime.fused` allocates)
+            phased = AddNormBackwardSpec(kind, dtype, hidden, dh, alignment, hw, phased=True)
+            if phased.plan.phased:
+                specs.append(phased)
     specs += [ColumnReduceSpec(dtype, s) for s in (1, 2)]
     specs += [ElementwiseSpec(op, dtype, alignment, rows) for op in ELEMENTWISE_OPS
               for rows in (False, True)]

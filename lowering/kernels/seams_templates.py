@@ -64,6 +64,18 @@ template <int V> __device__ __forceinline__ void store_vec(unsigned short* p, co
     *p = from_f(f[0]);
   }
 }
+// Eight values as one 16-byte global store, kept whole: through a pointer with a run-time
+// offset of 2-byte steps (the phased backward's dx) the compiler split store_vec<8>'s
+// into four 4-byte stores, which the caller knows to be aligned.
+__device__ __forceinline__ void store_vec8_whole(unsigned short* p, const float* f) {
+#ifdef SEAM_HOST
+  if ((unsigned long long)p & 15) std::abort();  // the GPU would fault
+  store_vec<8>(p, f);
+#else
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" :: "l"(p), "r"(pack2(f[0], f[1])),
+               "r"(pack2(f[2], f[3])), "r"(pack2(f[4], f[5])), "r"(pack2(f[6], f[7])));
+#endif
+}
 // The value as the dtype holds it (the residual stream is stored rounded, and the norm
 // is taken of what was stored, as the reference does).
 __device__ __forceinline__ float rounded(float v) { return to_f(from_f(v)); }
@@ -431,6 +443,20 @@ const int rank = CLUSTER > 1 ? (int)cluster_rank() : 0;
 const int team = blockIdx.x / CLUSTER, teams = gridDim.x / CLUSTER;
 const int c0 = rank * SL;
 const int len = HIDDEN - c0 < SL ? HIDDEN - c0 : SL;  // columns of this CTA's slice
+// PHASED: rows off 16 bytes whose streams (dy, h, dh, dx) share each row's 16-byte phase.
+// Rows r and r + PERIOD start at one phase, so a team takes the rows of one class of the
+// row index mod PERIOD (`tile_at`) and works on the positions of its slice's 16-byte cover
+// (column c0 + c at position ph + c): 16-byte accesses, the weight copied to the same
+// positions, its dweight sums held at fixed positions; only a row's first and last chunks
+// are masked. Else column c0 + c is at c, and a team takes every teams-th row.
+constexpr int PERIOD = PHASED ? 8 / ((HIDDEN & -HIDDEN) < 8 ? (HIDDEN & -HIDDEN) : 8) : 1;
+const int cls = team % PERIOD, cls_team = team / PERIOD;
+const int cls_teams = (teams - cls + PERIOD - 1) / PERIOD;  // the teams of class cls
+auto tile_at = [&](int it) {
+  return PHASED ? cls + PERIOD * (cls_team + it * cls_teams) : team + it * teams;
+};
+const int ph = PHASED ? (int)(((unsigned long long)(dy + (size_t)cls * HIDDEN + c0) & 15ull) >> 1) : 0;
+const int lim = ph + len;  // the slice's end, in positions
 // Narrow accesses (VS < 8: 9-32 of them a thread a row) fold their bounds checks where
 // they are known to hold: accesses k < FULL_K lie within every CTA's slice for every
 // thread (the shortest slice, a cluster's last, holds FULL_K whole rounds of TPR
@@ -442,12 +468,12 @@ constexpr bool FOLD = VS < 8;
 constexpr int FULL_K = FOLD ? (HIDDEN - (CLUSTER - 1) * SL) / (TPR * VS) : 0;
 // every tile of this CTA bulk-copied: at VS 8 a tile's span has a constant length (one
 // row a tile is never partial, and a cluster's shorter last slice takes the cp.asyncs)
-const bool bulk = BULK_SPANS && (VS < 8 || CLUSTER == 1 || len == SL);
+const bool bulk = BULK_SPANS && (VS < 8 || PHASED || CLUSTER == 1 || len == SL);
 const int tiles = (rows + RPB - 1) / RPB;
 // the weight's slice, copied like a stream's span
 const unsigned short* w_src = weight + c0;
 const char* w_lo = reinterpret_cast<const char*>((unsigned long long)w_src & ~15ull);
-{
+if constexpr (!PHASED) {
   const int chunks = (int)((reinterpret_cast<const char*>(w_src + len) - w_lo + 15) >> 4);
   for (int j = tid; j < chunks; j += THREADS)
     cp_async16(reinterpret_cast<unsigned char*>(w_s) + 16 * j, w_lo + 16 * j);
@@ -472,7 +498,7 @@ auto issue = [&](int tile, int stage) {
     const int nrows = rows - row0 < RPB ? rows - row0 : RPB;
     const size_t first = (size_t)row0 * HIDDEN + c0;
     if (bulk) {
-      if (tid == 0 && VS == 8) {
+      if (tid == 0 && VS == 8 && !PHASED) {
         constexpr unsigned SPAN = 2 * (CLUSTER > 1 ? SL : RPB * HIDDEN);
         mbar_expect(bars + stage, NSTREAM * SPAN);
 #pragma unroll
@@ -498,7 +524,7 @@ auto issue = [&](int tile, int stage) {
           bulk_copy(smem + (size_t)(stage * NSTREAM + s) * STREAM_BYTES,
                     reinterpret_cast<const void*>(lo[s]), bytes[s], bars + stage);
       }
-    } else if (VS == 8 && (CLUSTER > 1 ? len == SL : nrows == RPB)) {
+    } else if (VS == 8 && !PHASED && (CLUSTER > 1 ? len == SL : nrows == RPB)) {
       // The common span (a whole tile, or a whole slice): 16-byte aligned (every row
       // start is, at VS 8) and of a length known here, so the copies unroll with
       // constant offsets; the general loop below costs ~40 instructions a stream a row,
@@ -540,7 +566,34 @@ if (bulk && tid == 0) {
   for (int s = 0; s < STAGES; ++s) mbar_init(bars + s);
 }
 #pragma unroll 1
-for (int s = 0; s < LOOKAHEAD; ++s) issue(team + s * teams, s);
+for (int s = 0; s < LOOKAHEAD; ++s) issue(tile_at(s), s);
+if constexpr (PHASED) {
+  // the weight at the slice's positions, zeros around it (g is then 0 outside the row),
+  // while the first tiles land: every load issued before any store (a loop of dependent
+  // load-store pairs cost a CTA ~10 us); the barrier at the first tile's top (or the held
+  // weight's) orders these stores before any read
+  constexpr int WN = (SL + 14 + THREADS - 1) / THREADS;  // ceil8(ph + len) <= SL + 14
+  unsigned short wv[WN];
+#pragma unroll
+  for (int u = 0; u < WN; ++u) {
+    const int j = tid + u * THREADS;
+    wv[u] = j >= ph && j < lim ? w_src[j - ph] : (unsigned short)0;
+  }
+#pragma unroll
+  for (int u = 0; u < WN; ++u) {
+    if (tid + u * THREADS < ((lim + 7) & ~7)) w_s[tid + u * THREADS] = wv[u];
+  }
+}
+// PHASED: bit k set where this thread's k-th chunk is the slice's first (positions before
+// ph) or last (positions past lim): the only chunks masked and stored value by value
+unsigned edges = 0;
+if constexpr (PHASED) {
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int col = (tx + k * TPR) * VS;
+    if (col < ph || (col < lim && col + VS > lim)) edges |= 1u << k;
+  }
+}
 float wr[HOLD ? K : 1][VS];
 if constexpr (HOLD) {
   cp_async_wait<LOOKAHEAD>();  // group 0: the weight
@@ -548,7 +601,7 @@ if constexpr (HOLD) {
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const int col = (tx + k * TPR) * VS;
-    if (col < len) load_vec<VS>(w_s + col, wr[k]);
+    if (col < lim) load_vec<VS>(w_s + col, wr[k]);
   }
 }
 // A row between its two phases: where it is, its statistics, its stage, its sums.
@@ -582,11 +635,17 @@ auto begin = [&](int tile, int it, RowState& q) {
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const int col = (tx + k * TPR) * VS;
-    if (q.live && (k < FULL_K || col < len)) {
+    if (q.live && (k < FULL_K || col < lim)) {
       float d[VS], n[VS], wl[VS];
       load_vec<VS>(q.st[0] + col, d);
       load_vec<VS>(q.st[1] + col, n);
       if constexpr (!HOLD) load_vec<VS>(w_s + col, wl);
+      if (PHASED && ((edges >> k) & 1)) {  // the slice's first or last chunk
+#pragma unroll
+        for (int i = 0; i < VS; ++i) {
+          if (col + i < ph || col + i >= lim) { d[i] = 0.f; n[i] = q.m; }  // n = 0 below
+        }
+      }
       const float* w = HOLD ? wr[HOLD ? k : 0] : wl;
 #pragma unroll
       for (int i = 0; i < VS; ++i) {
@@ -648,14 +707,19 @@ auto finish = [&](int it, RowState& q) {
   // dx = r * (g - gmean - n * dot) (+ dh): g - gmean first, so that it is exactly 0
   // where g is the row's mean (r * g - r * gmean in fmas leaves the rounding of
   // r * gmean), then one fma for n's term and one for r and dh: two instructions a
-  // value past g - gmean
+  // value past g - gmean. Where n is not held it is read as h - mean, its r folded into
+  // n's coefficient: dx = (h - mean) (r^2 (-dot)) + r (g - gmean) (+ dh), one multiply a
+  // value fewer, and still exactly r (g - gmean) where h is the mean (H200, 8192 rows:
+  // LayerNorm on clusters 1-3% faster at 16896-43520 columns, one CTA and RMSNorm alike).
   const float kn = -(q.s[0] * (1.f / HIDDEN));
+  const float kn2 = kn * q.r * q.r;
   const float gm = LAYER ? q.s[LAYER ? 1 : 0] * (1.f / HIDDEN) : 0.f;
-  unsigned short* out_row = dx + (size_t)(q.live ? q.row : 0) * HIDDEN + c0;
+  // PHASED: the slice's 16-byte cover (dx at dy's phase)
+  unsigned short* out_row = dx + (size_t)(q.live ? q.row : 0) * HIDDEN + c0 - ph;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     const int col = (tx + k * TPR) * VS;
-    if (q.live && (k < FULL_K || col < len)) {
+    if (q.live && (k < FULL_K || col < lim)) {
       float n[VS], g[VS], out[VS];
       if constexpr (HOLD) {
 #pragma unroll
@@ -666,16 +730,32 @@ auto finish = [&](int it, RowState& q) {
         load_vec<VS>(q.st[1] + col, n);
         load_vec<VS>(w_s + col, w);
 #pragma unroll
-        for (int i = 0; i < VS; ++i) { n[i] = (n[i] - q.m) * q.r; g[i] *= w[i]; }
+        for (int i = 0; i < VS; ++i) { n[i] = n[i] - q.m; g[i] *= w[i]; }  // n unscaled
       }
       float e[VS];
       if constexpr (HAS_DH) load_vec<VS>(q.st[NSTREAM - 1] + col, e);
 #pragma unroll
       for (int i = 0; i < VS; ++i) {
-        const float t = fmaf(n[i], kn, LAYER ? g[i] - gm : g[i]);
-        out[i] = HAS_DH ? fmaf(q.r, t, e[i]) : q.r * t;
+        const float gc = LAYER ? g[i] - gm : g[i];
+        if constexpr (HOLD) {
+          const float t = fmaf(n[i], kn, gc);
+          out[i] = HAS_DH ? fmaf(q.r, t, e[i]) : q.r * t;
+        } else {
+          out[i] = fmaf(n[i], kn2, HAS_DH ? fmaf(q.r, gc, e[i]) : q.r * gc);
+        }
       }
-      store_vec<VS>(out_row + col, out);
+      if (!PHASED) {
+        store_vec<VS>(out_row + col, out);
+      } else if (!((edges >> k) & 1)) {
+        // (store_vec's 16-byte store was split in four here: H200, 0.60 of copy
+        // bandwidth against 0.79 on aligned rows of the same plan)
+        store_vec8_whole(out_row + col, out);
+      } else {
+#pragma unroll
+        for (int i = 0; i < VS; ++i) {
+          if (col + i >= ph && col + i < lim) out_row[col + i] = from_f(out[i]);
+        }
+      }
     }
   }
 };
@@ -686,7 +766,7 @@ auto top = [&](int tile, int it, bool late) {
   __syncthreads();  // everyone's; and the stage refilled next is read out
   // a bulk tile: its stage's barrier completes its (it / STAGES)-th phase
   if (bulk) mbar_wait(bars + it % STAGES, (it / STAGES) & 1);
-  if (!late) issue(tile + LOOKAHEAD * teams, (it + LOOKAHEAD) % STAGES);
+  if (!late) issue(tile_at(it + LOOKAHEAD), (it + LOOKAHEAD) % STAGES);
 };
 if constexpr (CLUSTER > 1) {
   // A cluster: a row's second phase SLACK iterations after its first (its stage held as
@@ -705,7 +785,7 @@ if constexpr (CLUSTER > 1) {
     // unrolled by the ring's length, so that each row state has a constant index
 #pragma unroll
     for (int u = 0; u <= SLACK; ++u) {
-      const int it = base + u, tile = team + it * teams;
+      const int it = base + u, tile = tile_at(it);
       if (more && tile < tiles) {
         top(tile, it, false);
         RowState& old = qs[(u + 1) % (SLACK + 1)];  // row it - SLACK's
@@ -725,7 +805,7 @@ if constexpr (CLUSTER > 1) {
   RowState q;
   int it = 0;
 #pragma unroll 1
-  for (int tile = team; tile < tiles; tile += teams, ++it) {
+  for (int tile = tile_at(0); tile < tiles; tile = tile_at(++it)) {
     // A deferring CTA issues the next tile's copies after the row's work, not before it:
     // issued at once after the barrier, the 16 warps' copies filled the load queue and
     // held the row's math back (0.4-1.3% slower on the H200, docs/EXPERIMENTS.md).
@@ -734,7 +814,7 @@ if constexpr (CLUSTER > 1) {
       // the previous row's second phase: the barrier above was its barrier
       if (it > 0) finish(it - 1, q);
       begin(tile, it, q);
-      issue(tile + LOOKAHEAD * teams, (it + LOOKAHEAD) % STAGES);
+      issue(tile_at(it + LOOKAHEAD), (it + LOOKAHEAD) % STAGES);
     } else {
       begin(tile, it, q);
       finish(it, q);
@@ -750,7 +830,31 @@ if constexpr (CLUSTER > 1) {
 cp_async_wait<0>();
 __syncthreads();  // the stages are free: they hold the row slots' sums now
 const int sets = LAYER ? 2 : 1;
-if constexpr (RPB > 1) {
+if constexpr (PHASED) {
+  // the sums at their positions into shared memory (the stages, stats and weight are
+  // free), then written by column, lanes on consecutive columns: stored from the
+  // registers, lanes 32 bytes apart and a width off 16 bytes, each 4-byte store was a
+  // sector of its own (H200, LayerNorm 8184 two bytes off: 0.60 of copy against 0.72)
+  constexpr int SPAN = (SL + 15) & ~7;  // positions of a set, ceil8(ph + len) at most
+  float* acc = reinterpret_cast<float*>(smem);  // [sets][SPAN]
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int col = (tx + k * TPR) * VS;
+    if (col < lim) {
+#pragma unroll
+      for (int i = 0; i < VS; i += 4) {
+        *reinterpret_cast<float4*>(acc + col + i) = make_float4(aw[k][i], aw[k][i + 1], aw[k][i + 2], aw[k][i + 3]);
+        if constexpr (LAYER)
+          *reinterpret_cast<float4*>(acc + SPAN + col + i) = make_float4(ab[k][i], ab[k][i + 1], ab[k][i + 2], ab[k][i + 3]);
+      }
+    }
+  }
+  __syncthreads();
+  for (int set = 0; set < sets; ++set) {
+    float* to = ws + ((size_t)set * teams + team) * HIDDEN + c0;
+    for (int e = tid; e < len; e += THREADS) to[e] = acc[set * SPAN + ph + e];
+  }
+} else if constexpr (RPB > 1) {
   float* acc = reinterpret_cast<float*>(smem);  // [sets][RPB][SL]
 #pragma unroll
   for (int k = 0; k < K; ++k) {

@@ -129,8 +129,10 @@ def test_add_norm_on_misaligned_tensors(dtype, kind):
 # Every kind of backward plan: single values (odd widths, any row offset), 16-byte
 # vectors, 2-16 rows a tile, clusters of 2, 4 and 8 CTAs (past 8192 columns), twice the
 # held columns at the widest.
-BACKWARD_WIDTHS = (1, 7, 100, 513, 4096, 4097, 8192, 16384, 16385, 24575, 40001, 65535,
-                   65536, 131072)
+# 5140, 6001, 6002, 9999, 20001, 30001: rows off 16 bytes taken at their phase (two, eight,
+# four classes of rows; one CTA, clusters of two and four)
+BACKWARD_WIDTHS = (1, 7, 100, 513, 4096, 4097, 5140, 6001, 6002, 8192, 9999, 16384, 16385,
+                   20001, 24575, 30001, 40001, 65535, 65536, 131072)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -179,7 +181,7 @@ def test_each_backward_plan_rule_against_float64(width, rule):
     _check("dbias", db, want[2], dtype)
 
 
-@pytest.mark.parametrize("width", (512, 4096, 16385, 65536))
+@pytest.mark.parametrize("width", (512, 4096, 8184, 16385, 20000, 65536))
 def test_add_norm_backward_on_misaligned_rows_at_wide_widths(width):
     """Bases 2 bytes past a 16-byte boundary (a view into a larger buffer): the staged
     copies take the 16-byte cover of every span and read it at its offset."""

@@ -534,11 +534,36 @@ def test_forward_runs_on_the_host(dtype, hidden, rows, grid, kind, residual):
 ])
 def test_backward_and_column_reduce_run_on_the_host(dtype, hidden, rows, teams, kind, with_dh,
                                                     offset, vector, rule):
+    _backward_on_the_host(dtype, hidden, rows, teams, kind, with_dh, offset, vector, rule)
+
+
+@pytest.mark.parametrize("dtype, hidden, rows, teams, kind, with_dh, offset, plan", [
+    # rows off 16 bytes at their phase: PERIOD 8 (odd widths), every phase; one CTA
+    ("bf16", 6001, 19, 8, "rms_norm", True, 0, "v8 t512x1 k2 c1 s4 hold phased"),
+    ("bf16", 7001, 13, 9, "layer_norm", False, 1, "v8 t512x1 k2 c1 s4 hold phased"),
+    ("fp16", 9999, 11, 8, "layer_norm", False, 3, "v8 t512x1 k3 c1 s4 phased"),  # n, g read again
+    ("bf16", 6002, 9, 4, "layer_norm", True, 0, "v8 t512x1 k2 c1 s4 hold phased"),  # PERIOD 4
+    ("bf16", 5140, 7, 3, "rms_norm", False, 2, "v8 t512x1 k2 c1 s5 hold phased"),   # PERIOD 2
+    # clusters: each CTA's slice at the row's phase
+    ("bf16", 20001, 9, 8, "layer_norm", True, 0, "v8 t512x1 k3 c2 s3 phased"),
+    ("bf16", 30001, 5, 8, "rms_norm", False, 1, "v8 t512x1 k2 c4 s4 hold phased"),
+])
+def test_backward_at_the_rows_phase_runs_on_the_host(dtype, hidden, rows, teams, kind,
+                                                     with_dh, offset, plan):
+    _backward_on_the_host(dtype, hidden, rows, teams, kind, with_dh, offset, 8,
+                          "fewest_clusters", plan)
+
+
+def _backward_on_the_host(dtype, hidden, rows, teams, kind, with_dh, offset, vector, rule,
+                          phased_plan=None):
+    """The backward's row kernel and its column reduce, host-compiled, against float64:
+    ``phased_plan``, the plan of dy, h, dh and dx at one phase (the one described)."""
     tdt = HOST_DTYPES[dtype]
     g = torch.Generator().manual_seed(hidden * 3 + rows)
 
     def make(t):  # `offset` values into a larger buffer: the base off 16-byte alignment
-        buf = torch.empty(t.numel() + 8, dtype=tdt)
+        # (NaN around it: a kernel reading the 16-byte cover of a row must not use it)
+        buf = torch.full((t.numel() + 8,), float("nan"), dtype=tdt)
         view = buf[max(0, offset):max(0, offset) + t.numel()].view(t.shape)
         view.copy_(t)
         return view
@@ -557,10 +582,11 @@ def test_backward_and_column_reduce_run_on_the_host(dtype, hidden, rows, teams, 
     # that two stages serve)
     hw = S.Hardware(smem_per_block=120000, dram_bytes_per_s=1e9) if offset < 0 else S.SM90
     spec = S.AddNormBackwardSpec(kind, dtype, hidden, with_dh, fused._alignment(dy, h, dh, w),
-                                 hw, rule)
+                                 hw, rule, phased_plan is not None)
     assert (spec.plan.stages == 2) == (offset < 0)
     plan = spec.plan
     assert plan.vector == vector
+    assert plan.describe() == phased_plan if phased_plan else not plan.phased
     parts = teams
     ws = torch.full((spec.sets * parts * hidden,), float("nan"))
     dx = make(torch.full((rows, hidden), float("nan")).to(tdt))

@@ -240,6 +240,26 @@ def test_backward_records_are_what_the_spec_and_plan_say(launches, rows, hidden,
         dw.data_ptr(), _p(db), teams, hidden]
 
 
+@pytest.mark.parametrize("hidden, offsets, phased", [
+    (6002, (3, 3, 3), True),   # dy, h, dh at one phase; rows in 4 classes, one team each
+    (5140, (1, 1, 1), True),   # 2 classes of rows
+    (6001, (0, 0, 0), False),  # 8 classes: more than the device's 4 teams
+    (6002, (1, 0, 1), False),  # dy and h at different phases
+])
+def test_backward_takes_the_rows_phase_where_its_streams_share_it(launches, hidden, offsets,
+                                                                 phased):
+    dy, h, g = (_t((64, hidden), offset=o) for o in offsets)
+    w = _t((hidden,), offset=1)
+    dx, _, _ = fused.add_norm_backward_fused(dy, h, w, _stats(64), _stats(64), "layer_norm", g)
+    (record, grid, args), _ = launches
+    assert (dx.data_ptr() - dy.data_ptr()) % 16 == 0  # dx at dy's 16-byte phase
+    assert args[6].item() == dx.data_ptr()
+    plan = record.spec.plan
+    assert plan.phased == phased and (plan.vector == 8) == phased
+    if phased:  # as many teams in each class of rows
+        assert grid[0] // plan.cluster % S.phase_period(hidden) == 0
+
+
 def test_elementwise_and_rotary_records_are_what_their_specs_say(launches):
     fused._elementwise_rows("swiglu_forward", (_t((7, 2000))[:, :1000],) * 2, (_t((7, 1000)),))
     fused._elementwise("gelu_forward", (_t((1 << 20,), offset=2),), (_t((1 << 20,)),))

@@ -647,7 +647,8 @@ class EnvelopeRenderer(SharedRowRenderer):
         load = (E["load_ring"].format(pivot_read=pivots["pivot_read"]) if clustered
                 else E["load"].format())
         row = E["row"].format(out_t=out_t, load=load, first_pass=passes, stats=stats,
-                              dispatch=dispatch)
+                              dispatch=dispatch,
+                              mask=E["mask_edges" if clustered else "mask_all"])
         staging = ""
         if p.staged:  # after the pivots' slots (a layer norm's), else after the sums
             if not clustered or s.rows_aligned or p.staged != 2 * len(halves):
