@@ -133,10 +133,12 @@ def test_vector_width_is_16_bytes_where_rows_stay_aligned(hidden, width):
 def test_vector_width_follows_pointer_alignment():
     assert NormalizationSpec.layer_norm(16, 4096, alignment=4, shared_row=False).plan.vector_width == 2
     assert NormalizationSpec.rms_norm(16, 4096, alignment=4).plan.envelope
-    assert NormalizationSpec.layer_norm(16, 4096, alignment=4).plan.vector_width == 2
-    # a layer norm's rows of 2-byte vectors take the envelope kernel from 3000 values
-    assert NormalizationSpec.layer_norm(16, 4096, alignment=2).plan.envelope
-    assert NormalizationSpec.layer_norm(16, 2048, alignment=2).plan.vector_width == 1
+    # a layer norm's rows of 4-byte vectors take the envelope kernel from 4096 values,
+    # of 2-byte vectors from 2048 (`ENVELOPE_LAYER_MIN_V2`, `ENVELOPE_LAYER_MIN`)
+    assert NormalizationSpec.layer_norm(16, 4000, alignment=4).plan.vector_width == 2
+    assert NormalizationSpec.layer_norm(16, 4096, alignment=4).plan.envelope
+    assert NormalizationSpec.layer_norm(16, 2048, alignment=2).plan.envelope
+    assert NormalizationSpec.layer_norm(16, 2040, alignment=2).plan.vector_width == 1
     # an fp32 tensor in the fusion halves the elements a 16-byte access holds
     assert vector_width_for(4096, (2, 4, 2), 16) == 4
 

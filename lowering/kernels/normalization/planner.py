@@ -704,8 +704,8 @@ ENVELOPE_CHUNKS = 3  # chunks a thread at least
 ENVELOPE_PADDING_STEP = 0.1  # padding compared in steps of this
 ENVELOPE_ROW_THREADS = 160  # threads a row preferred where the row allows
 ENVELOPE_ALIGNED_MIN = 8192  # aligned rows from this many values
-ENVELOPE_LAYER_MIN = 3000  # unaligned layer norms from this many values (2-byte vectors)
-ENVELOPE_LAYER_MIN_V2 = 6144  # and rows of 4-byte vectors (2 mod 8 values)
+ENVELOPE_LAYER_MIN = 2048  # unaligned layer norms from this many values (2-byte vectors)
+ENVELOPE_LAYER_MIN_V2 = 4096  # and rows of 4-byte vectors (2 mod 8 values)
 ENVELOPE_OVER_BLOCKS = 3  # aligned RMS norms' row-wise plans of fewer blocks an SM yield
 # Registers of the envelope kernel besides 4 a chunk, fitted to ptxas (sm_90, no
 # promise: rms_norm 32-62 at 1-6 chunks). The block promise leaves ptxas at least the
@@ -897,10 +897,12 @@ def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int,
       7001-16385 (0.55-0.69 on the register kernels' narrow vectors, the shared-row
       kernel past 16K). Shorter ones, after the one-pass statistics and the output pass
       instantiated for each shift: H200 3001-6001 0.73-0.89 against 0.65-0.71, H100
-      0.89-0.95 against 0.75-0.79; under 3000 the register kernels' (2501 H200 0.67
-      against 0.65, 513-2050 0.71-0.78 against 0.56-0.77). Rows of 4-byte vectors (2 mod
-      8 values) from `ENVELOPE_LAYER_MIN_V2`: H200 3002 0.73 against 0.79, 4098 0.78
-      against 0.82, 6002 0.85 against 0.80, 7002 0.85 against 0.82. 8-byte vectors
+      0.89-0.95 against 0.75-0.79. Since the envelope's output pass lost its per-slot
+      tests (H200, side by side): 2501 0.79 against 0.66 on the register kernels, 2999
+      0.76 against 0.70, but 1537 0.69 against 0.75 and 513 0.62 against 0.72 (1001 0.72
+      against 0.66): from 2048. Rows of 4-byte vectors (2 mod 8 values) from
+      `ENVELOPE_LAYER_MIN_V2`: 4098 0.84 against 0.82, 5002 0.88 against 0.80, 6002 0.90
+      against 0.80, 2050 0.77 against 0.78 (3002 had run 0.73 against 0.79). 8-byte vectors
       (5140) run as fast either way (0.90 rms_norm): they keep their plans.
     - Aligned rows from `ENVELOPE_ALIGNED_MIN` values that `_plain_rowwise` declined: the
       raw 16-bit chunks take half the registers of its fp32 values, so two blocks an SM
