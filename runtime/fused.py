@@ -423,16 +423,19 @@ def add_norm_backward_fused(dy, h, weight, mean, rstd, kind: str, dh=None,
     the plan (`lowering.kernels.seams.BACKWARD_RULES`): the bench's --sweep times both."""
     hidden = h.shape[-1]
     rows = h.numel() // hidden
-    # dx at dy's 16-byte phase, so that where dy, h (and dh) share theirs, rows off 16
-    # bytes take the kernel's 16-byte accesses at each row's phase (`seams.plan_backward`)
-    shift = (dy.data_ptr() & 15) // dy.element_size()
-    dx = torch.empty(h.numel() + shift, dtype=h.dtype, device=h.device)[shift:].view(h.shape)
-    p = [0 if t is None else t.data_ptr() for t in (dy, h, weight, mean, rstd, dh, dx)]
+    p = [0 if t is None else t.data_ptr() for t in (dy, h, weight, mean, rstd, dh)]
     index = h.get_device()
+    # where dy, h (and dh) share each row's 16-byte phase, rows off 16 bytes may take
+    # 16-byte accesses at that phase (`seams.plan_backward`); dx is then allocated at
+    # dy's phase, else 16-byte aligned (what a consumer of dx may need). Either way dx
+    # lowers no alignment the others keep, so the key need not wait for it.
     phased = ((p[0] ^ p[1]) | (0 if dh is None else p[0] ^ p[5])) & 15 == 0
     row_kernel, reduce = _record((_backward_record, kind, h.dtype, hidden, dh is not None,
-                                  _alignment_of(p[0] | p[1] | p[2] | p[5] | p[6]), index,
+                                  _alignment_of(p[0] | p[1] | p[2] | p[5]), index,
                                   threads_per_sm, rule, phased))
+    shift = (p[0] & 15) // dy.element_size() if row_kernel.spec.plan.phased else 0
+    dx = torch.empty(h.numel() + shift, dtype=h.dtype, device=h.device)[shift:].view(h.shape)
+    p.append(dx.data_ptr())
     grid = row_kernel.grid(rows)
     teams = grid[0] // row_kernel.cluster
     # every team writes its whole workspace row (zeros where it met no row): no memset

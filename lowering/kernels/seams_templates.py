@@ -450,6 +450,8 @@ const int len = HIDDEN - c0 < SL ? HIDDEN - c0 : SL;  // columns of this CTA's s
 // positions, its dweight sums held at fixed positions; only a row's first and last chunks
 // are masked. Else column c0 + c is at c, and a team takes every teams-th row.
 constexpr int PERIOD = PHASED ? 8 / ((HIDDEN & -HIDDEN) < 8 ? (HIDDEN & -HIDDEN) : 8) : 1;
+// (a class without a team has its rows skipped: the runtime launches PERIOD teams or more,
+// or no more teams than rows, `runtime.fused._backward_record`)
 const int cls = team % PERIOD, cls_team = team / PERIOD;
 const int cls_teams = (teams - cls + PERIOD - 1) / PERIOD;  // the teams of class cls
 auto tile_at = [&](int it) {

@@ -547,6 +547,9 @@ def test_backward_and_column_reduce_run_on_the_host(dtype, hidden, rows, teams, 
     # clusters: each CTA's slice at the row's phase
     ("bf16", 20001, 9, 8, "layer_norm", True, 0, "v8 t512x1 k3 c2 s3 phased"),
     ("bf16", 30001, 5, 8, "rms_norm", False, 1, "v8 t512x1 k2 c4 s4 hold phased"),
+    # PERIOD 1: a width of 16-byte rows on a base 2 bytes off; one CTA, not deferred
+    ("bf16", 8184, 7, 3, "rms_norm", True, 1, "v8 t512x1 k2 c1 s4 hold phased"),
+    ("bf16", 16369, 5, 8, "layer_norm", False, 2, "v8 t512x1 k4 c1 s3 phased"),
 ])
 def test_backward_at_the_rows_phase_runs_on_the_host(dtype, hidden, rows, teams, kind,
                                                      with_dh, offset, plan):
@@ -588,11 +591,15 @@ def _backward_on_the_host(dtype, hidden, rows, teams, kind, with_dh, offset, vec
     assert plan.vector == vector
     assert plan.describe() == phased_plan if phased_plan else not plan.phased
     parts = teams
+    if plan.phased:  # a team for each class of rows (the runtime's grid keeps it so)
+        assert teams >= S.phase_period(hidden) or rows <= teams
     ws = torch.full((spec.sets * parts * hidden,), float("nan"))
     dx = make(torch.full((rows, hidden), float("nan")).to(tdt))
     _host_kernel(spec)(teams * plan.cluster, *plan.block[:2], _p(dy), _p(h), _p(w), _p(mean),
                        _p(rstd), _p(dh), _p(dx), _p(ws), rows)
     assert not ws.isnan().any()  # every slot wrote its whole row, rows met or not
+    spare = dx._base  # nothing written around dx (its buffer's NaN padding)
+    assert spare[:max(0, offset)].isnan().all() and spare[max(0, offset) + dx.numel():].isnan().all()
     dw = torch.full_like(w, float("nan"))
     db = torch.full_like(w, float("nan")) if kind == "layer_norm" else None
     red = S.ColumnReduceSpec(dtype, spec.sets)
