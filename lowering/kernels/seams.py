@@ -311,11 +311,8 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held, fit=False, p
         if fit or vs == 8:
             return None
         vs, span = 8, sl + 7
-        tpr = 32
-        while tpr < BACKWARD_THREADS and -(-span // (tpr * vs)) * vs > held:
-            tpr *= 2
-        if tpr < BACKWARD_THREADS and cluster == 1:
-            return None  # several rows a tile: they would start at different phases
+        if cluster == 1 and -(-span // (BACKWARD_THREADS // 2 * vs)) * vs <= held:
+            return None  # half the threads hold a row: rows of other phases would share a tile
         tpr = BACKWARD_THREADS
         k = -(-span // (tpr * vs))
         if k * vs > held or span - (k - 1) * tpr * vs < tpr:
@@ -722,7 +719,8 @@ def render(spec: Spec) -> str:
             "HOLD": p.hold, "DEFER": p.deferred, "LOOKAHEAD": p.lookahead,
             "STATS_OFF": stats, "W_OFF": weight, "RED_OFF": red,
             "CSLOT_OFF": cslot, "SBAR_OFF": sbar, "BAR_OFF": bars, "BULK": BULK_COPIES,
-            "SLACK": p.slack, "NSLOT": p.slots, "PHASED": p.phased})
+            "SLACK": p.slack, "NSLOT": p.slots, "PHASED": p.phased,
+            "PERIOD": phase_period(spec.hidden) if p.phased else 1})
         text = _bounded_kernel(spec.kernel_name, spec.params(), T.ADD_NORM_BACKWARD,
                                p.block_threads, 1)
         if p.cluster > 1:

@@ -444,12 +444,11 @@ const int team = blockIdx.x / CLUSTER, teams = gridDim.x / CLUSTER;
 const int c0 = rank * SL;
 const int len = HIDDEN - c0 < SL ? HIDDEN - c0 : SL;  // columns of this CTA's slice
 // PHASED: rows off 16 bytes whose streams (dy, h, dh, dx) share each row's 16-byte phase.
-// Rows r and r + PERIOD start at one phase, so a team takes the rows of one class of the
-// row index mod PERIOD (`tile_at`) and works on the positions of its slice's 16-byte cover
-// (column c0 + c at position ph + c): 16-byte accesses, the weight copied to the same
-// positions, its dweight sums held at fixed positions; only a row's first and last chunks
-// are masked. Else column c0 + c is at c, and a team takes every teams-th row.
-constexpr int PERIOD = PHASED ? 8 / ((HIDDEN & -HIDDEN) < 8 ? (HIDDEN & -HIDDEN) : 8) : 1;
+// Rows r and r + PERIOD (`phase_period`) start at one phase, so a team takes the rows of
+// one class of the row index mod PERIOD (`tile_at`) and works on the positions of its
+// slice's 16-byte cover (column c0 + c at position ph + c): 16-byte accesses, the weight
+// copied to the same positions, its dweight sums held at fixed positions; only a row's
+// first and last chunks are masked. Else column c0 + c is at c, and a team takes every teams-th row.
 // (a class without a team has its rows skipped: the runtime launches PERIOD teams or more,
 // or no more teams than rows, `runtime.fused._backward_record`)
 const int cls = team % PERIOD, cls_team = team / PERIOD;
@@ -474,8 +473,8 @@ const bool bulk = BULK_SPANS && (VS < 8 || PHASED || CLUSTER == 1 || len == SL);
 const int tiles = (rows + RPB - 1) / RPB;
 // the weight's slice, copied like a stream's span
 const unsigned short* w_src = weight + c0;
-const char* w_lo = reinterpret_cast<const char*>((unsigned long long)w_src & ~15ull);
 if constexpr (!PHASED) {
+  const char* w_lo = reinterpret_cast<const char*>((unsigned long long)w_src & ~15ull);
   const int chunks = (int)((reinterpret_cast<const char*>(w_src + len) - w_lo + 15) >> 4);
   for (int j = tid; j < chunks; j += THREADS)
     cp_async16(reinterpret_cast<unsigned char*>(w_s) + 16 * j, w_lo + 16 * j);
@@ -571,9 +570,8 @@ if (bulk && tid == 0) {
 for (int s = 0; s < LOOKAHEAD; ++s) issue(tile_at(s), s);
 if constexpr (PHASED) {
   // the weight at the slice's positions, zeros around it (g is then 0 outside the row),
-  // while the first tiles land: every load issued before any store (a loop of dependent
-  // load-store pairs cost a CTA ~10 us); the barrier at the first tile's top (or the held
-  // weight's) orders these stores before any read
+  // while the first tiles land, every load issued before any store; the barrier at the
+  // first tile's top (or the held weight's) orders these stores before any read
   constexpr int WN = (SL + 14 + THREADS - 1) / THREADS;  // ceil8(ph + len) <= SL + 14
   unsigned short wv[WN];
 #pragma unroll
