@@ -141,6 +141,12 @@ static float __shfl_sync(unsigned, float v, int src) {
   float r = w.buf[src & 31]; w.bar.arrive_and_wait();
   return r;
 }
+static unsigned __shfl_sync(unsigned mask, unsigned v, int src) {
+  float f; std::memcpy(&f, &v, 4);
+  f = __shfl_sync(mask, f, src);
+  unsigned r; std::memcpy(&r, &f, 4);
+  return r;
+}
 static float __shfl_xor_sync(unsigned mask, float v, int o) { return __shfl_sync(mask, v, t_lane ^ o); }
 static float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
 #define __expf(x) std::exp(x)  // glibc declares its own __expf

@@ -119,26 +119,27 @@ def test_plan_is_warp_multiple_and_covers_row(hidden, variant):
     (768, 8), (1600, 8), (20480, 8), (5140, 4), (1601, 1), (77, 1), (3000, 8), (1026, 2),
 ])
 def test_vector_width_is_16_bytes_where_rows_stay_aligned(hidden, width):
-    """The register families' vectors; RMS rows that allow them under 8 bytes take the
-    envelope kernel by default (16-byte chunks at any alignment); layer norms keep the
-    register kernels on rows shorter than `ENVELOPE_LAYER_MIN`."""
+    """The register families' vectors; rows that allow them under 8 bytes take the
+    envelope kernel by default (16-byte chunks at any alignment) from 512 values
+    (`ENVELOPE_LAYER_MIN` for layer norms)."""
     plan = NormalizationSpec.layer_norm(16, hidden, shared_row=False).plan
     assert plan.vector_width == width
     if width * 2 < 8 and hidden >= 512:
         assert NormalizationSpec.rms_norm(16, hidden).plan.envelope
-        layer = NormalizationSpec.layer_norm(16, hidden).plan
-        assert not layer.shared_row and not layer.envelope
+        assert NormalizationSpec.layer_norm(16, hidden).plan.envelope
+    elif width * 2 < 8:
+        assert not NormalizationSpec.layer_norm(16, hidden).plan.envelope
 
 
 def test_vector_width_follows_pointer_alignment():
     assert NormalizationSpec.layer_norm(16, 4096, alignment=4, shared_row=False).plan.vector_width == 2
     assert NormalizationSpec.rms_norm(16, 4096, alignment=4).plan.envelope
-    # a layer norm's rows of 4-byte vectors take the envelope kernel from 4096 values,
-    # of 2-byte vectors from 2048 (`ENVELOPE_LAYER_MIN_V2`, `ENVELOPE_LAYER_MIN`)
-    assert NormalizationSpec.layer_norm(16, 4000, alignment=4).plan.vector_width == 2
-    assert NormalizationSpec.layer_norm(16, 4096, alignment=4).plan.envelope
-    assert NormalizationSpec.layer_norm(16, 2048, alignment=2).plan.envelope
-    assert NormalizationSpec.layer_norm(16, 2040, alignment=2).plan.vector_width == 1
+    # a layer norm's rows of 4- and 2-byte vectors take the envelope kernel from 512
+    # values (`ENVELOPE_LAYER_MIN_V2`, `ENVELOPE_LAYER_MIN`)
+    assert NormalizationSpec.layer_norm(16, 500, alignment=4).plan.vector_width == 2
+    assert NormalizationSpec.layer_norm(16, 512, alignment=4).plan.envelope
+    assert NormalizationSpec.layer_norm(16, 512, alignment=2).plan.envelope
+    assert NormalizationSpec.layer_norm(16, 504, alignment=2).plan.vector_width == 1
     # an fp32 tensor in the fusion halves the elements a 16-byte access holds
     assert vector_width_for(4096, (2, 4, 2), 16) == 4
 

@@ -704,8 +704,8 @@ ENVELOPE_CHUNKS = 3  # chunks a thread at least
 ENVELOPE_PADDING_STEP = 0.1  # padding compared in steps of this
 ENVELOPE_ROW_THREADS = 160  # threads a row preferred where the row allows
 ENVELOPE_ALIGNED_MIN = 8192  # aligned rows from this many values
-ENVELOPE_LAYER_MIN = 2048  # unaligned layer norms from this many values (2-byte vectors)
-ENVELOPE_LAYER_MIN_V2 = 4096  # and rows of 4-byte vectors (2 mod 8 values)
+ENVELOPE_LAYER_MIN = 512  # unaligned layer norms from this many values (2-byte vectors)
+ENVELOPE_LAYER_MIN_V2 = 512  # and rows of 4-byte vectors (2 mod 8 values)
 ENVELOPE_OVER_BLOCKS = 3  # aligned RMS norms' row-wise plans of fewer blocks an SM yield
 # Registers of the envelope kernel besides 4 a chunk, fitted to ptxas (sm_90, no
 # promise: rms_norm 32-62 at 1-6 chunks). The block promise leaves ptxas at least the
@@ -900,10 +900,14 @@ def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int,
       0.89-0.95 against 0.75-0.79. Since the envelope's output pass lost its per-slot
       tests (H200, side by side): 2501 0.79 against 0.66 on the register kernels, 2999
       0.76 against 0.70, but 1537 0.69 against 0.75 and 513 0.62 against 0.72 (1001 0.72
-      against 0.66): from 2048. Rows of 4-byte vectors (2 mod 8 values) from
-      `ENVELOPE_LAYER_MIN_V2`: 4098 0.84 against 0.82, 5002 0.88 against 0.80, 6002 0.90
-      against 0.80, 2050 0.77 against 0.78 (3002 had run 0.73 against 0.79). 8-byte vectors
-      (5140) run as fast either way (0.90 rms_norm): they keep their plans.
+      against 0.66). Rows of 4-byte vectors (2 mod 8 values): 4098 0.84 against 0.82, 5002
+      0.88 against 0.80, 6002 0.90 against 0.80, 2050 0.77 against 0.78. Since a row's
+      partial chunks take one value a lane (`edge_output`): 513 0.75 against 0.71, 777
+      0.73 against 0.68, 1001 0.79 against 0.66, 1537 0.74 against 0.75, 2050 0.83 against
+      0.78, 2501 0.84 against 0.66, 3002 0.79 either way: from 512 values
+      (`ENVELOPE_LAYER_MIN`, `_V2`; shorter rows have no envelope plan of three chunks a
+      thread). 8-byte vectors (5140) run as fast either way (0.90 rms_norm): they keep
+      their plans.
     - Aligned rows from `ENVELOPE_ALIGNED_MIN` values that `_plain_rowwise` declined: the
       raw 16-bit chunks take half the registers of its fp32 values, so two blocks an SM
       still fit past 16K values (14848-20992: rms_norm 0.95-0.97 against 0.88-0.91 on

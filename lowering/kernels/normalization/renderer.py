@@ -474,11 +474,14 @@ class SharedRowRenderer:
         """Value e of a 1-D tensor's chunk as loaded (`_load`): raw 16-bit values, fp32."""
         return f"elem8_{SHORT_NAMES[dtype]}(t_{name}, e)" if DTYPE_BYTES[dtype] == 2 else f"t_{name}[e]"
 
-    def _ops(self, ops, tensor_dtypes: dict[str, str]) -> str:
+    def _ops(self, ops, tensor_dtypes: dict[str, str], value_of=None) -> str:
+        """The per-element code of ``ops`` on ``a``; ``value_of(name, dtype)``: a 1-D
+        tensor's value (default `_value`, of a loaded chunk)."""
+        value_of = value_of or self._value
         out = []
         for op in ops:
             if isinstance(op, AddBroadcast):
-                value = self._value(op.name, op.dtype)
+                value = value_of(op.name, op.dtype)
                 out.append(SHARED_ROW_SNIPPETS["add"].format(value=value))
             else:
                 value = TO_FLOAT[op.dtype].format(FROM_FLOAT[op.dtype].format("a"))
@@ -560,6 +563,17 @@ class EnvelopeRenderer(SharedRowRenderer):
     registers as raw 16-bit chunks, the 1-D tensors through L1/L2; fills
     `ENVELOPE_SNIPPETS` (and the shared-row kernel's chunk helpers)."""
 
+    def _element_ops(self, outs) -> str:
+        """`_output_parts`' ops for one value, each 1-D tensor's value in ``v_<name>``."""
+        s, S = self.spec, SHARED_ROW_SNIPPETS
+        ops = []
+        if s.norm.weight:
+            ops.append(S["mul"].format(value="v_weight"))
+        if isinstance(s.norm, LayerNorm) and s.norm.bias:
+            ops.append(S["add"].format(value="v_bias"))
+        text = "".join(ops) + self._ops(s.epilogue, dict(outs), lambda n, d: f"v_{n}")
+        return text.replace("    a ", "  a ")
+
     def render(self) -> str:
         s, p = self.spec, self.plan
         E, S = ENVELOPE_SNIPPETS, SHARED_ROW_SNIPPETS
@@ -628,8 +642,15 @@ class EnvelopeRenderer(SharedRowRenderer):
             ycheck = " && (((size_t)y - (size_t)hx * sizeof(*y)) & 15) == 0"
             ydoc = (" (and y has x's,\n  // as the runtime allocates it: a whole chunk's "
                     "store is then one 16-byte store)")
+        # a partial chunk's value (`edge_output`): the tensors' values at its column
+        edge_loads = "".join(f"  const float v_{n} = {TO_FLOAT[d].format(f'in_{n}[col0 + e]')};\n"
+                             for n, d in outs)
+        edge_ops = self._element_ops(outs)
+        edge_out = FROM_FLOAT[s.output_dtype].format("a")
         helpers = E["helpers"].format(out_t=out_t, tensor_params=tparams, out_args=out_args,
-                                      loads=loads, **parts)
+                                      loads=loads, x=SHORT_NAMES[s.input_dtype],
+                                      edge_loads=edge_loads, edge_ops=edge_ops,
+                                      edge_out=edge_out, **parts)
         # the row's shift is the first 16-bit tensor's; the switch needs all of theirs alike
         halves = [n for n, d in outs if DTYPE_BYTES[d] == 2]
         if p.staged:  # the 16-bit tensors read from their staged copies, on 16 bytes

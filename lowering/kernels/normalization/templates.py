@@ -967,14 +967,18 @@ __device__ __forceinline__ uint4 mask_chunk(const uint4 r, const int lo, const i
           | ((2 * k + 1 >= lo && 2 * k + 1 < hi) ? 0xffff0000u : 0u);
   return make_uint4(w[0], w[1], w[2], w[3]);
 }}
-// the output of a partial chunk (at most two a row), out of line; its arguments all
-// scalars (an array's address would put the caller's values in local memory)
-__device__ __noinline__ void partial_output(const uint4 raw, const float center, const float rstd,
-                                            {out_t}* __restrict__ y, const int col0, const int lo,
-                                            const int hi{tensor_params}) {{
-  float v[8];
-  chunk_values<false>(v, raw, col0, lo, hi);
-  chunk_output<false>(v, center, rstd, y, col0, lo, hi{out_args});
+// One value of a partial chunk (the row's first or last: its granule is shared with the
+// neighbouring row), value e of raw at column col0 + e: one lane each, out of line, its
+// arguments all scalars (an array's address would put the caller's values in local memory)
+__device__ __noinline__ void edge_output(const uint4 raw, const float center, const float rstd,
+                                         {out_t}* __restrict__ y, const int col0,
+                                         const int e{tensor_params}) {{
+  float a = (elem8_{x}(raw, e) - center) * rstd;
+{edge_loads}{edge_ops}  y[col0 + e] = {edge_out};
+}}
+__device__ __forceinline__ uint4 shfl_chunk(const uint4 v, const int from) {{
+  return make_uint4(__shfl_sync(0xffffffffu, v.x, from), __shfl_sync(0xffffffffu, v.y, from),
+                    __shfl_sync(0xffffffffu, v.z, from), __shfl_sync(0xffffffffu, v.w, from));
 }}
 // the output pass over this thread's whole chunks, the tensors kK words (and f bits)
 // shifted; kK < 0: each chunk's shift from its own address (chunk_output)
@@ -1000,17 +1004,31 @@ __device__ __forceinline__ void output_pass(const uint4 (&xr)[kSlots], const int
     }}
   }}
   if (!kRowsAligned) {{
-    // the row's partial chunks: its first (thread 0's slot 0, where the row starts inside
-    // its granule; it may be the last too) and its last (in slot kEdgeA or kEdgeB)
+    // the row's partial chunks, one value a lane of the warp that holds each: lanes 0-7
+    // its first (thread 0's slot 0, where the row starts inside its granule; it may be
+    // the last too), lanes 8-15 its last (slot kEdgeA or kEdgeB of its holder), the chunk
+    // from its holder by shuffles. Each taken by its holder alone, element by element,
+    // they cost a row of 513 values a fifth of its time (H200). The conditions are the
+    // warp's alike (its rows' and its first thread's), as the shuffles need.
     const int tail = (hx + kHidden) & 7;
-    if (tid == 0 && nch > 0 && (hx != 0 || (nch == 1 && tail != 0)))
-      partial_output(xr[0], center, rstd, y, -hx, hx, min(8, kHidden + hx){out_args});
     const int last = nch - 1;
-    if (tail != 0 && last > 0) {{
-      if (last == kLastA && tid == kLastA - kEdgeA * kT)
-        partial_output(xr[kEdgeA], center, rstd, y, 8 * last - hx, 0, tail{out_args});
-      else if (last == kLastA + 1 && tid == kLastA + 1 - kEdgeB * kT)
-        partial_output(xr[kEdgeB], center, rstd, y, 8 * last - hx, 0, tail{out_args});
+    const int lane = threadIdx.x & 31, base = tid - lane;  // the warp's first thread
+    const bool first = base == 0 && nch > 0 && (hx != 0 || (nch == 1 && tail != 0));
+    const int holder = last == kLastA ? kLastA - kEdgeA * kT : kLastA + 1 - kEdgeB * kT;
+    const bool end = tail != 0 && last > 0 && holder >= base && holder < base + 32;
+    if (first || end) {{
+      uint4 raw = make_uint4(0u, 0u, 0u, 0u);
+      int col0 = 0, lo = 0, hi = 0;
+      if (first) {{
+        const uint4 a = shfl_chunk(xr[0], 0);
+        if (lane < 8) {{ raw = a; col0 = -hx; lo = hx; hi = min(8, kHidden + hx); }}
+      }}
+      if (end) {{
+        const uint4 b = shfl_chunk(last == kLastA ? xr[kEdgeA] : xr[kEdgeB], holder - base);
+        if (lane >= 8 && lane < 16) {{ raw = b; col0 = 8 * last - hx; hi = tail; }}
+      }}
+      const int e = lane & 7;
+      if (e >= lo && e < hi) edge_output(raw, center, rstd, y, col0, e{out_args});
     }}
   }}
 }}
