@@ -907,8 +907,8 @@ __device__ __forceinline__ void block_stats(float& n, float& m, float& q, float 
 # (its 16-byte granules, `row_chunks`) in registers as raw 16-bit values, chunk c in slot
 # c / kT of thread c % kT; each pass converts a chunk's values again (chunk_values of
 # SHARED_ROW_SNIPPETS). The unrolled passes take whole chunks only; the row's partial
-# first and last chunks (at most two a row) are taken once each after them (`edge`), so
-# the masking and the element-wise stores are not repeated for every slot. The output
+# first and last chunks (at most two a row) are taken after them, one value a lane
+# (`edge_output`), so the element-wise stores are not repeated for every slot. The output
 # pass is instantiated for each word shift of the 1-D tensors' chunks against x's (the
 # same for every chunk of a row), so a chunk of a tensor is two loads and four funnel
 # shifts; tensors with 16-byte phases of their own take the general helper.
