@@ -135,7 +135,7 @@ def test_vector_width_follows_pointer_alignment():
     assert NormalizationSpec.layer_norm(16, 4096, alignment=4, shared_row=False).plan.vector_width == 2
     assert NormalizationSpec.rms_norm(16, 4096, alignment=4).plan.envelope
     # a layer norm's rows of 4- and 2-byte vectors take the envelope kernel from 512
-    # values (`ENVELOPE_LAYER_MIN_V2`, `ENVELOPE_LAYER_MIN`)
+    # values (`ENVELOPE_LAYER_MIN`)
     assert NormalizationSpec.layer_norm(16, 500, alignment=4).plan.vector_width == 2
     assert NormalizationSpec.layer_norm(16, 512, alignment=4).plan.envelope
     assert NormalizationSpec.layer_norm(16, 512, alignment=2).plan.envelope

@@ -712,8 +712,7 @@ ENVELOPE_ROW_THREADS = 160  # threads a row preferred where the row allows
 # fewer threads, 2050 on 64 x 5 0.78 against 0.83 on 96 x 3: not taken.
 ENVELOPE_FEWER_THREADS = True
 ENVELOPE_ALIGNED_MIN = 8192  # aligned rows from this many values
-ENVELOPE_LAYER_MIN = 512  # unaligned layer norms from this many values (2-byte vectors)
-ENVELOPE_LAYER_MIN_V2 = 512  # and rows of 4-byte vectors (2 mod 8 values)
+ENVELOPE_LAYER_MIN = 512  # unaligned layer norms from this many values (2- or 4-byte vectors)
 ENVELOPE_OVER_BLOCKS = 3  # aligned RMS norms' row-wise plans of fewer blocks an SM yield
 # Registers of the envelope kernel besides 4 a chunk, fitted to ptxas (sm_90, no
 # promise: rms_norm 32-62 at 1-6 chunks). The block promise leaves ptxas at least the
@@ -924,9 +923,9 @@ def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int,
       partial chunks take one value a lane (`edge_output`): 513 0.75 against 0.71, 777
       0.73 against 0.68, 1001 0.79 against 0.66, 1537 0.74 against 0.75, 2050 0.83 against
       0.78, 2501 0.84 against 0.66, 3002 0.79 either way: from 512 values
-      (`ENVELOPE_LAYER_MIN`, `_V2`; shorter rows have no envelope plan of three chunks a
-      thread). 8-byte vectors (5140) run as fast either way (0.90 rms_norm): they keep
-      their plans.
+      (`ENVELOPE_LAYER_MIN`, 2- or 4-byte vectors; shorter rows have no envelope plan of
+      three chunks a thread). 8-byte vectors (5140) run as fast either way (0.90
+      rms_norm): they keep their plans.
     - Aligned rows from `ENVELOPE_ALIGNED_MIN` values that `_plain_rowwise` declined: the
       raw 16-bit chunks take half the registers of its fp32 values, so two blocks an SM
       still fit past 16K values (14848-20992: rms_norm 0.95-0.97 against 0.88-0.91 on
@@ -952,8 +951,7 @@ def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int,
     if wide["rows_aligned"]:
         if hidden < ENVELOPE_ALIGNED_MIN:
             return None
-    elif vector_width * value_bytes >= 8 or (layer and hidden < (
-            ENVELOPE_LAYER_MIN if vector_width == 1 else ENVELOPE_LAYER_MIN_V2)):
+    elif vector_width * value_bytes >= 8 or (layer and hidden < ENVELOPE_LAYER_MIN):
         return None
     plan = _choose_envelope(envelope_candidates(hidden, layer, base_aligned=wide["base_aligned"]))
     if plan is None and wide["hardware"].clusters:

@@ -507,18 +507,24 @@ class SharedRowRenderer:
     def _output_parts(self, outs) -> dict[str, str]:
         """The ``output`` snippets' per-element ops (the norm's weight and bias, the
         epilogue), the output vector's declaration and assignment, and its store."""
-        s, S = self.spec, SHARED_ROW_SNIPPETS
-        norm_ops = []
-        if s.norm.weight:
-            norm_ops.append(S["mul"].format(value=self._value("weight", s.norm.weight_dtype)))
-        if isinstance(s.norm, LayerNorm) and s.norm.bias:
-            norm_ops.append(S["add"].format(value=self._value("bias", s.norm.bias_dtype)))
+        s = self.spec
         decl, assign = "float o[8];", "o[e] = a;"
         out = "o" if DTYPE_BYTES[s.output_dtype] == 4 else f"pack8_{SHORT_NAMES[s.output_dtype]}(o)"
         bits = 8 * DTYPE_BYTES[s.output_dtype]  # 16-bit values packed two a conversion
         store = f"store{bits}<kFull, kRowsAligned>(y, {out}, col0, lo, hi);"
-        return dict(out_decl=decl, ops="".join(norm_ops) + self._ops(s.epilogue, dict(outs)),
-                    out_assign=assign, store=store)
+        return dict(out_decl=decl, ops=self._tail_ops(outs), out_assign=assign, store=store)
+
+    def _tail_ops(self, outs, value_of=None) -> str:
+        """The per-element code after the normalization: the norm's weight and bias, the
+        epilogue; ``value_of`` as `_ops`'."""
+        s, S = self.spec, SHARED_ROW_SNIPPETS
+        value_of = value_of or self._value
+        ops = []
+        if s.norm.weight:
+            ops.append(S["mul"].format(value=value_of("weight", s.norm.weight_dtype)))
+        if isinstance(s.norm, LayerNorm) and s.norm.bias:
+            ops.append(S["add"].format(value=value_of("bias", s.norm.bias_dtype)))
+        return "".join(ops) + self._ops(s.epilogue, dict(outs), value_of)
 
     def render(self) -> str:
         s, p = self.spec, self.plan
@@ -562,17 +568,6 @@ class EnvelopeRenderer(SharedRowRenderer):
     several rows a block, each on its own warps), the row's aligned envelope in
     registers as raw 16-bit chunks, the 1-D tensors through L1/L2; fills
     `ENVELOPE_SNIPPETS` (and the shared-row kernel's chunk helpers)."""
-
-    def _element_ops(self, outs) -> str:
-        """`_output_parts`' ops for one value, each 1-D tensor's value in ``v_<name>``."""
-        s, S = self.spec, SHARED_ROW_SNIPPETS
-        ops = []
-        if s.norm.weight:
-            ops.append(S["mul"].format(value="v_weight"))
-        if isinstance(s.norm, LayerNorm) and s.norm.bias:
-            ops.append(S["add"].format(value="v_bias"))
-        text = "".join(ops) + self._ops(s.epilogue, dict(outs), lambda n, d: f"v_{n}")
-        return text.replace("    a ", "  a ")
 
     def render(self) -> str:
         s, p = self.spec, self.plan
@@ -645,7 +640,8 @@ class EnvelopeRenderer(SharedRowRenderer):
         # a partial chunk's value (`edge_output`): the tensors' values at its column
         edge_loads = "".join(f"  const float v_{n} = {TO_FLOAT[d].format(f'in_{n}[col0 + e]')};\n"
                              for n, d in outs)
-        edge_ops = self._element_ops(outs)
+        # (the chunk's ops, each tensor's value in v_<name>, indented for a function body)
+        edge_ops = self._tail_ops(outs, lambda n, d: f"v_{n}").replace("    a ", "  a ")
         edge_out = FROM_FLOAT[s.output_dtype].format("a")
         helpers = E["helpers"].format(out_t=out_t, tensor_params=tparams, out_args=out_args,
                                       loads=loads, x=SHORT_NAMES[s.input_dtype],
