@@ -3,8 +3,9 @@ copy bandwidth of the same bytes, as a new user meets them.
 
     python benchmarks/norm_widths.py --json benchmarks/results/norm_widths_nvidia-h100.json
 
-Widths: every multiple of 512 in [512, 65536] (``--step`` for fewer) and 24 widths that
-are not multiples of 8, 8192 rows, bf16; and in fp16 the widths of `FP16_WIDTHS`. Kinds: ``rms_norm`` and ``layer_norm`` forward
+Widths: every multiple of 512 in [512, 65536] (``--step`` for fewer), ten multiples of 8
+whose rows start off a 128-byte line (`OFF_LINE`) and 24 widths that are not multiples
+of 8, 8192 rows, bf16; and in fp16 the widths of `FP16_WIDTHS`. Kinds: ``rms_norm`` and ``layer_norm`` forward
 (the persistent normalization kernels, `runtime.normalization`) and backward (the fused
 seam kernels, `runtime.fused.add_norm_backward`: dx and the weight gradient). Each is
 checked against float64 first, then timed by CUDA-graph replay beside a ``copy_`` moving
@@ -24,6 +25,9 @@ import time
 
 ODD = [7, 100, 513, 1000, 1001, 1537, 2050, 3000, 4097, 5140, 6001, 7001, 8191, 9999, 12345,
        15000, 16385, 20001, 24575, 30001, 40001, 50001, 60001, 65535]
+# multiples of 8 whose rows start 16-80 bytes off a 128-byte line (every multiple of 512
+# starts on one): the aligned rows the kernels' cache-line alignment is for
+OFF_LINE = [1032, 2056, 4104, 8200, 12296, 20488, 30008, 40008, 50008, 60008]
 # fp16 too: every eighth aligned width of the default step and five odd ones
 FP16_WIDTHS = list(range(512, 65537, 8192)) + [1001, 4097, 12345, 30001, 65535]
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
@@ -113,7 +117,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("norm_widths: error: needs a CUDA GPU", file=sys.stderr)
         return 7
-    jobs = ([(hidden, "bf16") for hidden in list(range(512, 65537, args.step)) + ODD]
+    jobs = ([(hidden, "bf16") for hidden in list(range(512, 65537, args.step)) + OFF_LINE + ODD]
             + [(hidden, "fp16") for hidden in FP16_WIDTHS])
     rows, start = [], time.perf_counter()
     for hidden, dtype in jobs:

@@ -499,7 +499,26 @@ auto issue = [&](int tile, int stage) {
     const int nrows = rows - row0 < RPB ? rows - row0 : RPB;
     const size_t first = (size_t)row0 * HIDDEN + c0;
     if (bulk) {
-      if (tid == 0 && VS == 8 && !PHASED) {
+      if (tid == 0 && VS == 8 && !PHASED && LINE) {
+        // LINE: each stream's span from the 128-byte line it starts in (a copy from 16
+        // bytes into a line ran 5-11% slower, H200); the row lies (a & 127) bytes into
+        // its stage (`begin`)
+        constexpr unsigned SPAN = 2 * (CLUSTER > 1 ? SL : RPB * HIDDEN);
+        unsigned long long lo[NSTREAM > 2 ? 3 : 2];
+        unsigned bytes[NSTREAM > 2 ? 3 : 2], total = 0;
+#pragma unroll
+        for (int s = 0; s < NSTREAM; ++s) {
+          const unsigned long long a = (unsigned long long)(srcs[s] + first);
+          lo[s] = a & ~127ull;
+          bytes[s] = SPAN + (unsigned)(a & 127ull);
+          total += bytes[s];
+        }
+        mbar_expect(bars + stage, total);
+#pragma unroll
+        for (int s = 0; s < NSTREAM; ++s)
+          bulk_copy(smem + (size_t)(stage * NSTREAM + s) * STREAM_BYTES,
+                    reinterpret_cast<const void*>(lo[s]), bytes[s], bars + stage);
+      } else if (tid == 0 && VS == 8 && !PHASED) {
         constexpr unsigned SPAN = 2 * (CLUSTER > 1 ? SL : RPB * HIDDEN);
         mbar_expect(bars + stage, NSTREAM * SPAN);
 #pragma unroll
@@ -626,7 +645,9 @@ auto begin = [&](int tile, int it, RowState& q) {
   const size_t first = (size_t)tile * RPB * HIDDEN + c0;
 #pragma unroll
   for (int s = 0; s < NSTREAM; ++s) {
-    const int shift = VS == 8 ? 0 : (int)(((unsigned long long)(srcs[s] + first) & 15ull) >> 1);
+    // (LINE: a bulk-copied span lies its 128-byte line's offset into its stage)
+    const int shift = VS == 8 ? (LINE && bulk ? (int)(((unsigned long long)(srcs[s] + first) & 127ull) >> 1) : 0)
+                              : (int)(((unsigned long long)(srcs[s] + first) & 15ull) >> 1);
     q.st[s] = reinterpret_cast<const unsigned short*>(smem + (size_t)(q.stage * NSTREAM + s) * STREAM_BYTES)
               + shift + ty * SL;
   }

@@ -436,13 +436,14 @@ def test_every_envelope_candidate_matches_float64(hidden, norm):
             assert _rel(y, ref) < 1e-2, spec.plan.describe()
 
 
-@pytest.mark.parametrize("hidden", [33280, 40001])
+@pytest.mark.parametrize("hidden", [33280, 40001, 30008])
 @pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
 def test_every_cluster_size_matches_float64(hidden, norm):
     """The envelope kernel's row split over clusters of 2-8 CTAs, pinned: many rows a
     cluster (its two sets of share slots and mbarriers reused in turn, the ring refilled
     a row ahead), and fewer rows than clusters; rows with a large mean (the layer norm's
-    shifted one-pass statistics)."""
+    shifted one-pass statistics); rows at every 16-byte phase of a 128-byte line (30008:
+    the envelope starts at the line, `LaunchPlan.envelope_line`)."""
     for rows in (1031, 3):
         x, _, _, w, b = _inputs(rows, hidden, torch.bfloat16, seed=hidden + rows)
         base = getattr(NormalizationSpec, norm)(rows, hidden, 1e-5, "bfloat16")

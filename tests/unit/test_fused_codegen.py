@@ -531,6 +531,11 @@ def test_forward_runs_on_the_host(dtype, hidden, rows, grid, kind, residual):
     ("fp16", 2560, 8, 2, "rms_norm", False, 0, 8, "fitted"),
     ("bf16", 8704, 3, 2, "layer_norm", True, 0, 8, "fitted"),
     ("bf16", 768, 6, 2, "layer_norm", True, 1, 1, "fitted"),  # bases 2 bytes off: v1 k12
+    # rows on 16 bytes at every 16-byte phase of a 128-byte line: one CTA's spans
+    # bulk-copied from their lines (`BackwardPlan.line`), a base 16 bytes into a line
+    ("bf16", 8200, 5, 2, "rms_norm", True, 0, 8, "fewest_clusters"),
+    ("bf16", 8200, 4, 2, "layer_norm", False, 8, 8, "fewest_clusters"),
+    ("bf16", 12296, 3, 2, "layer_norm", True, 0, 8, "fewest_clusters"),
 ])
 def test_backward_and_column_reduce_run_on_the_host(dtype, hidden, rows, teams, kind, with_dh,
                                                     offset, vector, rule):

@@ -75,11 +75,17 @@ def _host_kernel(spec):
     ("layer_norm", "bfloat16", 6144, 2, 6, 1, 0, 96),
     ("rms_norm", "float16", 8191, 3, 5, 2, 0, 64),
     ("layer_norm", "float16", 16384, 4, 4, 1, 1, 128),
+    # rows on 16 bytes but off a 128-byte line (the envelope then starts at the line:
+    # `LaunchPlan.envelope_line`, chunks before the row in slot 0), at every 16-byte
+    # phase of a line, the first 80 or 48 bytes into one
+    ("layer_norm", "bfloat16", 2120, 2, 7, 2, 40, None),
+    ("rms_norm", "float16", 2568, 4, 9, 2, 24, None),
+    ("layer_norm", "bfloat16", 2056, 2, 9, 2, 8, None),
 ])
 def test_cluster_rows_match_float64_on_the_host(kind, dtype, hidden, cluster, rows, teams, offset,
                                                 threads):
     spec = getattr(NormalizationSpec, kind)(rows, hidden, 1e-5, dtype, envelope=True,
-                                            cluster=cluster, alignment=16 if offset == 0 else 2,
+                                            cluster=cluster, alignment=16 if offset % 8 == 0 else 2,
                                             threads_per_row=threads)
     plan = spec.plan
     assert plan.cluster == cluster and plan.rows_per_block == 1
@@ -87,6 +93,8 @@ def test_cluster_rows_match_float64_on_the_host(kind, dtype, hidden, cluster, ro
     assert plan.one_pass == (kind == "layer_norm")
     # rows off 16 bytes read the weight (and bias) from the CTA's staged copies
     assert plan.staged == (0 if spec.rows_aligned else 2 * len(spec.tensor_sizes()))
+    if hidden % 64 and offset % 8 == 0:
+        assert plan.envelope_line == 128 and "kLine = 128;" in render_normalization(spec)
     _check_on_the_host(spec, teams * cluster, offset)
 
 
@@ -142,7 +150,7 @@ def _check_on_the_host(spec, grid: int, offset: int, tensor_offset: int = 0,
     g = torch.Generator().manual_seed(hidden + rows + plan.cluster)
 
     def placed(t, at=offset):  # ``at`` elements into a larger buffer
-        buf = torch.full((t.numel() + 16,), float("nan"), dtype=tdt)
+        buf = torch.full((t.numel() + 64,), float("nan"), dtype=tdt)
         view = buf[at:at + t.numel()].view(t.shape)
         view.copy_(t)
         return buf, view

@@ -592,7 +592,7 @@ class EnvelopeRenderer(SharedRowRenderer):
             first = TO_FLOAT[s.input_dtype].format("in_x[(size_t)row * kHidden]")
             if clustered:  # the shift copied a row ahead with the ring: `pivot_read`
                 slot = (f"reinterpret_cast<const {CUDA_TYPES[s.input_dtype]}*>"
-                        "(&pivots[set][threadIdx.x >> 5])[hx]")
+                        "(&pivots[set][threadIdx.x >> 5])[hx & 7]")
                 pivots = {k: E[k] for k in pivots}
                 pivots["pivot_read"] = E["pivot_read"].format(
                     first=TO_FLOAT[s.input_dtype].format(slot))
@@ -685,7 +685,10 @@ class EnvelopeRenderer(SharedRowRenderer):
                                           slots=p.batch, rows_per_block=p.rows_per_block,
                                           cluster=f"\nconstexpr int kCluster = {p.cluster};"
                                           if clustered else "",
-                                          staged="true" if p.staged else "false")
+                                          staged="true" if p.staged else "false",
+                                          # rows of a multiple of 64 values start on lines
+                                          # where the tensor does: no chunks before them
+                                          line=p.envelope_line if s.hidden % 64 else 16)
         aligned = S["aligned_flag"].format(aligned="true" if s.rows_aligned else "false")
         shared_helpers = S["helpers"].format(warps=p.threads_per_row // 32, wait_cases="")
         # a cluster's mbarriers, asynchronous shared stores and cluster barrier: the seam

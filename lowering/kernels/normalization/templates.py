@@ -916,12 +916,19 @@ ENVELOPE_SNIPPETS = {
     "constants": """\
 constexpr int kT = {threads}, kHidden = {hidden}, kSlots = {slots};
 constexpr int kRowsPerBlock = {rows_per_block};{cluster}
-// A row's last chunk: kLastA = ceil(kHidden / 8) - 1, or one further where the row starts
-// inside its first granule; the slots that may hold it, kEdgeA and kEdgeB (chunk c is
-// slot (c % (kT * kSlots)) / kT of its thread, in every CTA of a cluster alike).
+// The envelope's start: the row's first value rounded down to kLine bytes (16, or a
+// cache line, 128, on a cluster: `LaunchPlan.envelope_line`); hx values of the envelope
+// lie before the row, and chunks 0 .. hx / 8 - 1 hold none of it.
+constexpr int kLine = {line};
+// A row's last chunk: kLastA = ceil(kHidden / 8) - 1 where the row starts the envelope, up
+// to kLastB further in (kLine / 2 - 1 values in); the slots that may hold it, kEdgeA and
+// kEdgeB (chunk c is slot (c % (kT * kSlots)) / kT of its thread, in every CTA of a
+// cluster alike; kT >= 32 chunks apart, the last's candidates span two slots at most).
 constexpr int kLastA = (kHidden + 7) / 8 - 1;
+constexpr int kLastB = kLine == 16 ? kLastA + 1 : (kHidden + kLine / 2 - 2) / 8;
 constexpr int kEdgeA = (kLastA % (kT * kSlots)) / kT;
-constexpr int kEdgeB = ((kLastA + 1) % (kT * kSlots)) / kT;
+constexpr int kEdgeB = (kLastB % (kT * kSlots)) / kT;
+constexpr int kPastA = (kLastA / kT + 1) * kT;  // the first chunk past kEdgeA's slot
 constexpr bool kStaged = {staged};  // a cluster's 1-D tensors in shared memory (`staging`)
 """,
     "helpers": """\
@@ -992,10 +999,13 @@ __device__ __forceinline__ void output_pass(const uint4 (&xr)[kSlots], const int
     if (c < nch) {{
       const int col0 = 8 * c - hx;
       // a partial chunk (the row's first or last) lies in slot 0, kEdgeA or kEdgeB only,
-      // and is taken after the loop: the other slots take no test
+      // and is taken after the loop: the other slots take no test; so do the chunks
+      // before the row (slot 0, kLine 128), which are not stored
       const bool edge = !kRowsAligned && (i == 0 || i == kEdgeA || i == kEdgeB)
-                        && ((c == 0 && hx != 0) || col0 + 8 > kHidden);
-      if (!edge) {{
+                        && ((kLine == 16 ? c == 0 && hx != 0 : c == (hx >> 3) && (hx & 7) != 0)
+                            || col0 + 8 > kHidden);
+      const bool before = kLine > 16 && i == 0 && col0 < 0;
+      if (!edge && !before) {{
         float v[8];
         chunk_values<true>(v, xr[i], col0, 0, 8);
         if constexpr (kK >= 0) chunk_output_k<kK>(v, center, rstd, y, col0, f{out_args});
@@ -1005,26 +1015,31 @@ __device__ __forceinline__ void output_pass(const uint4 (&xr)[kSlots], const int
   }}
   if (!kRowsAligned) {{
     // the row's partial chunks, one value a lane of the warp that holds each: lanes 0-7
-    // its first (thread 0's slot 0, where the row starts inside its granule; it may be
-    // the last too), lanes 8-15 its last (slot kEdgeA or kEdgeB of its holder), the chunk
-    // from its holder by shuffles. Each taken by its holder alone, element by element,
-    // they cost a row of 513 values a fifth of its time (H200). The conditions are the
-    // warp's alike (its rows' and its first thread's), as the shuffles need.
+    // its first (chunk hx / 8, slot 0 of thread hx / 8, where the row starts inside its
+    // granule; it may be the last too), lanes 8-15 its last (slot kEdgeA or kEdgeB of its
+    // holder), the chunk from its holder by shuffles. Each taken by its holder alone,
+    // element by element, they cost a row of 513 values a fifth of its time (H200). The
+    // conditions are the warp's alike (its rows' and its first thread's), as the
+    // shuffles need.
     const int tail = (hx + kHidden) & 7;
+    // (kLine 16: the row's first chunk is chunk 0, and hx its values before the row)
+    const int cf = kLine == 16 ? 0 : hx >> 3, h0 = kLine == 16 ? hx : hx & 7;
     const int last = nch - 1;
     const int lane = threadIdx.x & 31, base = tid - lane;  // the warp's first thread
-    const bool first = base == 0 && nch > 0 && (hx != 0 || (nch == 1 && tail != 0));
-    const int holder = last == kLastA ? kLastA - kEdgeA * kT : kLastA + 1 - kEdgeB * kT;
-    const bool end = tail != 0 && last > 0 && holder >= base && holder < base + 32;
+    const bool first = base == 0 && nch > 0 && (h0 != 0 || (last == cf && tail != 0));
+    const bool in_a = kLine == 16 ? last == kLastA : last < kPastA;  // kEdgeA's slot, or kEdgeB's
+    const int holder = kLine == 16 ? (in_a ? kLastA - kEdgeA * kT : kLastA + 1 - kEdgeB * kT)
+                                   : last - (in_a ? kEdgeA : kEdgeB) * kT;
+    const bool end = tail != 0 && last > cf && holder >= base && holder < base + 32;
     if (first || end) {{
       uint4 raw = make_uint4(0u, 0u, 0u, 0u);
       int col0 = 0, lo = 0, hi = 0;
       if (first) {{
-        const uint4 a = shfl_chunk(xr[0], 0);
-        if (lane < 8) {{ raw = a; col0 = -hx; lo = hx; hi = min(8, kHidden + hx); }}
+        const uint4 a = shfl_chunk(xr[0], cf);
+        if (lane < 8) {{ raw = a; col0 = -h0; lo = h0; hi = min(8, kHidden + h0); }}
       }}
       if (end) {{
-        const uint4 b = shfl_chunk(last == kLastA ? xr[kEdgeA] : xr[kEdgeB], holder - base);
+        const uint4 b = shfl_chunk(in_a ? xr[kEdgeA] : xr[kEdgeB], holder - base);
         if (lane >= 8 && lane < 16) {{ raw = b; col0 = 8 * last - hx; hi = tail; }}
       }}
       const int e = lane & 7;
@@ -1112,13 +1127,14 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks}) __cl
   const auto prefetch = [&](const int r, const int set) {{
     if (r < rows) {{
       const size_t a = (size_t)(in_x + (size_t)r * kHidden);
-      const int h = kRowsAligned ? 0 : (int)(a & 15) >> 1;
+      const int h = kRowsAligned && kLine == 16 ? 0 : (int)(a & (kLine - 1)) >> 1;
       const int chunks = (h + kHidden + 7) >> 3;
-      const uint4* const from = reinterpret_cast<const uint4*>(a - (a & 15));
+      const uint4* const from = reinterpret_cast<const uint4*>(a - (a & (kLine - 1)));
       const uint4* const from_t = from + tid;  // this thread's chunks: constant offsets from it
 #pragma unroll
-      for (int i = 0; i < kSlots; ++i) {{
-        if (i * kT + tid < chunks) cp_async16(ring + i * kT + threadIdx.x, from_t + i * kT);
+      for (int i = 0; i < kSlots; ++i) {{  // (not the chunks before the row: slot 0)
+        if (i * kT + tid < chunks && (i > 0 || tid >= (h >> 3)))
+          cp_async16(ring + i * kT + threadIdx.x, from_t + i * kT);
       }}
 {pivot_copy}    }}
     cp_async_commit();
@@ -1158,13 +1174,13 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks}) __cl
     # one row in its aligned envelope: hx elements of the granule before it, nch chunks
     "row": """\
   const size_t xa = (size_t)(in_x + (size_t)(row_ok ? row : 0) * kHidden);
-  const int hx = kRowsAligned ? 0 : (int)(xa & 15) >> 1;
+  const int hx = kRowsAligned && kLine == 16 ? 0 : (int)(xa & (kLine - 1)) >> 1;
   const int nch = row_ok ? (hx + kHidden + 7) >> 3 : 0;
-  const uint4* const src = reinterpret_cast<const uint4*>(xa - (xa & 15));
+  const uint4* const src = reinterpret_cast<const uint4*>(xa - (xa & (kLine - 1)));
   {out_t}* const y = out_y + (size_t)(row_ok ? row : 0) * kHidden;
   uint4 xr[kSlots];
   int masked = 0;  // elements of this thread's chunks outside the row (held as 0)
-{load}  if (!kRowsAligned) {{
+{load}  if (!kRowsAligned || kLine > 16) {{
 {mask}  }}
 {first_pass}{stats}{dispatch}""",
     # the row's partial chunks zeroed outside the row, `masked` counting what was zeroed:
@@ -1185,13 +1201,16 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks}) __cl
 """,
     "mask_edges": """\
     const int tail = (hx + kHidden) & 7;  // values of the row in its last chunk (0: all 8)
+    const int cf = hx >> 3, h0 = hx & 7;  // the row's first chunk, its values before the row
 #pragma unroll
     for (int i = 0; i < kSlots; ++i) {
       if (i == 0 || i == kEdgeA || i == kEdgeB) {
         const int c = i * kT + tid;
         const bool last = c == nch - 1 && tail != 0;
-        if (c < nch && ((c == 0 && hx != 0) || last)) {
-          const int lo = c == 0 ? hx : 0, hi = last ? tail : 8;
+        if (i == 0 && c < cf) {
+          masked += 8;  // a chunk before the row (kLine 128): held as 0 (`load_ring`)
+        } else if (c < nch && ((c == cf && h0 != 0) || last)) {
+          const int lo = c == cf ? h0 : 0, hi = last ? tail : 8;
           xr[i] = mask_chunk(xr[i], lo, hi);
           masked += 8 - (hi - lo);
         }
@@ -1214,7 +1233,7 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks}) __cl
 #pragma unroll
   for (int i = 0; i < kSlots; ++i) {{
     const int c = i * kT + tid;
-    xr[i] = c < nch ? ring[i * kT + threadIdx.x] : make_uint4(0u, 0u, 0u, 0u);
+    xr[i] = c < nch && (i > 0 || c >= (hx >> 3)) ? ring[i * kT + threadIdx.x] : make_uint4(0u, 0u, 0u, 0u);
   }}
 {pivot_read}  asm volatile("" ::: "memory");  // those reads stay before the copies into their slots
   prefetch(row + teams, set ^ 1);
@@ -1261,9 +1280,11 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks}) __cl
     # shift from x alone), two shared vectors a chunk where it read two global ones
     # (`cols_vector`)
     "staging": """\
-  constexpr int kStagedColumns = 8 * (kT * kSlots + 2);  // 16-byte granules a tensor
+  // the CTA's chunks' columns, their 16-byte granules and kLine / 16 before (a chunk's
+  // vectors lie up to kLine / 16 granules before its first column) and one after
+  constexpr int kStagedColumns = 8 * (kT * kSlots + 1 + kLine / 16);
   unsigned short* const staged = reinterpret_cast<unsigned short*>({base});
-  const int staged_lo = 8 * (rank * (kT * kSlots) - 1);  // the first column staged
+  const int staged_lo = 8 * (rank * (kT * kSlots) - kLine / 16);  // the first column staged
   for (int e = threadIdx.x; e < kStagedColumns; e += kT) {{
     const int col = staged_lo + e;
     const bool in = col >= 0 && col < kHidden;
@@ -1277,7 +1298,7 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks}) __cl
     # had ptxas move it to a uniform register at once, waiting on the load every row
     "pivots_doc": ", the\n  // granule holding each row's first value, a copy for each warp",
     "pivots_decl": "  uint4 (*const pivots)[kT / 32] = reinterpret_cast<uint4 (*)[kT / 32]>(partials + 2);\n",
-    "pivot_copy": "      if ((threadIdx.x & 31) == 0) cp_async16(&pivots[set][threadIdx.x >> 5], from);\n",
+    "pivot_copy": "      if ((threadIdx.x & 31) == 0) cp_async16(&pivots[set][threadIdx.x >> 5], from + (h >> 3));\n",
     "pivot_read": """\
   __syncwarp();  // lane 0's copy of the granule, waited for above, seen by its warp
   const float pivot_now = {first};
