@@ -575,6 +575,61 @@ def test_envelope_chunks_masks_and_shifts_at_every_phase(hidden):
         assert q / hidden - (s / hidden) ** 2 == pytest.approx(var, rel=1e-6, abs=1e-9)
 
 
+@pytest.mark.parametrize("hidden, alignment", [(24575, 2), (30008, 16), (40001, 2),
+                                               (60008, 16), (65535, 2), (100008, 16)])
+def test_a_clusters_line_envelope_covers_the_row_at_every_phase_of_a_line(hidden, alignment):
+    """`LaunchPlan.envelope_line` 128 (the kernel's kLine): the envelope starts at the
+    128-byte line holding the row's first value, hx of its values before the row (0-63).
+    At every hx the cluster's chunks hold the row's columns once and every chunk the
+    kernel touches (nch of them) has a thread; the chunks before the row (hx / 8 of them)
+    and the row's first partial chunk lie in slot 0 of rank 0's first warp; the last
+    partial chunk in slot kEdgeA or kEdgeB (from kLastA and kLastB), whichever side of
+    kPastA it falls, its holder the thread the kernel shuffles from; and a staged tensor's
+    columns (from kLine / 16 granules before the CTA's first chunk) cover every vector a
+    chunk reads."""
+    for make in KINDS.values():
+        spec = make(ROWS, hidden, dtype="bfloat16", alignment=alignment)
+        plan = spec.plan
+        assert plan.cluster > 1 and plan.envelope_line == 128, plan.describe()
+        assert "constexpr int kLine = 128;" in render_normalization(spec)
+        t, k, cl = plan.threads_per_row, plan.batch, plan.cluster
+        last_a = (hidden + 7) // 8 - 1
+        last_b = (hidden + 64 - 2) // 8
+        edge_a, edge_b = (last_a % (t * k)) // t, (last_b % (t * k)) // t
+        past_a = (last_a // t + 1) * t
+        staged = 8 * (t * k + 1 + 8)  # kStagedColumns
+        for hx in range(0, 64, 8 if hidden % 8 == 0 else 1):
+            nch = (hx + hidden + 7) >> 3
+            assert nch <= t * k * cl
+            cols = []
+            for r in range(cl):
+                lo_col = 8 * (r * t * k - 8)  # staged_lo
+                for thread in range(t):
+                    tid = thread + r * t * k
+                    for i in range(k):
+                        c = i * t + tid
+                        if c >= nch:
+                            continue
+                        col0 = 8 * c - hx
+                        if col0 + 8 <= 0:  # before the row: slot 0, neither read nor stored
+                            assert i == 0 and r == 0 and thread < 8
+                            continue
+                        first = c == hx >> 3 and hx & 7
+                        last = col0 + 8 > hidden
+                        if first:
+                            assert i == 0 and r == 0 and tid == hx >> 3
+                        if last and not first:
+                            in_a = c < past_a
+                            assert i == (edge_a if in_a else edge_b)
+                            assert tid == c - i * t
+                        lo, hi = max(0, -col0), min(8, hidden - col0)
+                        cols += [col0 + e for e in range(lo, hi)]
+                        # a whole chunk's tensor vectors: the granule at col0 and the next
+                        g = (col0 // 8) * 8
+                        assert lo_col <= g and g + 16 <= lo_col + staged
+            assert sorted(cols) == list(range(hidden)), (hidden, hx)
+
+
 @pytest.mark.parametrize("hidden", [20001, 24576, 40001, 65535, 131072])
 def test_a_clusters_ctas_hold_every_chunk_of_the_row_once(hidden):
     """kernel_cluster's arithmetic: CTA r's thread t holds chunk i * T + t + r * T * K of

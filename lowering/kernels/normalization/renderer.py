@@ -654,7 +654,8 @@ class EnvelopeRenderer(SharedRowRenderer):
             dispatch = E["dispatch"].format(phase="0", same="true", out_args=row_args,
                                             ycheck=ycheck, ydoc=ydoc)
         elif s.rows_aligned:  # every base pointer on 16 bytes: no shift
-            dispatch = E["dispatch_aligned"].format(out_args=out_args)
+            dispatch = E["dispatch_aligned"].format(
+                out_args="".join(f", in_{n} - hx" for n, _ in outs))
         else:
             phase = f"((int)((size_t)in_{halves[0]} & 15) >> 1)" if halves else "hx"
             same = " && ".join(f"(((size_t)in_{n} ^ (size_t)in_{halves[0]}) & 15) == 0"

@@ -1004,7 +1004,9 @@ __device__ __forceinline__ void output_pass(const uint4 (&xr)[kSlots], const int
       const bool edge = !kRowsAligned && (i == 0 || i == kEdgeA || i == kEdgeB)
                         && ((kLine == 16 ? c == 0 && hx != 0 : c == (hx >> 3) && (hx & 7) != 0)
                             || col0 + 8 > kHidden);
-      const bool before = kLine > 16 && i == 0 && col0 < 0;
+      // (rows on 16 bytes come with hx 0: their chunks before the row number nch less
+      // the row's own, kLastA + 1)
+      const bool before = kLine > 16 && i == 0 && (kRowsAligned ? c < nch - (kLastA + 1) : col0 < 0);
       if (!edge && !before) {{
         float v[8];
         chunk_values<true>(v, xr[i], col0, 0, 8);
@@ -1207,8 +1209,9 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks}) __cl
       if (i == 0 || i == kEdgeA || i == kEdgeB) {
         const int c = i * kT + tid;
         const bool last = c == nch - 1 && tail != 0;
-        if (i == 0 && c < cf) {
-          masked += 8;  // a chunk before the row (kLine 128): held as 0 (`load_ring`)
+        if (i == 0 && c < cf) {  // a chunk before the row (kLine 128; its slot not copied)
+          xr[i] = make_uint4(0u, 0u, 0u, 0u);  // (zeroed here, not at the load: 36 bytes of
+          masked += 8;                         // spills at 48 registers there, none here)
         } else if (c < nch && ((c == cf && h0 != 0) || last)) {
           const int lo = c == cf ? h0 : 0, hi = last ? tail : 8;
           xr[i] = mask_chunk(xr[i], lo, hi);
@@ -1233,7 +1236,7 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks}) __cl
 #pragma unroll
   for (int i = 0; i < kSlots; ++i) {{
     const int c = i * kT + tid;
-    xr[i] = c < nch && (i > 0 || c >= (hx >> 3)) ? ring[i * kT + threadIdx.x] : make_uint4(0u, 0u, 0u, 0u);
+    xr[i] = c < nch ? ring[i * kT + threadIdx.x] : make_uint4(0u, 0u, 0u, 0u);
   }}
 {pivot_read}  asm volatile("" ::: "memory");  // those reads stay before the copies into their slots
   prefetch(row + teams, set ^ 1);
@@ -1251,7 +1254,10 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks}) __cl
     default: output_pass<-1>(xr, tid, nch, hx, center, rstd, y, f{out_args});
   }}
 """,
-    "dispatch_aligned": "  output_pass<0>(xr, tid, nch, hx, center, rstd, y, 0u{out_args});\n",
+    # rows on 16 bytes: y and the tensors taken hx values back (kLine 128; 0 on 16), so
+    # that chunk c's columns are 8c, constant offsets from them (with hx in the columns
+    # instead, held layer norms on clusters spilled 8-16 bytes at 48-56 registers)
+    "dispatch_aligned": "  output_pass<0>(xr, tid, nch, 0, center, rstd, y - hx, 0u{out_args});\n",
     "sum_init": "  float s = 0.f;\n",
     "rms_whole": "        s += v[e] * v[e];\n",
     "sum_whole": "        s += v[e];\n",
