@@ -1077,7 +1077,9 @@ __device__ __forceinline__ void row_sum2(float& a, float& b, float (*partials)[2
 #pragma unroll
   for (int i = 0; i < kSlots; ++i) {{
     const int c = i * kT + tid;
-    if (c < nch) {{
+    // (not the chunks before the row, kLine 128: a layer norm's shifted sums would take
+    // their -shift back out, badly where the mean is large against the spread)
+    if (c < nch && !(kLine > 16 && i == 0 && c < (hx >> 3))) {{
       float v[8];
       chunk_values<true>(v, xr[i], 8 * c - hx, 0, 8);
 #pragma unroll
@@ -1209,9 +1211,9 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks}) __cl
       if (i == 0 || i == kEdgeA || i == kEdgeB) {
         const int c = i * kT + tid;
         const bool last = c == nch - 1 && tail != 0;
-        if (i == 0 && c < cf) {  // a chunk before the row (kLine 128; its slot not copied)
-          xr[i] = make_uint4(0u, 0u, 0u, 0u);  // (zeroed here, not at the load: 36 bytes of
-          masked += 8;                         // spills at 48 registers there, none here)
+        if (i == 0 && c < cf) {  // a chunk before the row (kLine 128; its slot not copied),
+          // out of the passes; zeroed here, not at the load (36 bytes of spills there)
+          xr[i] = make_uint4(0u, 0u, 0u, 0u);
         } else if (c < nch && ((c == cf && h0 != 0) || last)) {
           const int lo = c == cf ? h0 : 0, hi = last ? tail : 8;
           xr[i] = mask_chunk(xr[i], lo, hi);
