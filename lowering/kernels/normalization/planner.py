@@ -447,7 +447,7 @@ def plan_launch(
             pinned = [p for p in plans if threads_per_row in (None, p.threads_per_row)
                       and batch in (None, p.batch)]
             fallback = fallback or (pinned[0] if pinned else None)
-            best = _choose_envelope(pinned, most_chunks(layer_norm, rows_aligned))
+            best = _choose_envelope(pinned, most_chunks(rows_aligned))
             if best is not None:
                 break
         best = best or fallback
@@ -489,8 +489,8 @@ def plan_launch(
             and rows_per_block is None and all(v is None for v in register_pins)):
         plain = _plain_rowwise(hidden, vector_width, value_bytes, wide)
         if envelope is None and (plain is None or _envelope_over(plain, hidden, wide)):
-            plain = (_envelope_rowwise(hidden, vector_width, value_bytes, param_sizes, wide, bf16)
-                     or plain)
+            plain = (_envelope_rowwise(hidden, vector_width, value_bytes, param_sizes, wide, bf16,
+                                       over=plain is not None) or plain)
         if plain is not None:
             return plain
         routed = _route(hidden, vector_width, value_bytes, param_bytes, bf16, param_sizes, wide)
@@ -711,7 +711,8 @@ ENVELOPE_ROW_THREADS = 160  # threads a row preferred where the row allows
 # 1601, 2001, 3501 and 3801 5-8% faster (RMS norms -0.9% to +2%); where the SM would hold
 # fewer threads, 2050 on 64 x 5 0.78 against 0.83 on 96 x 3: not taken.
 ENVELOPE_FEWER_THREADS = True
-ENVELOPE_ALIGNED_MIN = 8192  # aligned rows from this many values
+ENVELOPE_ALIGNED_MIN = 8192  # aligned RMS norms' rows from this many values
+ENVELOPE_LAYER_ALIGNED_MIN = 2048  # aligned layer norms' rows from this many (`_envelope_over`)
 ENVELOPE_LAYER_MIN = 512  # unaligned layer norms from this many values (2- or 4-byte vectors)
 ENVELOPE_OVER_BLOCKS = 3  # aligned RMS norms' row-wise plans of fewer blocks an SM yield
 # Registers of the envelope kernel besides 4 a chunk, fitted to ptxas (sm_90, no
@@ -751,6 +752,11 @@ ENVELOPE_CLUSTER_SPARE = 8
 # fp16 values take the same held plans (ptxas kept them without spills at 24576-131072):
 # on an H200 at 33280-57856, 0.91-0.93 of copy bandwidth against 0.83-0.88 on fp16's own
 # estimate (`ENVELOPE_CLUSTER_SPARE`: three or four CTAs of five chunks at two blocks).
+# A plain RMS norm's clusters take the same held plans (ptxas kept 47-54 registers on
+# them, none spilled): on an H200 at 46080-65536 columns, two CTAs of six or seven chunks
+# at two blocks ran 0.92-0.94 of copy bandwidth where three or four CTAs of five on its
+# own estimate ran 0.89-0.92 (bf16 46080 0.89 -> 0.93, 65536 0.89 -> 0.93; fp16 46080
+# 0.89 -> 0.93, 49664 0.90 -> 0.93), 22528-45056 within -0.7% to +1.5%.
 ENVELOPE_LAYER_CLUSTER_HELD = 56
 ENVELOPE_LAYER_CLUSTER_LEAST = 48
 # CTAs a row at most: the portable cluster size.
@@ -758,14 +764,24 @@ MAX_CLUSTER = 8
 
 
 def _envelope_over(rowwise: LaunchPlan, hidden: int, wide: dict) -> bool:
-    """Whether the envelope kernel takes an aligned row from `_plain_rowwise`: from
-    `ENVELOPE_ALIGNED_MIN` values, a layer norm's always (its one-pass statistics), an RMS
-    norm's where the row-wise plan holds fewer than `ENVELOPE_OVER_BLOCKS` blocks an SM.
-    Side by side on an H200 (bf16, 8192 rows) at 8192-13824: layer norms 0.75-0.90 of
-    copy bandwidth row-wise against 0.92-0.95 (9216 0.93 against 0.92); RMS norms on two
-    blocks 0.83-0.92 against 0.93-0.94, on three 0.95-0.97 against 0.94."""
-    return hidden >= ENVELOPE_ALIGNED_MIN and (
-        wide["layer_norm"] or rowwise.blocks_per_sm < ENVELOPE_OVER_BLOCKS)
+    """Whether the envelope kernel takes an aligned row from `_plain_rowwise`.
+
+    - A layer norm's (its one-pass statistics) from `ENVELOPE_LAYER_ALIGNED_MIN` values,
+      and from `ENVELOPE_LAYER_MIN` where the row-wise plan leaves slots empty. Side by
+      side on an H200 (8192 rows, bf16 / fp16), row-wise against the envelope: 2056 0.87
+      / 0.89 against 0.91 / 0.92, 4096 0.88 / 0.92 against 0.93 / 0.93, 5632 0.88 / 0.91
+      against 0.94 / 0.94, 7168 0.84 / 0.87 against 0.93 / 0.94, 1032 (a third of its
+      slots empty) 0.77 against 0.86; 2048-7680 otherwise -0.8% to +4%. Rows that fill the
+      row-wise plan's slots under 2048 kept it: 512 and 1024 ran 1-2% faster so in fp16
+      (bf16 within 0.4%). At 8192-13824 (bf16): 0.75-0.90 row-wise against 0.92-0.95.
+    - An RMS norm's from `ENVELOPE_ALIGNED_MIN` values where the row-wise plan holds fewer
+      than `ENVELOPE_OVER_BLOCKS` blocks an SM. Side by side on an H200 (bf16, 8192 rows)
+      at 8192-13824: on two blocks 0.83-0.92 of copy bandwidth row-wise against
+      0.93-0.94, on three 0.95-0.97 against 0.94."""
+    if wide["layer_norm"]:
+        return hidden >= ENVELOPE_LAYER_ALIGNED_MIN or (
+            hidden >= ENVELOPE_LAYER_MIN and padding(rowwise, hidden) > 0)
+    return hidden >= ENVELOPE_ALIGNED_MIN and rowwise.blocks_per_sm < ENVELOPE_OVER_BLOCKS
 
 
 def plain_tensors(param_sizes: tuple[int, ...], layer_norm: bool, out_bytes: int) -> bool:
@@ -775,10 +791,10 @@ def plain_tensors(param_sizes: tuple[int, ...], layer_norm: bool, out_bytes: int
             and all(size == 2 for size in param_sizes) and out_bytes == 2)
 
 
-def most_chunks(layer_norm: bool, rows_aligned: bool) -> bool:
-    """`rank_envelope`'s ``most_chunks``: a 16-bit layer norm's aligned rows (where it was
-    measured; `_choose_envelope`)."""
-    return layer_norm and rows_aligned
+def most_chunks(rows_aligned: bool) -> bool:
+    """`rank_envelope`'s ``most_chunks``: a 16-bit norm's aligned rows (`_choose_envelope`;
+    an RMS norm's with the held cluster plans, `ENVELOPE_LAYER_CLUSTER_HELD`)."""
+    return rows_aligned
 
 
 def staged_columns(rows_aligned: bool, param_sizes: tuple[int, ...]) -> int:
@@ -797,13 +813,13 @@ def envelope_candidates(hidden: int, layer_norm: bool, rows_per_block: int | Non
     """Every envelope plan of a row on ``cluster`` CTAs: T threads a CTA's slice (a warp
     multiple; several rows a block below `MIN_THREADS_PER_BLOCK`, or ``rows_per_block``,
     where the row is one CTA's) and K chunks a thread, no slot empty for every thread, up
-    to `MAX_ENVELOPE_CHUNKS` (`MAX_HELD_ENVELOPE_CHUNKS` on a held layer norm's two-CTA
+    to `MAX_ENVELOPE_CHUNKS` (`MAX_HELD_ENVELOPE_CHUNKS` on a held norm's two-CTA
     row); in a cluster, one row a block and every CTA's slice holding
     chunks of every row. The block promise: the most blocks an SM holds at the register
     estimate (a cluster of fp16 values, and a layer norm on base pointers off 16 bytes,
     counts `ENVELOPE_CLUSTER_SPARE` more for each: ``bf16``, ``base_aligned``; a layer
     norm `ENVELOPE_LAYER_REGISTERS` more on a cluster, or where its tensors or output are
-    not ``plain``, `plain_tensors`; a plain layer norm on a cluster, its rows aligned,
+    not ``plain``, `plain_tensors`; a plain norm on a cluster, its rows aligned,
     `ENVELOPE_LAYER_CLUSTER_HELD` where that fits three blocks). ``staged``: a
     cluster's `LaunchPlan.staged` (`staged_columns`), in its shared memory."""
     chunks = row_chunks(hidden, 2, False)
@@ -832,10 +848,10 @@ def envelope_candidates(hidden: int, layer_norm: bool, rows_per_block: int | Non
                                      if blocks_by_registers(t, regs) >= want), default=0))
                 if held and MAX_THREADS_PER_SM // t >= want:
                     break
-            if (layer_norm and plain and base_aligned and hidden % 8 == 0
+            if (plain and base_aligned and hidden % 8 == 0
                     and held and MAX_THREADS_PER_SM // t >= want):
                 est = held
-            elif k > MAX_ENVELOPE_CHUNKS:  # past six only on a held layer norm's row
+            elif k > MAX_ENVELOPE_CHUNKS:  # past six only on a held norm's row
                 continue
         blocks = min(MAX_THREADS_PER_SM // (t * r), blocks_by_registers(t * r, est),
                      MAX_BLOCKS_PER_SM)
@@ -864,10 +880,11 @@ def _choose_envelope(plans: list[LaunchPlan], most_chunks: bool = False) -> Laun
     row's reduction and stores uncovered). Short rows (1537, 2050) ran best on 96
     threads at 3 chunks (0.76, 0.85).
 
-    ``most_chunks`` (a layer norm's aligned rows): on a cluster, the most chunks a
+    ``most_chunks`` (a 16-bit norm's aligned rows): on a cluster, the most chunks a
     thread before the padding. Side by side on an H200 (bf16, 8192 rows, three blocks an
     SM, the same cluster): six chunks on fewer threads ran 1-2.5% faster than five on 416
-    (41472 0.88 -> 0.89, 47616 0.86 -> 0.88, 61952 0.85 -> 0.87, 64000 0.86 -> 0.89)."""
+    (layer norms 41472 0.88 -> 0.89, 47616 0.86 -> 0.88, 61952 0.85 -> 0.87, 64000 0.86
+    -> 0.89)."""
     ranked = rank_envelope(plans, most_chunks)
     return ranked[0] if ranked else None
 
@@ -903,7 +920,8 @@ def rank_envelope(plans: list[LaunchPlan], most_chunks: bool = False) -> list[La
 
 
 def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int,
-                      param_sizes: tuple[int, ...], wide: dict, bf16: bool = True):
+                      param_sizes: tuple[int, ...], wide: dict, bf16: bool = True,
+                      over: bool = False):
     """The envelope plan of a plain 16-bit norm (no prologue, no epilogue tensors, 16-bit
     weight, bias and output: what its register estimate counts), or None where the other
     rules decide. Side by side on an H200 (bf16, 8192 rows), against the plans these
@@ -926,7 +944,9 @@ def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int,
       (`ENVELOPE_LAYER_MIN`, 2- or 4-byte vectors; shorter rows have no envelope plan of
       three chunks a thread). 8-byte vectors (5140) run as fast either way (0.90
       rms_norm): they keep their plans.
-    - Aligned rows from `ENVELOPE_ALIGNED_MIN` values that `_plain_rowwise` declined: the
+    - Aligned rows `_envelope_over` takes from `_plain_rowwise` (``over``), and from
+      `ENVELOPE_ALIGNED_MIN` values (a layer norm's `ENVELOPE_LAYER_ALIGNED_MIN`) rows it
+      declined: the
       raw 16-bit chunks take half the registers of its fp32 values, so two blocks an SM
       still fit past 16K values (14848-20992: rms_norm 0.95-0.97 against 0.88-0.91 on
       the shared-row kernel, layer_norm 0.92-0.94 against 0.88-0.90).
@@ -948,8 +968,8 @@ def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int,
     plain = plain_tensors(param_sizes, layer, wide["out_bytes"])
     if not ENVELOPE_ROWWISE or wide["prologue"] or value_bytes != 2 or not plain:
         return None
-    if wide["rows_aligned"]:
-        if hidden < ENVELOPE_ALIGNED_MIN:
+    if wide["rows_aligned"]:  # ``over``: `_envelope_over` took the row from a row-wise plan
+        if not over and hidden < (ENVELOPE_LAYER_ALIGNED_MIN if layer else ENVELOPE_ALIGNED_MIN):
             return None
     elif vector_width * value_bytes >= 8 or (layer and hidden < ENVELOPE_LAYER_MIN):
         return None
@@ -959,7 +979,7 @@ def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int,
             plan = _choose_envelope(envelope_candidates(
                 hidden, layer, cluster=cluster, bf16=bf16, base_aligned=wide["base_aligned"],
                 staged=staged_columns(wide["rows_aligned"], param_sizes)),
-                most_chunks(layer, wide["rows_aligned"]))
+                most_chunks(wide["rows_aligned"]))
             if plan is not None:
                 break
     return dataclasses.replace(plan, one_pass=True) if plan and layer else plan

@@ -78,7 +78,7 @@ def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]
                       plain=plain_tensors(spec.tensor_sizes(), layer,
                                           DTYPE_BYTES[spec.output_dtype]),
                       staged=staged_columns(spec.rows_aligned, spec.tensor_sizes())),
-                      most_chunks(layer, spec.rows_aligned))[:ENVELOPE_TUNE]]
+                      most_chunks(spec.rows_aligned))[:ENVELOPE_TUNE]]
         try:
             rest = tune_plans(dataclasses.replace(spec, envelope=False, cluster=None),
                               geometries)
