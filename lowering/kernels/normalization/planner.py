@@ -770,8 +770,10 @@ def _envelope_over(rowwise: LaunchPlan, hidden: int, wide: dict) -> bool:
       and from `ENVELOPE_LAYER_MIN` where the row-wise plan leaves slots empty. Side by
       side on an H200 (8192 rows, bf16 / fp16), row-wise against the envelope: 2056 0.87
       / 0.89 against 0.91 / 0.92, 4096 0.88 / 0.92 against 0.93 / 0.93, 5632 0.88 / 0.91
-      against 0.94 / 0.94, 7168 0.84 / 0.87 against 0.93 / 0.94, 1032 (a third of its
-      slots empty) 0.77 against 0.86; 2048-7680 otherwise -0.8% to +4%. Rows that fill the
+      against 0.94 / 0.94, 7168 0.84 / 0.87 against 0.93 / 0.94; 2048-7680 otherwise
+      -0.8% to +4%. Shorter rows the row-wise plan pads: 1032 0.78 / 0.82 against 0.86 /
+      0.84, 1544 0.75 / 0.80 against 0.88 / 0.90, 1800 and 2000 +2-9%, but fp16 1192 -2%
+      and 1288 -6% (bf16 +5%, +2%). Rows that fill the
       row-wise plan's slots under 2048 kept it: 512 and 1024 ran 1-2% faster so in fp16
       (bf16 within 0.4%). At 8192-13824 (bf16): 0.75-0.90 row-wise against 0.92-0.95.
     - An RMS norm's from `ENVELOPE_ALIGNED_MIN` values where the row-wise plan holds fewer
