@@ -535,6 +535,7 @@ def test_forward_runs_on_the_host(dtype, hidden, rows, grid, kind, residual):
     # bulk-copied from their lines (`BackwardPlan.line`), a base 16 bytes into a line
     ("bf16", 8200, 5, 2, "rms_norm", True, 0, 8, "fewest_clusters"),
     ("bf16", 8200, 4, 2, "layer_norm", False, 8, 8, "fewest_clusters"),
+    ("bf16", 8200, 3, 2, "rms_norm", False, 24, 8, "fewest_clusters"),  # 48 bytes in
     ("bf16", 12296, 3, 2, "layer_norm", True, 0, 8, "fewest_clusters"),
 ])
 def test_backward_and_column_reduce_run_on_the_host(dtype, hidden, rows, teams, kind, with_dh,
@@ -569,10 +570,13 @@ def _backward_on_the_host(dtype, hidden, rows, teams, kind, with_dh, offset, vec
     tdt = HOST_DTYPES[dtype]
     g = torch.Generator().manual_seed(hidden * 3 + rows)
 
+    lead = 64 + max(0, offset)  # values of a buffer before its view (`make`)
+
     def make(t):  # `offset` values into a larger buffer: the base off 16-byte alignment
-        # (NaN around it: a kernel reading the 16-byte cover of a row must not use it)
-        buf = torch.full((t.numel() + 8,), float("nan"), dtype=tdt)
-        view = buf[max(0, offset):max(0, offset) + t.numel()].view(t.shape)
+        # (NaN around it, a 128-byte line either side: a kernel reading the 16-byte cover
+        # or the line of a row must not use it)
+        buf = torch.full((lead + t.numel() + 64,), float("nan"), dtype=tdt)
+        view = buf[lead:lead + t.numel()].view(t.shape)
         view.copy_(t)
         return view
 
@@ -604,7 +608,7 @@ def _backward_on_the_host(dtype, hidden, rows, teams, kind, with_dh, offset, vec
                        _p(rstd), _p(dh), _p(dx), _p(ws), rows)
     assert not ws.isnan().any()  # every slot wrote its whole row, rows met or not
     spare = dx._base  # nothing written around dx (its buffer's NaN padding)
-    assert spare[:max(0, offset)].isnan().all() and spare[max(0, offset) + dx.numel():].isnan().all()
+    assert spare[:lead].isnan().all() and spare[lead + dx.numel():].isnan().all()
     dw = torch.full_like(w, float("nan"))
     db = torch.full_like(w, float("nan")) if kind == "layer_norm" else None
     red = S.ColumnReduceSpec(dtype, spec.sets)
