@@ -793,8 +793,9 @@ def test_aligned_cluster_norms_promise_three_blocks_on_rows_of_up_to_416_threads
     for spec in (make(ROWS, 37376, dtype="bfloat16", alignment=2),
                  make(ROWS, 40001, dtype="bfloat16")):
         assert spec.plan.cluster > 1 and spec.plan.blocks_per_sm == 2, spec.plan.describe()
-    # (an RMS norm's bf16 rows of 79872-128512 keep two blocks of four CTAs, where its fp16
-    # estimate's spare registers move them to five CTAs of three blocks)
+    # (an RMS norm's bf16 rows of 79872-128512 keep two blocks of four to six CTAs on its
+    # own estimate, where its fp16 estimate's spare registers move them one CTA wider, to
+    # the held three blocks)
     for hidden in range(24576, 131073 if kind == "layer_norm" else 65537, 512):
         bf16 = make(ROWS, hidden, dtype="bfloat16").plan
         assert make(ROWS, hidden, dtype="float16").plan == bf16

@@ -41,7 +41,7 @@ CACHE_ORDER = ("registers", "shared", "global")
 # Rule 7: bytes in flight compared in steps of this (the block counts are estimates).
 FLIGHT_STEP = 4 * 1024
 # The envelope kernel's chunks a thread at most (its passes are unrolled over them), and
-# on a plain layer norm's two-CTA cluster held at two blocks (`ENVELOPE_LAYER_CLUSTER_HELD`)
+# on a plain norm's two-CTA cluster held at two blocks (`ENVELOPE_LAYER_CLUSTER_HELD`)
 # where six do not cover the row: side by side on an H200 (bf16, 8192 rows), seven chunks
 # on 576-640 threads ran 0.905-0.918 of copy bandwidth at 61952-65536 against 0.884-0.888
 # for four CTAs of six at three blocks; where six fit (57856, 59904) they ran 1% faster
@@ -696,8 +696,8 @@ def _plain_rowwise(hidden: int, vector_width: int, value_bytes: int, wide: dict)
 
 
 # `_envelope_rowwise`: on (the default), plain 16-bit norms' rows that are not 16-byte
-# aligned, and aligned rows longer than `_plain_rowwise` takes, get the envelope row-wise
-# kernel wherever an SM holds two blocks of it at `ENVELOPE_CHUNKS` or more chunks a
+# aligned, and aligned rows `_plain_rowwise` declines or `_envelope_over` takes from it,
+# get the envelope row-wise kernel wherever an SM holds two blocks of it at `ENVELOPE_CHUNKS` or more chunks a
 # thread (`_choose_envelope`).
 ENVELOPE_ROWWISE = True
 ENVELOPE_CHUNKS = 3  # chunks a thread at least
@@ -767,15 +767,16 @@ def _envelope_over(rowwise: LaunchPlan, hidden: int, wide: dict) -> bool:
     """Whether the envelope kernel takes an aligned row from `_plain_rowwise`.
 
     - A layer norm's (its one-pass statistics) from `ENVELOPE_LAYER_ALIGNED_MIN` values,
-      and from `ENVELOPE_LAYER_MIN` where the row-wise plan leaves slots empty. Side by
+      and shorter ones where the row-wise plan leaves slots empty (`_plain_rowwise`
+      plans rows past 1024 values: from 1032). Side by
       side on an H200 (8192 rows, bf16 / fp16), row-wise against the envelope: 2056 0.87
       / 0.89 against 0.91 / 0.92, 4096 0.88 / 0.92 against 0.93 / 0.93, 5632 0.88 / 0.91
       against 0.94 / 0.94, 7168 0.84 / 0.87 against 0.93 / 0.94; 2048-7680 otherwise
       -0.8% to +4%. Shorter rows the row-wise plan pads: 1032 0.78 / 0.82 against 0.86 /
       0.84, 1544 0.75 / 0.80 against 0.88 / 0.90, 1800 and 2000 +2-9%, but fp16 1192 -2%
-      and 1288 -6% (bf16 +5%, +2%). Rows that fill the
-      row-wise plan's slots under 2048 kept it: 512 and 1024 ran 1-2% faster so in fp16
-      (bf16 within 0.4%). At 8192-13824 (bf16): 0.75-0.90 row-wise against 0.92-0.95.
+      and 1288 -6% (bf16 +5%, +2%). Rows of up to 1024 values keep their one-warp
+      row-wise plans (`_plan_rowwise`): on the envelope 512 and 1024 ran 1-2% slower in
+      fp16 (bf16 within 0.4%). At 8192-13824 (bf16): 0.75-0.90 row-wise against 0.92-0.95.
     - An RMS norm's from `ENVELOPE_ALIGNED_MIN` values where the row-wise plan holds fewer
       than `ENVELOPE_OVER_BLOCKS` blocks an SM. Side by side on an H200 (bf16, 8192 rows)
       at 8192-13824: on two blocks 0.83-0.92 of copy bandwidth row-wise against
@@ -794,8 +795,8 @@ def plain_tensors(param_sizes: tuple[int, ...], layer_norm: bool, out_bytes: int
 
 
 def most_chunks(rows_aligned: bool) -> bool:
-    """`rank_envelope`'s ``most_chunks``: a 16-bit norm's aligned rows (`_choose_envelope`;
-    an RMS norm's with the held cluster plans, `ENVELOPE_LAYER_CLUSTER_HELD`)."""
+    """`rank_envelope`'s ``most_chunks``: a 16-bit norm's aligned rows (`_choose_envelope`),
+    among its held cluster plans (`ENVELOPE_LAYER_CLUSTER_HELD`)."""
     return rows_aligned
 
 
@@ -882,8 +883,10 @@ def _choose_envelope(plans: list[LaunchPlan], most_chunks: bool = False) -> Laun
     row's reduction and stores uncovered). Short rows (1537, 2050) ran best on 96
     threads at 3 chunks (0.76, 0.85).
 
-    ``most_chunks`` (a 16-bit norm's aligned rows): on a cluster, the most chunks a
-    thread before the padding. Side by side on an H200 (bf16, 8192 rows, three blocks an
+    ``most_chunks`` (a 16-bit norm's aligned rows): on a cluster, among plans held to
+    `ENVELOPE_LAYER_CLUSTER_HELD` registers, the most chunks a thread before the padding
+    (an RMS norm's plans on its own estimate, two blocks of four to six CTAs at 79872-
+    128512 bf16 values, keep five chunks: six ran 1.5% slower at 81112). Side by side on an H200 (bf16, 8192 rows, three blocks an
     SM, the same cluster): six chunks on fewer threads ran 1-2.5% faster than five on 416
     (layer norms 41472 0.88 -> 0.89, 47616 0.86 -> 0.88, 61952 0.85 -> 0.87, 64000 0.86
     -> 0.89)."""
@@ -904,7 +907,8 @@ def rank_envelope(plans: list[LaunchPlan], most_chunks: bool = False) -> list[La
     def chunks(p: LaunchPlan) -> tuple[int, int]:
         if p.batch > MAX_ENVELOPE_CHUNKS:  # a held row's, last and the fewest first
             return 1, p.batch
-        return 0, -p.batch if most_chunks and p.cluster > 1 else p.batch not in (4, 5)
+        held = p.cluster > 1 and p.register_estimate <= ENVELOPE_LAYER_CLUSTER_HELD
+        return 0, -p.batch if most_chunks and held else p.batch not in (4, 5)
 
     ranked = sorted(ok, key=lambda p: (tier(p), chunks(p),
                                        round(pad(p) / ENVELOPE_PADDING_STEP), -p.batch))
