@@ -35,9 +35,9 @@ Example (the fusion of the nvFuser report):
     True
 
 Plain 16-bit norms whose rows are not 16-byte aligned, aligned layer norms from 2K
-values (and shorter ones the row-wise plan pads), and aligned RMS norms past 8K that the row-wise rule declines, run the *envelope*
-kernel (``LaunchPlan.envelope``): the
-row-wise kernel over the row's aligned 16-byte granules held as raw 16-bit values
+values (and shorter ones the row-wise plan pads), and aligned RMS norms past 8K that the
+row-wise rule declines, run the *envelope* kernel (``LaunchPlan.envelope``): the row-wise
+kernel over the row's aligned 16-byte granules held as raw 16-bit values
 (`planner._envelope_rowwise`). Rows the registers cannot hold (wider than 1024 threads x
 32 values, up to 131072 and beyond) and other rows that are not 16-byte aligned run the
 *shared-row* kernel

@@ -489,8 +489,8 @@ def plan_launch(
             and rows_per_block is None and all(v is None for v in register_pins)):
         plain = _plain_rowwise(hidden, vector_width, value_bytes, wide)
         if envelope is None and (plain is None or _envelope_over(plain, hidden, wide)):
-            plain = (_envelope_rowwise(hidden, vector_width, value_bytes, param_sizes, wide, bf16,
-                                       over=plain is not None) or plain)
+            plain = (_envelope_rowwise(hidden, vector_width, value_bytes, param_sizes, wide,
+                                       bf16, over=plain is not None) or plain)
         if plain is not None:
             return plain
         routed = _route(hidden, vector_width, value_bytes, param_bytes, bf16, param_sizes, wide)
@@ -697,8 +697,8 @@ def _plain_rowwise(hidden: int, vector_width: int, value_bytes: int, wide: dict)
 
 # `_envelope_rowwise`: on (the default), plain 16-bit norms' rows that are not 16-byte
 # aligned, and aligned rows `_plain_rowwise` declines or `_envelope_over` takes from it,
-# get the envelope row-wise kernel wherever an SM holds two blocks of it at `ENVELOPE_CHUNKS` or more chunks a
-# thread (`_choose_envelope`).
+# get the envelope row-wise kernel wherever an SM holds two blocks of it at
+# `ENVELOPE_CHUNKS` or more chunks a thread (`_choose_envelope`).
 ENVELOPE_ROWWISE = True
 ENVELOPE_CHUNKS = 3  # chunks a thread at least
 ENVELOPE_PADDING_STEP = 0.1  # padding compared in steps of this
@@ -712,7 +712,7 @@ ENVELOPE_ROW_THREADS = 160  # threads a row preferred where the row allows
 # fewer threads, 2050 on 64 x 5 0.78 against 0.83 on 96 x 3: not taken.
 ENVELOPE_FEWER_THREADS = True
 ENVELOPE_ALIGNED_MIN = 8192  # aligned RMS norms' rows from this many values
-ENVELOPE_LAYER_ALIGNED_MIN = 2048  # aligned layer norms' rows from this many (`_envelope_over`)
+ENVELOPE_LAYER_ALIGNED_MIN = 2048  # aligned layer norms' rows from this many values
 ENVELOPE_LAYER_MIN = 512  # unaligned layer norms from this many values (2- or 4-byte vectors)
 ENVELOPE_OVER_BLOCKS = 3  # aligned RMS norms' row-wise plans of fewer blocks an SM yield
 # Registers of the envelope kernel besides 4 a chunk, fitted to ptxas (sm_90, no
@@ -768,9 +768,8 @@ def _envelope_over(rowwise: LaunchPlan, hidden: int, wide: dict) -> bool:
 
     - A layer norm's (its one-pass statistics) from `ENVELOPE_LAYER_ALIGNED_MIN` values,
       and shorter ones where the row-wise plan leaves slots empty (`_plain_rowwise`
-      plans rows past 1024 values: from 1032). Side by
-      side on an H200 (8192 rows, bf16 / fp16), row-wise against the envelope: 2056 0.87
-      / 0.89 against 0.91 / 0.92, 4096 0.88 / 0.92 against 0.93 / 0.93, 5632 0.88 / 0.91
+      plans rows past 1024 values: from 1032). Side by side on an H200 (8192 rows, bf16
+      / fp16), row-wise against the envelope: 2056 0.87 / 0.89 against 0.91 / 0.92, 4096 0.88 / 0.92 against 0.93 / 0.93, 5632 0.88 / 0.91
       against 0.94 / 0.94, 7168 0.84 / 0.87 against 0.93 / 0.94; 2048-7680 otherwise
       -0.8% to +4%. Shorter rows the row-wise plan pads: 1032 0.78 / 0.82 against 0.86 /
       0.84, 1544 0.75 / 0.80 against 0.88 / 0.90, 1800 and 2000 +2-9%, but fp16 1192 -2%
@@ -886,8 +885,8 @@ def _choose_envelope(plans: list[LaunchPlan], most_chunks: bool = False) -> Laun
     ``most_chunks`` (a 16-bit norm's aligned rows): on a cluster, among plans held to
     `ENVELOPE_LAYER_CLUSTER_HELD` registers, the most chunks a thread before the padding
     (an RMS norm's plans on its own estimate, two blocks of four to six CTAs at 79872-
-    128512 bf16 values, keep five chunks: six ran 1.5% slower at 81112). Side by side on an H200 (bf16, 8192 rows, three blocks an
-    SM, the same cluster): six chunks on fewer threads ran 1-2.5% faster than five on 416
+    128512 bf16 values, keep five chunks: six ran 1.5% slower at 81112). Side by side on
+    an H200 (bf16, 8192 rows, three blocks an SM, the same cluster): six chunks on fewer threads ran 1-2.5% faster than five on 416
     (layer norms 41472 0.88 -> 0.89, 47616 0.86 -> 0.88, 61952 0.85 -> 0.87, 64000 0.86
     -> 0.89)."""
     ranked = rank_envelope(plans, most_chunks)
@@ -975,7 +974,8 @@ def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int,
     if not ENVELOPE_ROWWISE or wide["prologue"] or value_bytes != 2 or not plain:
         return None
     if wide["rows_aligned"]:  # ``over``: `_envelope_over` took the row from a row-wise plan
-        if not over and hidden < (ENVELOPE_LAYER_ALIGNED_MIN if layer else ENVELOPE_ALIGNED_MIN):
+        least = ENVELOPE_LAYER_ALIGNED_MIN if layer else ENVELOPE_ALIGNED_MIN
+        if not over and hidden < least:
             return None
     elif vector_width * value_bytes >= 8 or (layer and hidden < ENVELOPE_LAYER_MIN):
         return None
