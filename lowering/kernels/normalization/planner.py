@@ -447,7 +447,7 @@ def plan_launch(
             pinned = [p for p in plans if threads_per_row in (None, p.threads_per_row)
                       and batch in (None, p.batch)]
             fallback = fallback or (pinned[0] if pinned else None)
-            best = _choose_envelope(pinned, most_chunks(rows_aligned))
+            best = _choose_envelope(pinned, most_chunks=rows_aligned)
             if best is not None:
                 break
         best = best or fallback
@@ -769,13 +769,14 @@ def _envelope_over(rowwise: LaunchPlan, hidden: int, wide: dict) -> bool:
     - A layer norm's (its one-pass statistics) from `ENVELOPE_LAYER_ALIGNED_MIN` values,
       and shorter ones where the row-wise plan leaves slots empty (`_plain_rowwise`
       plans rows past 1024 values: from 1032). Side by side on an H200 (8192 rows, bf16
-      / fp16), row-wise against the envelope: 2056 0.87 / 0.89 against 0.91 / 0.92, 4096 0.88 / 0.92 against 0.93 / 0.93, 5632 0.88 / 0.91
-      against 0.94 / 0.94, 7168 0.84 / 0.87 against 0.93 / 0.94; 2048-7680 otherwise
-      -0.8% to +4%. Shorter rows the row-wise plan pads: 1032 0.78 / 0.82 against 0.86 /
-      0.84, 1544 0.75 / 0.80 against 0.88 / 0.90, 1800 and 2000 +2-9%, but fp16 1192 -2%
-      and 1288 -6% (bf16 +5%, +2%). Rows of up to 1024 values keep their one-warp
-      row-wise plans (`_plan_rowwise`): on the envelope 512 and 1024 ran 1-2% slower in
-      fp16 (bf16 within 0.4%). At 8192-13824 (bf16): 0.75-0.90 row-wise against 0.92-0.95.
+      / fp16), row-wise against the envelope: 2056 0.87 / 0.89 against 0.91 / 0.92, 4096
+      0.88 / 0.92 against 0.93 / 0.93, 5632 0.88 / 0.91 against 0.94 / 0.94, 7168 0.84 /
+      0.87 against 0.93 / 0.94; 2048-7680 otherwise -0.8% to +4%. Shorter rows the
+      row-wise plan pads: 1032 0.78 / 0.82 against 0.86 / 0.84, 1544 0.75 / 0.80 against
+      0.88 / 0.90, 1800 and 2000 +2-9%, but fp16 1192 -2% and 1288 -6% (bf16 +5%, +2%).
+      Rows of up to 1024 values keep their one-warp row-wise plans (`_plan_rowwise`): on
+      the envelope 512 and 1024 ran 1-2% slower in fp16 (bf16 within 0.4%). At
+      8192-13824 (bf16): 0.75-0.90 row-wise against 0.92-0.95.
     - An RMS norm's from `ENVELOPE_ALIGNED_MIN` values where the row-wise plan holds fewer
       than `ENVELOPE_OVER_BLOCKS` blocks an SM. Side by side on an H200 (bf16, 8192 rows)
       at 8192-13824: on two blocks 0.83-0.92 of copy bandwidth row-wise against
@@ -791,12 +792,6 @@ def plain_tensors(param_sizes: tuple[int, ...], layer_norm: bool, out_bytes: int
     and its output 16-bit: what the envelope kernel's register estimate counts."""
     return (len(param_sizes) <= (2 if layer_norm else 1)
             and all(size == 2 for size in param_sizes) and out_bytes == 2)
-
-
-def most_chunks(rows_aligned: bool) -> bool:
-    """`rank_envelope`'s ``most_chunks``: a 16-bit norm's aligned rows (`_choose_envelope`),
-    among its held cluster plans (`ENVELOPE_LAYER_CLUSTER_HELD`)."""
-    return rows_aligned
 
 
 def staged_columns(rows_aligned: bool, param_sizes: tuple[int, ...]) -> int:
@@ -882,13 +877,14 @@ def _choose_envelope(plans: list[LaunchPlan], most_chunks: bool = False) -> Laun
     row's reduction and stores uncovered). Short rows (1537, 2050) ran best on 96
     threads at 3 chunks (0.76, 0.85).
 
-    ``most_chunks`` (a 16-bit norm's aligned rows): on a cluster, among plans held to
+    ``most_chunks`` (a 16-bit norm's aligned rows, where it was measured): on a cluster,
+    among plans held to
     `ENVELOPE_LAYER_CLUSTER_HELD` registers, the most chunks a thread before the padding
     (an RMS norm's plans on its own estimate, two blocks of four to six CTAs at 79872-
     128512 bf16 values, keep five chunks: six ran 1.5% slower at 81112). Side by side on
-    an H200 (bf16, 8192 rows, three blocks an SM, the same cluster): six chunks on fewer threads ran 1-2.5% faster than five on 416
-    (layer norms 41472 0.88 -> 0.89, 47616 0.86 -> 0.88, 61952 0.85 -> 0.87, 64000 0.86
-    -> 0.89)."""
+    an H200 (bf16, 8192 rows, three blocks an SM, the same cluster): six chunks on fewer
+    threads ran 1-2.5% faster than five on 416 (layer norms 41472 0.88 -> 0.89, 47616
+    0.86 -> 0.88, 61952 0.85 -> 0.87, 64000 0.86 -> 0.89)."""
     ranked = rank_envelope(plans, most_chunks)
     return ranked[0] if ranked else None
 
@@ -985,7 +981,7 @@ def _envelope_rowwise(hidden: int, vector_width: int, value_bytes: int,
             plan = _choose_envelope(envelope_candidates(
                 hidden, layer, cluster=cluster, bf16=bf16, base_aligned=wide["base_aligned"],
                 staged=staged_columns(wide["rows_aligned"], param_sizes)),
-                most_chunks(wide["rows_aligned"]))
+                most_chunks=wide["rows_aligned"])
             if plan is not None:
                 break
     return dataclasses.replace(plan, one_pass=True) if plan and layer else plan

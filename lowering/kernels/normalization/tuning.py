@@ -16,7 +16,7 @@ from lowering.kernels.normalization.candidates import (
 from lowering.kernels.normalization.plan import SM90, LaunchPlan
 from lowering.kernels.normalization.planner import (
     CACHE_ORDER, choose_persistent, choose_shared_row, envelope_candidates, plain_tensors,
-    most_chunks, rank_envelope, staged_columns,
+    rank_envelope, staged_columns,
 )
 from lowering.kernels.normalization.spec import (
     DTYPE_BYTES, PLAN_FIELDS, AddBroadcast, LayerNorm, NormalizationSpec,
@@ -78,7 +78,7 @@ def tune_plans(spec: NormalizationSpec, geometries: int = 2) -> list[LaunchPlan]
                       plain=plain_tensors(spec.tensor_sizes(), layer,
                                           DTYPE_BYTES[spec.output_dtype]),
                       staged=staged_columns(spec.rows_aligned, spec.tensor_sizes())),
-                      most_chunks(spec.rows_aligned))[:ENVELOPE_TUNE]]
+                      most_chunks=spec.rows_aligned)[:ENVELOPE_TUNE]]
         try:
             rest = tune_plans(dataclasses.replace(spec, envelope=False, cluster=None),
                               geometries)
