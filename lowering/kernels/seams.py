@@ -190,6 +190,15 @@ CLUSTER_SLACK = 1
 # Whole aligned spans of the backward's tiles copied by one bulk copy a stream (sm_90+)
 # rather than by every thread's 16-byte cp.asyncs.
 BULK_COPIES = True
+# Tiles of several 16-byte rows (rows of up to 4096 columns), which every thread's
+# cp.asyncs copy, stage each stream on a 128-byte line: a stream's stage is a multiple of
+# 128 bytes, not of 16 (`_backward_layout`). On an H200 (8192 rows, bf16, side by side)
+# the backward ran 2-9% faster at 512-4096 columns (layer norm 512: 0.55 -> 0.59 of copy
+# bandwidth, 2560: 0.81 -> 0.85; RMS norm 3584: 0.86 -> 0.90); a bare read through such
+# stages ran 7% faster so (cp.async, 16 KB tiles, four stages). One-row tiles, bulk-copied,
+# are left on 16 bytes: on lines, 5120-6144 and 9216-10240 ran 4-6% faster but 6656-8192
+# 2-6% slower, and no rule of the plan separated them (docs/EXPERIMENTS.md).
+STAGE_LINE = 128
 # One CTA's one-row span of 16-byte rows off a 128-byte line bulk-copied from that line
 # (up to 112 bytes of the row before it too) rather than from its first byte. Side by
 # side on an H200 (8192 rows, bf16), rows 16 bytes off a line: 8200 columns RMS norm
@@ -349,7 +358,8 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held, fit=False, p
     # a span's 16-byte cover, or (``line``) its cover from the line it starts in
     line = (BACKWARD_LINES and vs == 8 and rpb == 1 and cluster == 1 and not phased
             and hidden % 64 != 0)
-    stream_bytes = _ceil(2 * rpb * sl + (126 if line else 14), 16)
+    stream_bytes = _ceil(2 * rpb * sl + (126 if line else 14),
+                         STAGE_LINE if rpb > 1 and vs == 8 else 16)
     tile = streams * stream_bytes
     weight_bytes = _ceil(2 * sl + 14, 16)  # the slice's 16-byte cover, as a stream's
     red_bytes = _ceil(2 * rpb * (tpr // 32) * 8, 16)  # two alternating row-sum slots
