@@ -284,14 +284,19 @@ def _lookahead(stages: int, cluster: int, slack: int) -> int:
 
 
 def _enough_stages(most: int, tile: int, cluster: int, slack: int, hw: Hardware) -> int:
-    """The stages of a layout: of the counts up to ``most`` (what fits), those with the
-    fewest tiles in flight that still keep `Hardware.in_flight_target` bytes in flight,
-    two tiles at least, and of those the most (one CTA defers its rows from four stages
-    at no cost in lookahead); ``most`` where none does. Deeper ran slower on the H200:
-    LayerNorm at 1024-4608 columns 0.65-0.84 of copy bandwidth at eight stages against
-    0.68-0.86 at five or six, 16896-33280 in clusters 2% slower at six than at four; one
-    tile in flight (three stages in a cluster) 7% slower at 41472."""
-    need = max(2, -(-hw.in_flight_target // tile))
+    """The stages of a layout: of the counts up to ``most`` (what fits), those whose
+    tiles in flight come nearest `Hardware.in_flight_target` bytes, two tiles at least,
+    and of those the most (one CTA defers its rows from four stages at no cost in
+    lookahead); ``most`` where none does. Deeper ran slower on the H200: LayerNorm at
+    1024-4608 columns 0.65-0.84 of copy bandwidth at eight stages against 0.68-0.86 at
+    five or six, 16896-33280 in clusters 2% slower at six than at four; one tile in
+    flight (three stages in a cluster) 7% slower at 41472. The nearest count, not the
+    fewest at or above the target: side by side on the H200 (8192 rows, bf16), rows of
+    33 KB tiles (two tiles in flight, not three, where the target is 74 KB) ran 0-4%
+    faster at 512-4096, 7680-8704 and 15360-16896 columns (RMS norm 8704: 0.88 -> 0.90,
+    33280 on four CTAs 0.90 -> 0.92), within 0.5% at 35328 and 59904-63488 and 1.6%
+    slower at 30720; rows below the halfway point (6144: 2.95 tiles) lost 4% on two."""
+    need = max(2, (2 * hw.in_flight_target + tile) // (2 * tile))
     enough = [s for s in range(2, most + 1) if _lookahead(s, cluster, slack) >= need]
     if not enough:
         return most
