@@ -196,8 +196,8 @@ BULK_COPIES = True
 # the backward ran 2-9% faster at 512-4096 columns (layer norm 512: 0.55 -> 0.59 of copy
 # bandwidth, 2560: 0.81 -> 0.85; RMS norm 3584: 0.86 -> 0.90); a bare read through such
 # stages ran 7% faster so (cp.async, 16 KB tiles, four stages). One-row tiles, bulk-copied,
-# are left on 16 bytes: on lines, 5120-6144 and 9216-10240 ran 4-6% faster but 6656-8192
-# 2-6% slower, and no rule of the plan separated them (docs/EXPERIMENTS.md).
+# are left on 16 bytes: on lines, 5120 and 7680-10240 ran 4-8% faster but 6656-7168 and
+# 12288 1-3% slower, and no rule of the plan separated them (docs/EXPERIMENTS.md).
 STAGE_LINE = 128
 # One CTA's one-row span of 16-byte rows off a 128-byte line bulk-copied from that line
 # (up to 112 bytes of the row before it too) rather than from its first byte. Side by
