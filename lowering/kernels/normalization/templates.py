@@ -974,6 +974,12 @@ __device__ __forceinline__ uint4 mask_chunk(const uint4 r, const int lo, const i
           | ((2 * k + 1 >= lo && 2 * k + 1 < hi) ? 0xffff0000u : 0u);
   return make_uint4(w[0], w[1], w[2], w[3]);
 }}
+// Whether this thread's chunk c of slot i lies wholly before the row: only on a line
+// envelope (kLine 128), where slot 0's chunks before the row's first, cf = hx / 8, hold
+// none of it. The passes skip such a chunk; mask_edges zeroes it.
+__device__ __forceinline__ bool chunk_before_row(const int i, const int c, const int cf) {{
+  return kLine > 16 && i == 0 && c < cf;
+}}
 // One value of a partial chunk (the row's first or last: its granule is shared with the
 // neighbouring row), value e of raw at column col0 + e: one lane each, out of line, its
 // arguments all scalars (an array's address would put the caller's values in local memory)
@@ -1079,7 +1085,7 @@ __device__ __forceinline__ void row_sum2(float& a, float& b, float (*partials)[2
     const int c = i * kT + tid;
     // (not the chunks before the row, kLine 128: a layer norm's shifted sums would take
     // their -shift back out, badly where the mean is large against the spread)
-    if (c < nch && !(kLine > 16 && i == 0 && c < (hx >> 3))) {{
+    if (c < nch && !chunk_before_row(i, c, hx >> 3)) {{
       float v[8];
       chunk_values<true>(v, xr[i], 8 * c - hx, 0, 8);
 #pragma unroll
@@ -1211,8 +1217,8 @@ extern "C" __global__ void __launch_bounds__({block_threads}, {min_blocks}) __cl
       if (i == 0 || i == kEdgeA || i == kEdgeB) {
         const int c = i * kT + tid;
         const bool last = c == nch - 1 && tail != 0;
-        if (i == 0 && c < cf) {  // a chunk before the row (kLine 128; its slot not copied),
-          // out of the passes; zeroed here, not at the load (36 bytes of spills there)
+        if (chunk_before_row(i, c, cf)) {  // (its slot not copied) out of the passes;
+          // zeroed here, not at the load (36 bytes of spills there)
           xr[i] = make_uint4(0u, 0u, 0u, 0u);
         } else if (c < nch && ((c == cf && h0 != 0) || last)) {
           const int lo = c == cf ? h0 : 0, hi = last ? tail : 8;
