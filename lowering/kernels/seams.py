@@ -295,7 +295,8 @@ def _enough_stages(most: int, tile: int, cluster: int, slack: int, hw: Hardware)
     33 KB tiles (two tiles in flight, not three, where the target is 74 KB) ran 0-4%
     faster at 512-4096, 7680-8704 and 15360-16896 columns (RMS norm 8704: 0.88 -> 0.90,
     33280 on four CTAs 0.90 -> 0.92), within 0.5% at 35328 and 59904-63488 and 1.6%
-    slower at 30720; rows below the halfway point (6144: 2.95 tiles) lost 4% on two."""
+    slower at 30720. Where the target lies past the halfway point between two counts
+    (6144: 2.95 tiles) the rule keeps three, and two ran 4% slower there."""
     need = max(2, (2 * hw.in_flight_target + tile) // (2 * tile))
     enough = [s for s in range(2, most + 1) if _lookahead(s, cluster, slack) >= need]
     if not enough:

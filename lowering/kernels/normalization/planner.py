@@ -878,13 +878,12 @@ def _choose_envelope(plans: list[LaunchPlan], most_chunks: bool = False) -> Laun
     threads at 3 chunks (0.76, 0.85).
 
     ``most_chunks`` (a 16-bit norm's aligned rows, where it was measured): on a cluster,
-    among plans held to
-    `ENVELOPE_LAYER_CLUSTER_HELD` registers, the most chunks a thread before the padding
-    (an RMS norm's plans on its own estimate, two blocks of four to six CTAs at 79872-
-    128512 bf16 values, keep five chunks: six ran 1.5% slower at 81112). Side by side on
-    an H200 (bf16, 8192 rows, three blocks an SM, the same cluster): six chunks on fewer
-    threads ran 1-2.5% faster than five on 416 (layer norms 41472 0.88 -> 0.89, 47616
-    0.86 -> 0.88, 61952 0.85 -> 0.87, 64000 0.86 -> 0.89)."""
+    among plans held to `ENVELOPE_LAYER_CLUSTER_HELD` registers, the most chunks a thread
+    before the padding (an RMS norm's plans on its own estimate, two blocks of four to six
+    CTAs at 79872-128512 bf16 values, keep five chunks: six ran 1.5% slower at 81112).
+    Side by side on an H200 (bf16, 8192 rows, three blocks an SM, the same cluster): six
+    chunks on fewer threads ran 1-2.5% faster than five on 416 (layer norms 41472 0.88 ->
+    0.89, 47616 0.86 -> 0.88, 61952 0.85 -> 0.87, 64000 0.86 -> 0.89)."""
     ranked = rank_envelope(plans, most_chunks)
     return ranked[0] if ranked else None
 
