@@ -160,13 +160,23 @@ class Hardware:
     @property
     def in_flight_target(self) -> int:
         """Bytes an SM keeps in flight: twice bandwidth x latency of its share."""
-        return int(2 * self.dram_bytes_per_s / self.sm_count * LOAD_LATENCY_S)
+        return self.in_flight(LOAD_LATENCY_S)
+
+    def in_flight(self, latency_s: float) -> int:
+        """Twice bandwidth x ``latency_s`` of an SM's share, in bytes."""
+        return int(2 * self.dram_bytes_per_s / self.sm_count * latency_s)
 
 
 SM90 = Hardware()  # an H100 SXM (an H200 differs in bandwidth only)
 SM80 = Hardware(108, 166912, 167936, 65536, 2048, False, 2.0e12)  # an A100
 # A loaded DRAM access's latency, about: with the bandwidth, the bytes in flight needed.
 LOAD_LATENCY_S = 1.0e-6
+# The latency the stage rule takes for bulk copies into 128-byte lines (`STAGE_LINE`):
+# they land sooner, so fewer bytes in flight keep the bandwidth busy, and more held the
+# pipeline back. On the H200 (8192 rows, bf16, side by side, three allocations), rows
+# that the 1 us target put on an extra tile ran on lines 0.84-0.90 of copy bandwidth one
+# allocation and 0.90 the next (layer norm 6656), and 0.87-0.90 steadily a tile fewer.
+BULK_LINE_LATENCY_S = 0.8e-6
 # The backward's block: one CTA an SM (padded to half its shared memory at least), 512
 # threads, each holding at most `BACKWARD_HELD_FLOATS` of a row's columns (their dweight / dbias
 # sums, and the row's n and g between its two phases) or up to twice that without the
@@ -187,17 +197,25 @@ BACKWARD_SPREAD_COLUMNS = 12
 # LayerNorm 49664: 0.90 of copy against 0.82-0.83) and none was 2-8% slower at 16896,
 # 33280 and 65536.
 CLUSTER_SLACK = 1
-# Whole aligned spans of the backward's tiles copied by one bulk copy a stream (sm_90+)
-# rather than by every thread's 16-byte cp.asyncs.
+# The backward's tiles copied by one bulk copy a stream (sm_90+), issued by one thread,
+# rather than by every thread's 16-byte cp.asyncs, which filled the load queue ahead of
+# the row's own loads and stores: tiles of one row (rows aligned, on the H200: 0.6-1.5%
+# faster at 5120-16384 columns, 3-9% at 24576-65536; 0.5-1.3% slower on tiles of 4-8
+# rows, which keep the cp.asyncs), and tiles of several rows off 16 bytes from 4 KB a
+# stream, where the cp.asyncs' loop over the cover's chunks cost more still (LayerNorm
+# 513-2050 columns, H200: +4-13%; under 4 KB, width 100, H100: RMS norm 0.46 of copy
+# bandwidth with cp.asyncs, 0.36 in bulk). `BackwardPlan.bulk`; the kernel takes the
+# cp.asyncs below sm_90 whatever the plan says.
 BULK_COPIES = True
-# Tiles of several 16-byte rows (rows of up to 4096 columns), which every thread's
-# cp.asyncs copy, stage each stream on a 128-byte line: a stream's stage is a multiple of
-# 128 bytes, not of 16 (`_backward_layout`). On an H200 (8192 rows, bf16, side by side)
-# the backward ran 2-9% faster at 512-4096 columns (layer norm 512: 0.55 -> 0.59 of copy
-# bandwidth, 2560: 0.81 -> 0.85; RMS norm 3584: 0.86 -> 0.90); a bare read through such
-# stages ran 7% faster so (cp.async, 16 KB tiles, four stages). One-row tiles, bulk-copied,
-# are left on 16 bytes: on lines, 5120 and 7680-10240 ran 4-8% faster but 6656-7168 and
-# 12288 1-3% slower, and no rule of the plan separated them (docs/EXPERIMENTS.md).
+BULK_MIN_SPAN = 4096  # bytes a stream of a tile of several rows off 16 bytes, in bulk
+# Tiles of 16-byte rows stage each stream on a 128-byte line: a stream's stage is a
+# multiple of 128 bytes, not of 16 (`_backward_layout`). On an H200 (8192 rows, bf16, side
+# by side): tiles of several rows (up to 4096 columns, every thread's cp.asyncs) 2-9%
+# faster at 512-4096 columns (layer norm 2560: 0.81 -> 0.85 of copy bandwidth); one-row
+# tiles and cluster slices (bulk copies, at `BULK_LINE_LATENCY_S`) layer norm -2.6% to
+# +8.7% at 4608-65536 (30720: 0.89 -> 0.96, 65536: 0.89 -> 0.97), RMS norm -3.6% to +8.5%
+# (57344: 0.91 -> 0.98), the losses on one CTA past 11264 and on two CTAs (RMS norm 20480
+# 0.885 -> 0.853). A bare read through such stages ran 4-8% faster (docs/EXPERIMENTS.md).
 STAGE_LINE = 128
 # One CTA's one-row span of 16-byte rows off a 128-byte line bulk-copied from that line
 # (up to 112 bytes of the row before it too) rather than from its first byte. Side by
@@ -236,6 +254,9 @@ class BackwardPlan(_RowBlock):
     # rows on 16 bytes but not all on a 128-byte line (a width off 64 values): each span
     # bulk-copied from its line (`BACKWARD_LINES`), its stream's stage that much longer
     line: bool = False
+    # each stream's span of a tile copied by one bulk copy (`BULK_COPIES`), else by
+    # every thread's 16-byte cp.asyncs
+    bulk: bool = False
 
     @property
     def tile_bytes(self) -> int:
@@ -283,9 +304,11 @@ def _lookahead(stages: int, cluster: int, slack: int) -> int:
     return stages - (2 if _deferred(stages, cluster, slack) else 1)
 
 
-def _enough_stages(most: int, tile: int, cluster: int, slack: int, hw: Hardware) -> int:
+def _enough_stages(most: int, tile: int, cluster: int, slack: int, hw: Hardware,
+                   latency_s: float = LOAD_LATENCY_S) -> int:
     """The stages of a layout: of the counts up to ``most`` (what fits), those whose
-    tiles in flight come nearest `Hardware.in_flight_target` bytes, two tiles at least,
+    tiles in flight come nearest `Hardware.in_flight` bytes of ``latency_s`` (the
+    target: `LOAD_LATENCY_S`, or `BULK_LINE_LATENCY_S` for bulk copies), two tiles at least,
     and of those the most (one CTA defers its rows from four stages at no cost in
     lookahead); ``most`` where none does. Deeper ran slower on the H200: LayerNorm at
     1024-4608 columns 0.65-0.84 of copy bandwidth at eight stages against 0.68-0.86 at
@@ -297,12 +320,20 @@ def _enough_stages(most: int, tile: int, cluster: int, slack: int, hw: Hardware)
     33280 on four CTAs 0.90 -> 0.92), within 0.5% at 35328 and 59904-63488 and 1.6%
     slower at 30720. Where the target lies past the halfway point between two counts
     (6144: 2.95 tiles) the rule keeps three, and two ran 4% slower there."""
-    need = max(2, (2 * hw.in_flight_target + tile) // (2 * tile))
+    need = max(2, (2 * hw.in_flight(latency_s) + tile) // (2 * tile))
     enough = [s for s in range(2, most + 1) if _lookahead(s, cluster, slack) >= need]
     if not enough:
         return most
     fewest = min(_lookahead(s, cluster, slack) for s in enough)
     return max(s for s in enough if _lookahead(s, cluster, slack) == fewest)
+
+
+def stage_latency(vector: int, bulk: bool, phased: bool = False) -> float:
+    """The latency the stage rule takes for a plan's copies: `BULK_LINE_LATENCY_S` for
+    bulk copies of 16-byte rows (into 128-byte lines where they fit), else
+    `LOAD_LATENCY_S` (rows at their phase keep it and their 16-byte stages: not measured
+    on lines)."""
+    return BULK_LINE_LATENCY_S if bulk and vector == 8 and not phased else LOAD_LATENCY_S
 
 
 def _ceil(a: int, b: int) -> int:
@@ -364,26 +395,43 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held, fit=False, p
     # a span's 16-byte cover, or (``line``) its cover from the line it starts in
     line = (BACKWARD_LINES and vs == 8 and rpb == 1 and cluster == 1 and not phased
             and hidden % 64 != 0)
-    stream_bytes = _ceil(2 * rpb * sl + (126 if line else 14),
-                         STAGE_LINE if rpb > 1 and vs == 8 else 16)
-    tile = streams * stream_bytes
+    bulk = BULK_COPIES and (rpb == 1 or (vs < 8 and 2 * rpb * sl >= BULK_MIN_SPAN))
+    cover = 2 * rpb * sl + (126 if line else 14)
     weight_bytes = _ceil(2 * sl + 14, 16)  # the slice's 16-byte cover, as a stream's
     red_bytes = _ceil(2 * rpb * (tpr // 32) * 8, 16)  # two alternating row-sum slots
-    per_stage = tile + 8 * rpb
-    # A cluster's share slots ([slots][cluster x warps][2 sums] floats, an mbarrier a
-    # slot) for the most slack that leaves a tile in flight, `CLUSTER_SLACK` at most.
-    for slack in range(CLUSTER_SLACK if cluster > 1 else 0, -1, -1):
-        slots = max(2, 2 * slack) if cluster > 1 else 0
-        cslot_bytes = _ceil(slots * cluster * (tpr // 32) * 8, 16)
-        sbar_bytes = _ceil(8 * slots, 16)
-        fixed = weight_bytes + red_bytes + cslot_bytes + sbar_bytes + 8 * BACKWARD_MAX_STAGES
-        fit = (hw.smem_per_block - fixed - 16) // per_stage
-        stages = min(fit, BACKWARD_MAX_STAGES)
-        if stages >= slack + 2:
-            break
-    if stages < 2:
+    latency = stage_latency(vs, bulk, phased)
+
+    def staged(stream_bytes):
+        """(slack, stages, the most that fit, share-slot bytes, their mbarriers' bytes)
+        of stages of ``stream_bytes`` a stream, or None where two do not fit. A cluster's share slots
+        ([slots][cluster x warps][2 sums] floats, an mbarrier a slot) are sized for the
+        most slack that leaves a tile in flight, `CLUSTER_SLACK` at most."""
+        tile = streams * stream_bytes
+        for slack in range(CLUSTER_SLACK if cluster > 1 else 0, -1, -1):
+            slots = max(2, 2 * slack) if cluster > 1 else 0
+            cslot_bytes = _ceil(slots * cluster * (tpr // 32) * 8, 16)
+            sbar_bytes = _ceil(8 * slots, 16)
+            fixed = weight_bytes + red_bytes + cslot_bytes + sbar_bytes + 8 * BACKWARD_MAX_STAGES
+            most = min((hw.smem_per_block - fixed - 16) // (tile + 8 * rpb),
+                       BACKWARD_MAX_STAGES)
+            if most >= slack + 2:
+                return (slack, _enough_stages(most, tile, cluster, slack, hw, latency), most,
+                        cslot_bytes, sbar_bytes)
         return None
-    stages = _enough_stages(stages, tile, cluster, slack, hw)
+
+    # 16-byte rows' stages on 128-byte lines (`STAGE_LINE`), but where lines would cost
+    # slack, or stages that fit on 16 bytes (at the edges of what fits: 12808-12864
+    # columns, 23032-23144 with the residual's gradient, 131016-131072 and others)
+    stream_bytes = _ceil(cover, 16)
+    plan = staged(stream_bytes)
+    lined = (staged(_ceil(cover, STAGE_LINE)) if vs == 8 and not phased and plan is not None
+             else None)
+    if lined is not None and lined[0] == plan[0] and not (lined[1] < plan[1] and lined[1] == lined[2]):
+        stream_bytes, plan = _ceil(cover, STAGE_LINE), lined
+    if plan is None:
+        return None
+    slack, stages, _, cslot_bytes, sbar_bytes = plan
+    tile = streams * stream_bytes
     stats = stages * tile
     weight = _ceil(stats + stages * 8 * rpb, 16)
     red = weight + weight_bytes
@@ -398,7 +446,7 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held, fit=False, p
     smem = max(sbar + sbar_bytes + 8 * stages, min(hw.smem_per_sm // 2, hw.smem_per_block))
     return BackwardPlan(vs, tpr, rpb, k, sl, cluster, stages, streams, stream_bytes, hold,
                         (stats, weight, red, cslot, sbar, sbar + sbar_bytes), smem, slack,
-                        phased, line)
+                        phased, line, bulk)
 
 
 def _pair_if_undeferred(p, hidden, vs, clusters, streams, layer, hw, phased=False):
@@ -749,7 +797,7 @@ def render(spec: Spec) -> str:
             "STAGES": p.stages, "NSTREAM": p.streams, "STREAM_BYTES": p.stream_bytes,
             "HOLD": p.hold, "DEFER": p.deferred, "LOOKAHEAD": p.lookahead,
             "STATS_OFF": stats, "W_OFF": weight, "RED_OFF": red,
-            "CSLOT_OFF": cslot, "SBAR_OFF": sbar, "BAR_OFF": bars, "BULK": BULK_COPIES,
+            "CSLOT_OFF": cslot, "SBAR_OFF": sbar, "BAR_OFF": bars, "BULK": p.bulk,
             "SLACK": p.slack, "NSLOT": p.slots, "PHASED": p.phased,
             "PERIOD": phase_period(spec.hidden) if p.phased else 1, "LINE": p.line})
         text = _bounded_kernel(spec.kernel_name, spec.params(), T.ADD_NORM_BACKWARD,

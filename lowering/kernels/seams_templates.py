@@ -428,16 +428,10 @@ float* red = reinterpret_cast<float*>(smem + RED_OFF);            // [2][RPB][WA
 float* cslot = reinterpret_cast<float*>(smem + CSLOT_OFF);  // [NSLOT][CLUSTER * WARPS][2]
 unsigned long long* sbars = reinterpret_cast<unsigned long long*>(smem + SBAR_OFF);  // [NSLOT]
 unsigned long long* bars = reinterpret_cast<unsigned long long*>(smem + BAR_OFF);  // [STAGES]
-// BULK: each stream's span of a tile (its 16-byte cover where rows do not start aligned)
-// is copied by one bulk copy, issued by thread 0 and counted on its stage's mbarrier,
-// instead of 16-byte cp.asyncs from every thread, which filled the load queue ahead of
-// the row's own loads and stores (rows aligned, on the H200: 0.6-1.5% faster at
-// 5120-16384 columns, 3-9% at 24576-65536; 0.5-1.3% slower on tiles of 4-8 rows, which
-// keep the cp.asyncs). Where rows do not start aligned the cp.asyncs' loop over the
-// cover's chunks cost more still: there tiles of several rows are copied in bulk too
-// (LayerNorm 513-2050 columns, H200: +4-13%), but for the smallest, under 4 KB a stream
-// (width 100, H100: RMS norm 0.46 of copy bandwidth with cp.asyncs, 0.36 in bulk).
-constexpr bool BULK_SPANS = BULK && SEAM_BULK && (RPB == 1 || (VS < 8 && RPB * HIDDEN * 2 >= 4096));
+// BULK (`BackwardPlan.bulk`): each stream's span of a tile (its 16-byte cover where rows
+// do not start aligned) is copied by one bulk copy, issued by thread 0 and counted on its
+// stage's mbarrier, instead of 16-byte cp.asyncs from every thread (`seams.BULK_COPIES`).
+constexpr bool BULK_SPANS = BULK && SEAM_BULK;
 const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * TPR + tx;
 const int rank = CLUSTER > 1 ? (int)cluster_rank() : 0;
 const int team = blockIdx.x / CLUSTER, teams = gridDim.x / CLUSTER;
