@@ -173,9 +173,9 @@ SM80 = Hardware(108, 166912, 167936, 65536, 2048, False, 2.0e12)  # an A100
 LOAD_LATENCY_S = 1.0e-6
 # The latency the stage rule takes for bulk copies into 128-byte lines (`STAGE_LINE`):
 # they land sooner, so fewer bytes in flight keep the bandwidth busy, and more held the
-# pipeline back. On the H200 (8192 rows, bf16, side by side, three allocations), rows
-# that the 1 us target put on an extra tile ran on lines 0.84-0.90 of copy bandwidth one
-# allocation and 0.90 the next (layer norm 6656), and 0.87-0.90 steadily a tile fewer.
+# pipeline back. On the H200 (8192 rows, bf16, side by side, three allocations of the
+# buffers), layer norm 6656 on lines with three tiles in flight (the 1 us target) ran at
+# 0.84, 0.90 and 0.84 of copy bandwidth, with two at 0.87 each time.
 BULK_LINE_LATENCY_S = 0.8e-6
 # The backward's block: one CTA an SM (padded to half its shared memory at least), 512
 # threads, each holding at most `BACKWARD_HELD_FLOATS` of a row's columns (their dweight / dbias
@@ -403,9 +403,10 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held, fit=False, p
 
     def staged(stream_bytes):
         """(slack, stages, the most that fit, share-slot bytes, their mbarriers' bytes)
-        of stages of ``stream_bytes`` a stream, or None where two do not fit. A cluster's share slots
-        ([slots][cluster x warps][2 sums] floats, an mbarrier a slot) are sized for the
-        most slack that leaves a tile in flight, `CLUSTER_SLACK` at most."""
+        of stages of ``stream_bytes`` a stream, or None where two do not fit. A
+        cluster's share slots ([slots][cluster x warps][2 sums] floats, an mbarrier a
+        slot) are sized for the most slack that leaves a tile in flight, `CLUSTER_SLACK`
+        at most."""
         tile = streams * stream_bytes
         for slack in range(CLUSTER_SLACK if cluster > 1 else 0, -1, -1):
             slots = max(2, 2 * slack) if cluster > 1 else 0
@@ -426,7 +427,8 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held, fit=False, p
     plan = staged(stream_bytes)
     lined = (staged(_ceil(cover, STAGE_LINE)) if vs == 8 and not phased and plan is not None
              else None)
-    if lined is not None and lined[0] == plan[0] and not (lined[1] < plan[1] and lined[1] == lined[2]):
+    if (lined is not None and lined[0] == plan[0]
+            and not (lined[1] < plan[1] and lined[1] == lined[2])):
         stream_bytes, plan = _ceil(cover, STAGE_LINE), lined
     if plan is None:
         return None
