@@ -145,8 +145,8 @@ def plan_row(hidden: int, alignment: int, cache_floats: int) -> RowPlan:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Hardware:
     """What the backward's plan depends on: shared memory a block may opt into and an SM
-    holds, registers and threads an SM holds, whether thread-block clusters exist
-    (sm_90+), and the DRAM bandwidth a SM's share of which, times `LOAD_LATENCY_S`, is
+    holds, registers and threads an SM holds, whether thread-block clusters (and bulk
+    copies) exist (sm_90+), and the DRAM bandwidth a SM's share of which, times `LOAD_LATENCY_S`, is
     the bytes an SM must keep in flight. `runtime.fused` reads them off the device."""
 
     sm_count: int = 132
@@ -204,8 +204,8 @@ CLUSTER_SLACK = 1
 # rows, which keep the cp.asyncs), and tiles of several rows off 16 bytes from 4 KB a
 # stream, where the cp.asyncs' loop over the cover's chunks cost more still (LayerNorm
 # 513-2050 columns, H200: +4-13%; under 4 KB, width 100, H100: RMS norm 0.46 of copy
-# bandwidth with cp.asyncs, 0.36 in bulk). `BackwardPlan.bulk`; the kernel takes the
-# cp.asyncs below sm_90 whatever the plan says.
+# bandwidth with cp.asyncs, 0.36 in bulk). `BackwardPlan.bulk`, where the hardware has
+# them (`Hardware.clusters`: sm_90+); the kernel also takes the cp.asyncs below sm_90.
 BULK_COPIES = True
 BULK_MIN_SPAN = 4096  # bytes a stream of a tile of several rows off 16 bytes, in bulk
 # Tiles of 16-byte rows stage each stream on a 128-byte line: a stream's stage is a
@@ -395,7 +395,8 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held, fit=False, p
     # a span's 16-byte cover, or (``line``) its cover from the line it starts in
     line = (BACKWARD_LINES and vs == 8 and rpb == 1 and cluster == 1 and not phased
             and hidden % 64 != 0)
-    bulk = BULK_COPIES and (rpb == 1 or (vs < 8 and 2 * rpb * sl >= BULK_MIN_SPAN))
+    bulk = (BULK_COPIES and hw.clusters
+            and (rpb == 1 or (vs < 8 and 2 * rpb * sl >= BULK_MIN_SPAN)))
     cover = 2 * rpb * sl + (126 if line else 14)
     weight_bytes = _ceil(2 * sl + 14, 16)  # the slice's 16-byte cover, as a stream's
     red_bytes = _ceil(2 * rpb * (tpr // 32) * 8, 16)  # two alternating row-sum slots
