@@ -151,10 +151,10 @@ def _run(job: str, argv: list[str]) -> int:
 
 def _leave(code: int) -> None:
     """``sys.exit(code)``; after an interrupt, ``os._exit(code)`` once MPI is finalized and
-    the streams flushed. A SIGINT that lands while an extension runs Python source through
-    the C API (as torch's import does) marks the interrupt unhandled inside CPython, which
-    then ends the process by SIGINT at exit (status -2) whatever ``main`` returned: seen
-    under load, about one run in eight."""
+    the streams flushed. Under load, about one run in eight, an interrupted job that had
+    printed its line and returned 130 still ended by SIGINT (status -2): CPython kills
+    itself with SIGINT at exit where it took an interrupt as unhandled, most likely one
+    that landed while an extension ran Python source through the C API (torch's import)."""
     if code == EXIT_INTERRUPTED:
         mpi = sys.modules.get("mpi4py.MPI")
         if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
