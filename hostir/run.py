@@ -156,9 +156,10 @@ def _leave(code: int) -> None:
     itself with SIGINT at exit where it took an interrupt as unhandled, most likely one
     that landed while an extension ran Python source through the C API (torch's import)."""
     if code == EXIT_INTERRUPTED:
-        mpi = sys.modules.get("mpi4py.MPI")
-        if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
-            mpi.Finalize()
+        from runtime.bootstrap import mpi_world
+
+        if mpi_world() is not None:  # MPI up (never initialized here)
+            sys.modules["mpi4py.MPI"].Finalize()
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
