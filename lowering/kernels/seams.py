@@ -146,8 +146,9 @@ def plan_row(hidden: int, alignment: int, cache_floats: int) -> RowPlan:
 class Hardware:
     """What the backward's plan depends on: shared memory a block may opt into and an SM
     holds, registers and threads an SM holds, whether thread-block clusters (and bulk
-    copies) exist (sm_90+), and the DRAM bandwidth a SM's share of which, times `LOAD_LATENCY_S`, is
-    the bytes an SM must keep in flight. `runtime.fused` reads them off the device."""
+    copies) exist (sm_90+), and the DRAM bandwidth a SM's share of which, times
+    `LOAD_LATENCY_S`, is the bytes an SM must keep in flight. `runtime.fused` reads them
+    off the device."""
 
     sm_count: int = 132
     smem_per_block: int = 232448
@@ -328,12 +329,16 @@ def _enough_stages(most: int, tile: int, cluster: int, slack: int, hw: Hardware,
     return max(s for s in enough if _lookahead(s, cluster, slack) == fewest)
 
 
+def _lined_rows(vector: int, phased: bool) -> bool:
+    """Rows whose stages go on 128-byte lines where they fit: 16-byte rows, but not rows
+    at their phase (not measured on lines)."""
+    return vector == 8 and not phased
+
+
 def stage_latency(vector: int, bulk: bool, phased: bool = False) -> float:
     """The latency the stage rule takes for a plan's copies: `BULK_LINE_LATENCY_S` for
-    bulk copies of 16-byte rows (into 128-byte lines where they fit), else
-    `LOAD_LATENCY_S` (rows at their phase keep it and their 16-byte stages: not measured
-    on lines)."""
-    return BULK_LINE_LATENCY_S if bulk and vector == 8 and not phased else LOAD_LATENCY_S
+    bulk copies of rows staged on lines (`_lined_rows`), else `LOAD_LATENCY_S`."""
+    return BULK_LINE_LATENCY_S if bulk and _lined_rows(vector, phased) else LOAD_LATENCY_S
 
 
 def _ceil(a: int, b: int) -> int:
@@ -426,11 +431,12 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held, fit=False, p
     # columns, 23032-23144 with the residual's gradient, 131016-131072 and others)
     stream_bytes = _ceil(cover, 16)
     plan = staged(stream_bytes)
-    lined = (staged(_ceil(cover, STAGE_LINE)) if vs == 8 and not phased and plan is not None
-             else None)
-    if (lined is not None and lined[0] == plan[0]
-            and not (lined[1] < plan[1] and lined[1] == lined[2])):
-        stream_bytes, plan = _ceil(cover, STAGE_LINE), lined
+    if plan is not None and _lined_rows(vs, phased):
+        lined = staged(_ceil(cover, STAGE_LINE))
+        if lined is not None:
+            (slack16, stages16, *_), (slack, stages, most, *_) = plan, lined
+            if slack == slack16 and not (stages < stages16 and stages == most):
+                stream_bytes, plan = _ceil(cover, STAGE_LINE), lined
     if plan is None:
         return None
     slack, stages, _, cslot_bytes, sbar_bytes = plan
