@@ -78,9 +78,36 @@ def test_kernel_names_differ_between_variants():
     assert len(names) == len(set(names))
 
 
-BACKWARD_WIDTHS = (1, 7, 100, 513, 4096, 4097, 8192, 16384, 16385, 24575, 40001, 65535,
-                   65536, 131072)
+BACKWARD_WIDTHS = (1, 7, 100, 513, 4096, 4097, 8192, 16384, 16385, 24575, 33792, 40001,
+                   65535, 65536, 131072)
 H200 = S.Hardware(dram_bytes_per_s=4.8e12)  # an H100 model but for the bandwidth
+
+
+def test_thread_registers_follow_the_schedulers_share():
+    # a CTA's warps are dealt to 4 schedulers of 16384 registers each
+    got = {t: S._thread_registers(t, S.SM90) for t in (32, 128, 320, 384, 416, 512)}
+    assert got == {32: 255, 128: 255, 320: 168, 384: 168, 416: 128, 512: 128}
+
+
+@pytest.mark.parametrize("hw", [S.SM90, H200], ids=["h100", "h200"])
+def test_layer_norm_holds_three_vectors_on_fitted_threads(hw):
+    """Three 16-byte vectors a thread (96 held floats) fit 352-384 threads' registers, not
+    512's: layer norm takes the fitted threads and holds, on one CTA, four or eight, not
+    on two, and RMS norm keeps 512 threads."""
+    for hidden, cluster in ((8704, 1), (33792, 4), (36864, 4), (66560, 8)):
+        p = S.plan_backward(hidden, 16, False, True, hw)
+        assert (p.cluster, p.vectors_per_thread, p.hold) == (cluster, 3, True), hidden
+        assert p.block_threads < S.BACKWARD_THREADS
+        assert p.vectors_per_thread * p.vector * 4 <= (
+            S._thread_registers(p.block_threads, hw) - S.HOLD_SPARE_REGISTERS)
+        r = S.plan_backward(hidden, 16, False, False, hw)
+        assert r.block_threads == S.BACKWARD_THREADS and not r.hold
+    for hidden in (17920, 18432):  # two CTAs: 512 threads read the stage again
+        p = S.plan_backward(hidden, 16, False, True, hw)
+        assert (p.cluster, p.block_threads, p.hold) == (2, S.BACKWARD_THREADS, False)
+    # four vectors (128 floats) fit no fitted threads' registers: 512 threads, not held
+    p = S.plan_backward(40960, 16, False, True, hw)
+    assert (p.block_threads, p.hold) == (S.BACKWARD_THREADS, False)
 
 
 @pytest.mark.parametrize("hw", [S.SM90, H200], ids=["h100", "h200"])
@@ -93,7 +120,9 @@ def test_backward_plans_fit_and_cover_every_width(hw):
         assert p.cluster * p.slice >= hidden > (p.cluster - 1) * p.slice
         assert p.cluster == 1 or p.rows_per_block == 1
         assert p.vectors_per_thread * p.threads_per_row * p.vector >= p.slice
-        assert p.block_threads == S.BACKWARD_THREADS
+        # 512 threads, or fewer fitted to the slice where they hold the row (`_hold_if_fitted`)
+        assert p.block_threads == S.BACKWARD_THREADS or (
+            p.hold and p.block_threads % 32 == 0 and p.block_threads < S.BACKWARD_THREADS)
         assert p.vector == S.vector_width(hidden, alignment)
         assert p.smem_bytes <= hw.smem_per_block and p.stages >= 2
         # one CTA an SM: two blocks never fit one SM's shared memory
@@ -266,7 +295,7 @@ def test_fewest_clusters_rule_takes_fewer_ctas_a_row_and_still_fits():
 def test_fitted_rule_fills_the_slots_it_plans():
     """The third backward rule: the default's clusters, threads (a multiple of 32, at most
     `BACKWARD_THREADS` a block) sized so that the slice's vectors fill their slots; where
-    the default's slots are full it plans as the default does."""
+    the default's slots are full it plans as the default does, but for the hold."""
     for hidden in list(range(512, 131073, 512)) + [7, 100, 768, 4097, 5140, 8705, 100003]:
         for dh in (False, True):
             a = S.plan_backward(hidden, 16, dh, True, S.SM90)
@@ -279,7 +308,8 @@ def test_fitted_rule_fills_the_slots_it_plans():
             a_slots = a.vectors_per_thread * a.threads_per_row * a.vector
             assert slots - b.slice <= a_slots - a.slice or b.cluster != a.cluster
             if a.cluster == b.cluster and a_slots == a.slice:
-                assert b == a, hidden
+                # (the default holds a layer norm's rows on fitted threads: `_hold_if_fitted`)
+                assert b == a or (a.hold and dataclasses.replace(b, hold=True) == a), hidden
     fitted = S.plan_backward(8704, 16, True, False, S.SM90, "fitted")
     assert (fitted.cluster, fitted.threads_per_row, fitted.vectors_per_thread) == (2, 288, 2)
     assert S.plan_backward(2560, 16, True, False, S.SM90, "fitted").block == (160, 3, 1)
