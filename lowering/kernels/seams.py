@@ -501,8 +501,16 @@ def _spread_if_one_in_flight(p, hidden, vs, clusters, streams, layer, hw, phased
     the residual's gradient the same at 27136-31232 and 49664-61952. Slices of
     4672-5760 columns (9-11 columns a thread: 18944-23040 with the residual's gradient
     on four CTAs, 37376-45568 on eight) ran up to 9% slower on the H200. Rows of 2-byte
-    vectors (widths off 4 bytes: 28001-65535) ran 5-14% slower so spread (H200)."""
-    if p.cluster == 1 or p.vector < 8 or p.lookahead >= 2:
+    vectors (widths off 4 bytes: 28001-65535) ran 5-14% slower so spread (H200).
+
+    An RMS norm's pair (without the residual's gradient) that cannot hold its rows (three
+    or four vectors a thread) spreads so too, with two tiles in flight: from 24576
+    columns, where four CTAs still give each thread 12 columns. Side by side on the H200
+    (8192 rows, bf16), four CTAs of 512 threads, held: 24576 0.89 -> 0.95 of copy, 25600
+    0.88 -> 0.95; 22528-23552 (11-11.5 columns a thread) +6-7%, 18432-21504 (9-10.5) -9%
+    to +2.5%; layer norm lost 3-29% so at 18432-25600."""
+    unheld_rms_pair = (not layer and streams == 2 and p.cluster == 2 and not p.hold)
+    if p.cluster == 1 or p.vector < 8 or (p.lookahead >= 2 and not unheld_rms_pair):
         return p
     q = _fewest_clusters(hidden, vs, clusters, streams, layer, hw, least=p.cluster + 1,
                          phased=phased)

@@ -214,6 +214,22 @@ def test_a_cluster_with_one_tile_in_flight_spreads_over_more_ctas(hw):
                         or q.slice < S.BACKWARD_SPREAD_COLUMNS * q.threads_per_row), hidden
 
 
+@pytest.mark.parametrize("hw", [S.SM90, H200], ids=["h100", "h200"])
+def test_an_rms_norm_pair_that_cannot_hold_spreads_over_four(hw):
+    """An RMS norm's rows on two CTAs of three or four vectors a thread (not held) go to
+    four CTAs that hold them where each thread keeps 12 columns (from 24552), without the
+    residual's gradient (with it they spread from 24552 for their one tile in flight);
+    layer norm and thinner slices stay on two."""
+    for hidden in (24576, 25088, 25600):
+        p = S.plan_backward(hidden, 16, False, False, hw)
+        assert (p.cluster, p.hold, p.lookahead >= 2) == (4, True, True), hidden
+        assert p.slice >= S.BACKWARD_SPREAD_COLUMNS * p.threads_per_row
+        assert S.plan_backward(hidden, 16, False, True, hw).cluster == 2, hidden
+    for hidden in (20480, 23552):  # 10-11.5 columns a thread on four
+        p = S.plan_backward(hidden, 16, False, False, hw)
+        assert (p.cluster, p.hold) == (2, False), hidden
+
+
 def test_backward_plans_transfer_between_devices():
     """The H100 and H200 models differ in bandwidth only: the same layout of a row, the
     H200 at least as many stages (its bytes in flight are more)."""
