@@ -504,7 +504,7 @@ def _spread_if_one_in_flight(p, hidden, vs, clusters, streams, layer, hw, phased
     vectors (widths off 4 bytes: 28001-65535) ran 5-14% slower so spread (H200).
 
     An RMS norm's pair (without the residual's gradient) that cannot hold its rows (three
-    or four vectors a thread) spreads so too, with two tiles in flight: from 24576
+    or four vectors a thread) spreads so too, with two tiles in flight: from 24552
     columns, where four CTAs still give each thread 12 columns. Side by side on the H200
     (8192 rows, bf16), four CTAs of 512 threads, held: 24576 0.89 -> 0.95 of copy, 25600
     0.88 -> 0.95; 22528-23552 (11-11.5 columns a thread) +6-7%, 18432-21504 (9-10.5) -9%
