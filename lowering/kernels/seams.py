@@ -181,7 +181,8 @@ BULK_LINE_LATENCY_S = 0.8e-6
 # The backward's block: one CTA an SM (padded to half its shared memory at least), 512
 # threads, each holding at most `BACKWARD_HELD_FLOATS` of a row's columns (their dweight / dbias
 # sums, and the row's n and g between its two phases) or up to twice that without the
-# held n and g where a cluster of 8 cannot split the row finer.
+# held n and g where a cluster of 8 cannot split the row finer; fewer threads, fitted to
+# the slice, where that lets a layer norm hold three vectors a thread (`_hold_if_fitted`).
 BACKWARD_THREADS = 512
 BACKWARD_HELD_FLOATS = 16
 BACKWARD_HELDS = (BACKWARD_HELD_FLOATS, 2 * BACKWARD_HELD_FLOATS)  # tried in this order
