@@ -448,7 +448,9 @@ def _backward_layout(hidden, vs, cluster, streams, layer, hw, held, fit=False, p
     cslot = red + red_bytes
     sbar = cslot + cslot_bytes
     # a row's n and g held in registers till its second phase: across one row at most
-    hold = _held_floats(k, vs, layer) <= 4 * BACKWARD_HELD_FLOATS and slack <= 1
+    # (the registers of `BACKWARD_THREADS` threads, whatever ``fit`` gave: `_hold_if_fitted`
+    # takes fewer threads' larger budget for layer norm)
+    hold = _held_floats(k, vs, layer) <= _hold_budget(BACKWARD_THREADS, hw) and slack <= 1
     # One CTA an SM (a grid of one a SM): a block that takes less than half an SM's shared
     # memory is padded to it, else the block scheduler may place two on one SM and leave
     # another idle (RMSNorm at 4097 columns on the H100, 107 KB and 59 registers a thread:
@@ -521,8 +523,8 @@ def _spread_if_one_in_flight(p, hidden, vs, clusters, streams, layer, hw, phased
 
 
 # Registers a backward thread keeps beside the n, g and weight values it holds (`HOLD`): at
-# 512 threads an SM (128 registers each) this leaves the 64 floats of `_backward_layout`'s
-# rule; fewer threads a CTA leave more (`_hold_if_fitted`). Compiled for sm_90, layer norm
+# 512 threads an SM (128 registers each) this leaves 64 floats (`_hold_budget`); fewer
+# threads a CTA leave more (`_hold_if_fitted`). Compiled for sm_90, layer norm
 # held 64 floats in 126 registers a thread (k2, 512 threads), 96 in 145-164 (k3, 352-384
 # threads); 96 at 416 threads and 128 at 320 spilled (128 and 168 registers at most).
 HOLD_SPARE_REGISTERS = 64
@@ -539,22 +541,27 @@ def _thread_registers(threads: int, hw: Hardware) -> int:
     return min(per_scheduler // (-(-warps // SM_SCHEDULERS) * 32) // 8 * 8, 255)
 
 
+def _hold_budget(threads: int, hw: Hardware) -> int:
+    """Floats a thread of a CTA of ``threads`` may hold: its registers
+    (`_thread_registers`) but `HOLD_SPARE_REGISTERS`; 64 at 512 threads."""
+    return _thread_registers(threads, hw) - HOLD_SPARE_REGISTERS
+
+
 def _held_floats(k: int, vs: int, layer: bool) -> int:
     """Floats a thread holds where a row's n and g and the weight stay in registers
     between its two phases (and layer norm's dbias beside dweight)."""
     return k * vs * (4 if layer else 3)
 
 
-def _hold_if_fitted(p, hidden, vs, clusters, streams, layer, hw, phased=False):
+def _hold_if_fitted(p, hidden, vs, streams, layer, hw, phased=False):
     """``p``, or where it is a layer norm of 16-byte vectors without the residual's
     gradient, on one CTA or on four or more, that cannot hold a row's n and g in registers
     (three vectors a thread on 512 threads: 96 floats where 64 fit) the plan of the same
     cluster with threads fitted to the slice (`_fitted_threads`) that holds them, where
-    its fewer threads leave the registers (`_thread_registers`, `HOLD_SPARE_REGISTERS`)
-    and it keeps as many tiles in flight:
-    rows of 8200-9216 columns, 33280-36864 (four CTAs), 65544-73728 (eight). Side by side
-    on the H200 (8192 rows, bf16), held on 352-384 threads against 512 that read the
-    stage again: four CTAs +7% to +22% (33280: 0.79 -> 0.97 of copy bandwidth, 36864:
+    its fewer threads leave the registers (`_hold_budget`) and it keeps as many tiles in
+    flight: rows of 8200-9216 columns, 33280-36864 (four CTAs), 65544-73728 (eight).
+    Side by side on the H200 (8192 rows, bf16), held on 352-384 threads against 512 that
+    read the stage again: four CTAs +7% to +22% (33280: 0.79 -> 0.97 of copy bandwidth, 36864:
     0.87 -> 0.93), eight +12% to +23% (66560: 0.79 -> 0.97), one +1% to +5% (8200: 0.86
     -> 0.91). On two CTAs (16896-18432) it ran -5% to +1%, so they keep 512 threads; RMS
     norm so held lost 4-5% (33792-39936), its second phase recomputes less; with the
@@ -565,8 +572,7 @@ def _hold_if_fitted(p, hidden, vs, clusters, streams, layer, hw, phased=False):
                          fit=True, phased=phased)
     if q is None or q.lookahead < p.lookahead:
         return p
-    budget = _thread_registers(q.block_threads, hw) - HOLD_SPARE_REGISTERS
-    if _held_floats(q.vectors_per_thread, q.vector, layer) > budget:
+    if _held_floats(q.vectors_per_thread, q.vector, layer) > _hold_budget(q.block_threads, hw):
         return p
     return dataclasses.replace(q, hold=True)
 
@@ -622,7 +628,7 @@ def plan_backward(hidden: int, alignment: int, dh: bool, layer: bool,
         if p is not None:
             p = _pair_if_undeferred(p, hidden, vs, clusters, streams, layer, hw, phased)
             p = _spread_if_one_in_flight(p, hidden, vs, clusters, streams, layer, hw, phased)
-            return _hold_if_fitted(p, hidden, vs, clusters, streams, layer, hw, phased)
+            return _hold_if_fitted(p, hidden, vs, streams, layer, hw, phased)
     for held in BACKWARD_HELDS:
         plans = [p for p in (_backward_layout(hidden, vs, c, streams, layer, hw, held, fit)
                              for c in clusters) if p is not None]
