@@ -78,8 +78,8 @@ def test_kernel_names_differ_between_variants():
     assert len(names) == len(set(names))
 
 
-BACKWARD_WIDTHS = (1, 7, 100, 513, 4096, 4097, 8192, 16384, 16385, 24575, 33792, 40001,
-                   65535, 65536, 131072)
+BACKWARD_WIDTHS = (1, 7, 100, 513, 4096, 4097, 4608, 8192, 16384, 16385, 24575, 33792,
+                   40001, 65535, 65536, 131072)
 H200 = S.Hardware(dram_bytes_per_s=4.8e12)  # an H100 model but for the bandwidth
 
 
@@ -228,6 +228,22 @@ def test_an_rms_norm_pair_that_cannot_hold_spreads_over_four(hw):
     for hidden in (20480, 23552):  # 10-11.5 columns a thread on four
         p = S.plan_backward(hidden, 16, False, False, hw)
         assert (p.cluster, p.hold) == (2, False), hidden
+
+
+@pytest.mark.parametrize("hw", [S.SM90, H200])
+def test_sparse_one_row_tiles_take_two_rows_of_three_vectors(hw):
+    """One CTA's row a tile of 512 threads at two vectors, a quarter or more of the second
+    vectors' slots empty (513-768 vectors), becomes two rows a tile of 256 threads at
+    three; full slots, the residual's gradient and wider rows keep their plans."""
+    for hidden in (4104, 4608, 5120, 6144):
+        for layer in (True, False):
+            p = S.plan_backward(hidden, 16, False, layer, hw)
+            assert (p.cluster, p.threads_per_row, p.rows_per_block,
+                    p.vectors_per_thread) == (1, 256, 2, 3), (hidden, layer)
+            assert p.threads_per_row * p.vectors_per_thread * p.vector >= hidden
+    for hidden, dh in ((4096, False), (6152, False), (3072, False), (4608, True)):
+        p = S.plan_backward(hidden, 16, dh, True, hw)
+        assert p.rows_per_block * p.vectors_per_thread != 6, (hidden, dh)
 
 
 def test_backward_plans_transfer_between_devices():
