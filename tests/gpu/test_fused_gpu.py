@@ -40,7 +40,6 @@ def _randn(shape, gen, dtype, scale=1.0, shift=0.0):
 
 
 def _norm64(h64, w64, b64, eps, kind):
-    width = h64.shape[-1]
     if kind == "rms_norm":
         rstd = torch.rsqrt(h64.pow(2).mean(-1, keepdim=True) + eps)
         return h64 * rstd * w64, None, rstd.squeeze(-1)

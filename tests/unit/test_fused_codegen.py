@@ -327,7 +327,8 @@ def test_fewest_clusters_rule_takes_fewer_ctas_a_row_and_still_fits():
 def test_fitted_rule_fills_the_slots_it_plans():
     """The third backward rule: the default's clusters, threads (a multiple of 32, at most
     `BACKWARD_THREADS` a block) sized so that the slice's vectors fill their slots; where
-    the default's slots are full it plans as the default does, but for the hold."""
+    the default's slots are full it plans as the default does, but for the hold (and the
+    default's two-row tiles, `_two_rows_if_sparse`)."""
     for hidden in list(range(512, 131073, 512)) + [7, 100, 768, 4097, 5140, 8705, 100003]:
         for dh in (False, True):
             a = S.plan_backward(hidden, 16, dh, True, S.SM90)
@@ -339,7 +340,8 @@ def test_fitted_rule_fills_the_slots_it_plans():
             assert slots >= b.slice and b.smem_bytes <= S.SM90.smem_per_block
             a_slots = a.vectors_per_thread * a.threads_per_row * a.vector
             assert slots - b.slice <= a_slots - a.slice or b.cluster != a.cluster
-            if a.cluster == b.cluster and a_slots == a.slice:
+            two_rows = (a.rows_per_block, a.vectors_per_thread) == (2, 3)  # 6144: its own rule
+            if a.cluster == b.cluster and a_slots == a.slice and not two_rows:
                 # (the default holds a layer norm's rows on fitted threads: `_hold_if_fitted`)
                 assert b == a or (a.hold and dataclasses.replace(b, hold=True) == a), hidden
     fitted = S.plan_backward(8704, 16, True, False, S.SM90, "fitted")
