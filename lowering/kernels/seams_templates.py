@@ -76,6 +76,19 @@ __device__ __forceinline__ void store_vec8_whole(unsigned short* p, const float*
                "r"(pack2(f[2], f[3])), "r"(pack2(f[4], f[5])), "r"(pack2(f[6], f[7])));
 #endif
 }
+// A thread's weight-gradient sums of one vector, V fp32 values (a multiple of 4): w's at
+// pw and, with BIAS (a layer norm's dbias), b's at pb, as 16-byte stores taken in turn
+// (the callers keep pw and pb 16-byte aligned), into shared or global memory.
+template <int V, bool BIAS>
+__device__ __forceinline__ void store_sums(float* pw, const float* w, float* pb, const float* b) {
+  static_assert(V % 4 == 0, "whole 16-byte stores");
+#pragma unroll
+  for (int i = 0; i < V; i += 4) {
+    *reinterpret_cast<float4*>(pw + i) = make_float4(w[i], w[i + 1], w[i + 2], w[i + 3]);
+    if constexpr (BIAS)
+      *reinterpret_cast<float4*>(pb + i) = make_float4(b[i], b[i + 1], b[i + 2], b[i + 3]);
+  }
+}
 // The value as the dtype holds it (the residual stream is stored rounded, and the norm
 // is taken of what was stored, as the reference does).
 __device__ __forceinline__ float rounded(float v) { return to_f(from_f(v)); }
@@ -856,12 +869,7 @@ if constexpr (PHASED) {
   for (int k = 0; k < K; ++k) {
     const int col = (tx + k * TPR) * VS;
     if (col < lim) {
-#pragma unroll
-      for (int i = 0; i < VS; i += 4) {
-        *reinterpret_cast<float4*>(acc + col + i) = make_float4(aw[k][i], aw[k][i + 1], aw[k][i + 2], aw[k][i + 3]);
-        if constexpr (LAYER)
-          *reinterpret_cast<float4*>(acc + SPAN + col + i) = make_float4(ab[k][i], ab[k][i + 1], ab[k][i + 2], ab[k][i + 3]);
-      }
+      store_sums<VS, LAYER>(acc + col, aw[k], acc + SPAN + col, ab[LAYER ? k : 0]);
     }
   }
   __syncthreads();
@@ -879,12 +887,8 @@ if constexpr (PHASED) {
       // bank conflict at VS 8 (a layer norm's two sets: 1.7 us of a 512-column backward
       // on the H200, docs/EXPERIMENTS.md)
       if (col + VS <= len) {
-#pragma unroll
-        for (int i = 0; i < VS; i += 4) {
-          *reinterpret_cast<float4*>(acc + (size_t)ty * SL + col + i) = make_float4(aw[k][i], aw[k][i + 1], aw[k][i + 2], aw[k][i + 3]);
-          if constexpr (LAYER)
-            *reinterpret_cast<float4*>(acc + (size_t)(RPB + ty) * SL + col + i) = make_float4(ab[k][i], ab[k][i + 1], ab[k][i + 2], ab[k][i + 3]);
-        }
+        store_sums<VS, LAYER>(acc + (size_t)ty * SL + col, aw[k],
+                              acc + (size_t)(RPB + ty) * SL + col, ab[LAYER ? k : 0]);
         continue;
       }
     }
@@ -916,12 +920,7 @@ if constexpr (PHASED) {
       // of 4 (the workspace is 16-byte aligned); the scalar stores below were a warp
       // instruction a value, its lanes 32 bytes apart
       if (col + VS <= len) {
-#pragma unroll
-        for (int i = 0; i < VS; i += 4) {
-          *reinterpret_cast<float4*>(w_row + i) = make_float4(aw[k][i], aw[k][i + 1], aw[k][i + 2], aw[k][i + 3]);
-          if constexpr (LAYER)
-            *reinterpret_cast<float4*>(b_row + i) = make_float4(ab[k][i], ab[k][i + 1], ab[k][i + 2], ab[k][i + 3]);
-        }
+        store_sums<VS, LAYER>(w_row, aw[k], b_row, ab[LAYER ? k : 0]);
         continue;
       }
     }

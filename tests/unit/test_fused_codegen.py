@@ -98,8 +98,8 @@ def test_layer_norm_holds_three_vectors_on_fitted_threads(hw):
         p = S.plan_backward(hidden, 16, False, True, hw)
         assert (p.cluster, p.vectors_per_thread, p.hold) == (cluster, 3, True), hidden
         assert p.block_threads < S.BACKWARD_THREADS
-        assert S._held_floats(p.vectors_per_thread, p.vector, True) <= (
-            S._thread_registers(p.block_threads, hw) - S.HOLD_SPARE_REGISTERS)
+        assert S._held_floats(p.vectors_per_thread, p.vector, True) <= S._hold_budget(
+            p.block_threads, hw)
         r = S.plan_backward(hidden, 16, False, False, hw)
         assert r.block_threads == S.BACKWARD_THREADS and not r.hold
     for hidden in (17920, 18432):  # two CTAs: 512 threads read the stage again
