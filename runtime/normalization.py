@@ -224,9 +224,9 @@ def tune_inputs(spec: NormalizationSpec, device, sets: int = 1, generator=None):
 
 
 def precompile(specs, arch: str) -> list:
-    """Compile ``specs``' kernels for ``arch`` up front, in parallel worker processes,
-    into the disk kernel cache (`jit.precompile`; a few hundred kernels take ~0.3 s each
-    one after another: the bench's sweep; the tuner's 15-30 candidates). Kernels already
+    """Compile ``specs``' kernels for ``arch`` up front, in parallel (one thread a
+    core, `jit.precompile`), into the disk kernel cache (a few hundred kernels take ~0.3 s
+    each one after another: the bench's sweep; the tuner's 15-30 candidates). Kernels already
     on disk are skipped, and no pool starts when none is missing. Returns the error texts
     (None for a kernel that compiled or was there); with no disk cache to fill, or if
     the pool cannot start, nothing is compiled here and each kernel compiles on first use."""

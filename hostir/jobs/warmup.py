@@ -5,7 +5,7 @@
     python -m hostir.run warmup layer_norm --hidden 4096,5140 --dtype float16
 
 Every generated kernel the target would compile on its first call is rendered here and
-compiled in parallel worker processes (one a core, ``--workers``) into the disk kernel
+compiled in parallel (one thread a core, ``--workers``) into the disk kernel
 cache (``HOSTIR_CACHE_DIR``); kernels already there, verified as a job reads them, are
 skipped, and an entry that does not verify is replaced. Run it once per machine image,
 or in a job's launch script before ``mpirun``. Without a GPU it compiles for ``--arch``
@@ -51,7 +51,7 @@ def add_arguments(p) -> None:
     p.add_argument("--arch", default=None,
                    help="sm_80, sm_90, sm_100... (default: this GPU's, else sm_90)")
     p.add_argument("--workers", type=pf.at_least(1), default=None,
-                   help="compiler processes (default: one a core)")
+                   help="compiler threads (default: one a core)")
 
 
 def _widths(text: str) -> list[int]:

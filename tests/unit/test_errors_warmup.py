@@ -6,7 +6,6 @@ only (NVRTC compiles without a GPU); each case compiles at most a few tiny kerne
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import stat
 import subprocess
@@ -18,7 +17,7 @@ import pytest
 
 pytest.importorskip("cupy")
 
-from hostir.jobs.exit_codes import EXIT_OUTPUT, EXIT_RUN_FAILED, EXIT_USAGE  # noqa: E402
+from hostir.jobs.exit_codes import EXIT_OUTPUT, EXIT_USAGE  # noqa: E402
 from hostir.options import set_options  # noqa: E402
 from runtime import jit, store  # noqa: E402
 
@@ -157,18 +156,10 @@ def test_a_disabled_kernel_cache_is_a_usage_line(cache_dir, capsys, monkeypatch)
 # ------------------------------------------------------------------------ 2. a failed write
 
 
-class _InProcessPool(concurrent.futures.ThreadPoolExecutor):
-    """precompile's worker pool in this process, so that a monkeypatched write holds."""
-
-    def __init__(self, workers, mp_context=None):
-        super().__init__(workers)
-
-
 def test_an_entry_warmup_cannot_write_is_an_error_not_success(cache_dir, capsys, monkeypatch):
     def full(path, data):
         raise PermissionError(13, "Permission denied", str(path) + ".tmp")
 
-    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", _InProcessPool)
     monkeypatch.setattr(jit, "write_atomically", full)
     code, out, lines = _warmup(capsys, *TINY)
     _one_error(code, lines, EXIT_OUTPUT, "kernel cache", "not written", "Permission denied")
@@ -182,24 +173,41 @@ def test_an_entry_warmup_cannot_write_is_an_error_not_success(cache_dir, capsys,
     assert err.count("hostir: warning: kernel cache:") == 1 and "not written" in err
 
 
-class _DyingPool(_InProcessPool):
-    """A pool whose worker died, as when the kernel's compile is killed (out of memory)."""
+def test_a_failed_write_drops_the_units_not_started(cache_dir, monkeypatch):
+    """The first entry that cannot be written ends `precompile`: the units queued behind
+    it are not compiled (they could not be written either)."""
+    compiled = []
+    real = jit.compile
 
-    def submit(self, fn, *args):
-        from concurrent.futures.process import BrokenProcessPool
+    def counting(source, names, *args, **kwargs):
+        compiled.append(names[0])
+        return real(source, names, *args, **kwargs)
 
-        future = concurrent.futures.Future()
-        future.set_exception(BrokenProcessPool("a process in the pool was terminated"))
-        return future
+    def full(path, data):
+        raise PermissionError(13, "Permission denied", str(path) + ".tmp")
+
+    monkeypatch.setattr(jit, "compile", counting)
+    monkeypatch.setattr(jit, "write_atomically", full)
+    with pytest.raises(jit.CacheWriteError, match="not written"):
+        jit.precompile(_units(6), workers=1)
+    assert compiled == ["k0"], compiled
 
 
-def test_a_compiler_process_that_dies_is_one_line(cache_dir, capsys, monkeypatch):
-    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", _DyingPool)
-    code, out, lines = _warmup(capsys, *TINY)
-    _one_error(code, lines, EXIT_RUN_FAILED, "a compiler process died", "in the cache")
-
-
-# ------------------------------------------------------------------------ 3. invalid entries
+def test_precompile_does_not_run_the_callers_script_again(cache_dir, tmp_path):
+    """A user's script without a main guard that fills the cache runs once: the compiles
+    are threads of its process, not spawned interpreters that import its ``__main__``."""
+    script = tmp_path / "fill.py"
+    script.write_text(
+        f"import sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+        "print('script ran', flush=True)\n"
+        "from runtime import jit\n"
+        f"print('errors', jit.precompile({_units(3)!r}, workers=3))\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "HOSTIR_CACHE_DIR": str(cache_dir)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("script ran") == 1, done.stdout
+    assert "errors [None, None, None]" in done.stdout, done.stdout
+    assert len(list((cache_dir / "kernels").glob("*.cubin"))) == 3
 
 
 def _units(n):

@@ -720,7 +720,7 @@ def test_tune_plans_hold_the_narrower_vectors():
 
 
 def test_precompile_fills_the_disk_cache_in_parallel(tmp_path, monkeypatch):
-    """The tuner's and the bench's candidates compile in worker processes into the disk
+    """The tuner's and the bench's candidates compile on worker threads into the disk
     cache, which a later get() in this process then reads instead of compiling."""
     pytest.importorskip("cupy")
     from hostir.options import options, set_options
@@ -742,7 +742,7 @@ def test_precompile_fills_the_disk_cache_in_parallel(tmp_path, monkeypatch):
             assert cache._read(key) is not None
         # all on disk: no pool (starting one would fail here), the same answer
         import concurrent.futures
-        monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", None)
+        monkeypatch.setattr(concurrent.futures, "ThreadPoolExecutor", None)
         assert precompile(specs, "sm_90") == [None, None, None]
     finally:
         set_options(saved)
