@@ -474,9 +474,10 @@ const int lim = ph + len;  // the slice's end, in positions
 // in clusters (RMS norm 37376: 0.94 -> 0.85), so they stay there.
 constexpr bool FOLD = VS < 8;
 constexpr int FULL_K = FOLD ? (HIDDEN - (CLUSTER - 1) * SL) / (TPR * VS) : 0;
-// every tile of this CTA bulk-copied: at VS 8 a tile's span has a constant length (one
-// row a tile is never partial, and a cluster's shorter last slice takes the cp.asyncs)
-const bool bulk = BULK_SPANS && (VS < 8 || PHASED || CLUSTER == 1 || len == SL);
+// every tile of this CTA bulk-copied, a cluster's shorter last slice too (its span's
+// length known only here; on 512 threads' cp.asyncs it held its cluster's rows up:
+// H200, layer norm 40008 0.73 -> 0.87 of copy bandwidth, see docs/KERNELS.md)
+const bool bulk = BULK_SPANS;
 const int tiles = (rows + RPB - 1) / RPB;
 // the weight's slice, copied like a stream's span
 const unsigned short* w_src = weight + c0;
@@ -525,7 +526,9 @@ auto issue = [&](int tile, int stage) {
         for (int s = 0; s < NSTREAM; ++s)
           bulk_copy(smem + (size_t)(stage * NSTREAM + s) * STREAM_BYTES,
                     reinterpret_cast<const void*>(lo[s]), bytes[s], bars + stage);
-      } else if (tid == 0 && VS == 8 && !PHASED) {
+      } else if (tid == 0 && VS == 8 && !PHASED && (CLUSTER == 1 || len == SL)) {
+        // at VS 8 a tile's span has a constant length (one row a tile is never
+        // partial), but for a cluster's shorter last slice, which takes the next branch
         constexpr unsigned SPAN = 2 * (CLUSTER > 1 ? SL : RPB * HIDDEN);
         mbar_expect(bars + stage, NSTREAM * SPAN);
 #pragma unroll
