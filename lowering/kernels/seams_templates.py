@@ -476,8 +476,11 @@ constexpr bool FOLD = VS < 8;
 constexpr int FULL_K = FOLD ? (HIDDEN - (CLUSTER - 1) * SL) / (TPR * VS) : 0;
 // every tile of this CTA bulk-copied, a cluster's shorter last slice too (its span's
 // length known only here; on 512 threads' cp.asyncs it held its cluster's rows up:
-// H200, layer norm 40008 0.73 -> 0.87 of copy bandwidth, see docs/KERNELS.md)
-const bool bulk = BULK_SPANS;
+// H200, layer norm 40008 0.73 -> 0.87 of copy bandwidth, see docs/KERNELS.md). Where
+// the slices are even the test stays as it was, a runtime one: written as a constant it
+// changed those kernels' code, 2-4% slower (layer norm 52224-58880, H200).
+constexpr bool RAGGED = CLUSTER > 1 && HIDDEN != CLUSTER * SL;
+const bool bulk = BULK_SPANS && (VS < 8 || PHASED || CLUSTER == 1 || RAGGED || len == SL);
 const int tiles = (rows + RPB - 1) / RPB;
 // the weight's slice, copied like a stream's span
 const unsigned short* w_src = weight + c0;
@@ -526,7 +529,7 @@ auto issue = [&](int tile, int stage) {
         for (int s = 0; s < NSTREAM; ++s)
           bulk_copy(smem + (size_t)(stage * NSTREAM + s) * STREAM_BYTES,
                     reinterpret_cast<const void*>(lo[s]), bytes[s], bars + stage);
-      } else if (tid == 0 && VS == 8 && !PHASED && (CLUSTER == 1 || len == SL)) {
+      } else if (tid == 0 && VS == 8 && !PHASED && (!RAGGED || len == SL)) {
         // at VS 8 a tile's span has a constant length (one row a tile is never
         // partial), but for a cluster's shorter last slice, which takes the next branch
         constexpr unsigned SPAN = 2 * (CLUSTER > 1 ? SL : RPB * HIDDEN);
