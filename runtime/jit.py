@@ -716,8 +716,10 @@ def precompile(units: Sequence[tuple[str, Sequence[str], str]], workers: int | N
     serialize its optimizer), and CuPy's binding lets go of the GIL while it compiles. On 2
     cores 12 normalization kernels took 0.66 s on two threads against 1.19 s on one,
     byte-identical; a pool of two spawned processes took 2.8 s, most of it importing
-    torch in each worker, and it ran the caller's ``__main__`` again in every worker, so
-    a user's script without a main guard was run once a worker.
+    torch in each worker. On an H200 machine's 16 cores ``hostir.run warmup
+    train_transformer --hidden 4096`` compiled its 28 kernels in 0.6-0.7 s on threads,
+    1.5-1.6 s on processes. The processes also ran the caller's ``__main__`` again in
+    every worker, so a user's script without a main guard was run once a worker.
     """
     import concurrent.futures
 
