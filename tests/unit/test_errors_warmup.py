@@ -210,6 +210,9 @@ def test_precompile_does_not_run_the_callers_script_again(cache_dir, tmp_path):
     assert len(list((cache_dir / "kernels").glob("*.cubin"))) == 3
 
 
+# ------------------------------------------------------------------------ 3. invalid entries
+
+
 def _units(n):
     return [(f'extern "C" __global__ void k{i}(float* x) {{ x[threadIdx.x] = {i}.f; }}',
              [f"k{i}"], "sm_90") for i in range(n)]
