@@ -612,6 +612,9 @@ def test_forward_runs_on_the_host(dtype, hidden, rows, grid, kind, residual):
     # 48 bytes past 64 (torch's CPU buffers are on 64 bytes: 48 or 112 into a line)
     ("bf16", 8200, 3, 2, "rms_norm", False, 24, 8, "fewest_clusters"),
     ("bf16", 12296, 3, 2, "layer_norm", True, 0, 8, "fewest_clusters"),
+    # a cluster's shorter last slice (a width that does not split evenly), bulk-copied at
+    # its own length: two CTAs of 10248 and 10240 columns (16392 above: four, with dh)
+    ("bf16", 20488, 5, 2, "layer_norm", False, 0, 8, "fewest_clusters"),
 ])
 def test_backward_and_column_reduce_run_on_the_host(dtype, hidden, rows, teams, kind, with_dh,
                                                     offset, vector, rule):
