@@ -682,16 +682,16 @@ def load(ck: CompiledKernel, device_index: int | None = None) -> dict[str, Kerne
 # ---------------------------------------------------------------------------------------
 # Compiling ahead of time, in parallel.
 
-def _precompile_one(job, stop: threading.Event) -> str | None:
-    """Worker of `precompile`, on a thread of its own: compiles one unit into the disk
-    cache ``directory``, unless ``stop`` is set. Returns an error text, or None; raises
-    `CacheWriteError` (and sets ``stop``) when the entry could not be written (no unit
-    would be)."""
-    source, names, arch, directory = job
+def _precompile_one(unit, directory: Path, stop: threading.Event) -> str | None:
+    """Worker of `precompile`, on a thread of its own: compiles one unit (source, kernel
+    names, arch) into the disk cache ``directory``, unless ``stop`` is set. Returns an
+    error text, or None; raises `CacheWriteError` (and sets ``stop``) when the entry could
+    not be written (no unit would be)."""
+    source, names, arch = unit
     if stop.is_set():
         return "not compiled: an earlier entry could not be written"
     try:
-        KernelCache(Path(directory)).fill(source, names, arch)
+        KernelCache(directory).fill(source, names, arch)
     except CacheWriteError:
         stop.set()
         raise
@@ -737,10 +737,10 @@ def precompile(units: Sequence[tuple[str, Sequence[str], str]], workers: int | N
     if not missing:
         return errors
     workers = max(1, min(workers or (os.cpu_count() or 2), len(missing), 32))
-    jobs = [(units[k][0], tuple(units[k][1]), units[k][2], str(cache.directory)) for k in missing]
     with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="hostir-nvrtc") as ex:
         stop = threading.Event()
-        futures = {ex.submit(_precompile_one, job, stop): k for job, k in zip(jobs, missing)}
+        futures = {ex.submit(_precompile_one, units[k], cache.directory, stop): k
+                   for k in missing}
         try:
             for future in concurrent.futures.as_completed(futures):
                 errors[futures[future]] = future.result()
@@ -749,9 +749,8 @@ def precompile(units: Sequence[tuple[str, Sequence[str], str]], workers: int | N
                     progress(done, len(units))
         except BaseException:
             # a write that failed (the others would not be written either), or Ctrl-C:
-            # the units not started are dropped; the running ones finish (~1 s at most)
+            # the units not started return at once; the running ones finish (~1 s at most)
             stop.set()
-            ex.shutdown(wait=False, cancel_futures=True)
             raise
     return errors
 

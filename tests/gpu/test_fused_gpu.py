@@ -130,8 +130,9 @@ def test_add_norm_on_misaligned_tensors(dtype, kind):
 # 8 CTAs (past 8192 columns), twice the held columns at the widest.
 # 5140, 6001, 6002, 9999, 20001, 30001: rows off 16 bytes taken at their phase (two, eight,
 # four classes of rows; one CTA, clusters of two and four)
-# 8200, 20488, 40008: rows on 16 bytes at every 16-byte phase of a 128-byte line, each
-# span copied from its line (one CTA, clusters of two and four)
+# 8200, 20488, 40008: rows on 16 bytes at every 16-byte phase of a 128-byte line (one
+# CTA's spans copied from their line); 20488, 40008 split unevenly over clusters of two
+# and four, the shorter last slice bulk-copied at its own length
 BACKWARD_WIDTHS = (1, 7, 100, 513, 4096, 4097, 4608, 5140, 6001, 6002, 8192, 8200, 9999,
                    16384, 16385, 20001, 20488, 24575, 30001, 40001, 40008, 65535, 65536,
                    131072)
